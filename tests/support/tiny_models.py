@@ -69,7 +69,7 @@ def tiny_config(arch: str = "llama", layers: int = 2, hidden: int = 128):
 def make_tiny_model(
     path: str | Path, arch: str = "llama", seed: int = 0, layers: int = 2, hidden: int = 128
 ) -> Path:
-    """Write a randomly initialised model + tokenizer as a Hugging Face folder (safetensors, fp32)."""
+    """Write a randomly initialised model + tokenizer as a Hugging Face folder (fp32)."""
     path = Path(path)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(tiny_config(arch, layers, hidden))

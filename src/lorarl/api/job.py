@@ -1,0 +1,72 @@
+"""The LoRARLJob custom resource."""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import ConfigDict, Field
+
+from lorarl.api.base import ApiModel
+from lorarl.api.rules import Rule, enforce, rules_schema_extra
+from lorarl.api.spec import LoRARLJobSpec
+from lorarl.api.status import LoRARLJobStatus
+
+GROUP = "lorarl.dev"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "LoRARLJob"
+PLURAL = "lorarljobs"
+SINGULAR = "lorarljob"
+SHORT_NAMES = ["lrj"]
+
+# Children are named `<job>-trainer-<i>` / `<job>-rollout-<i>` and the headless Service `<job>`
+# (a DNS-1035 label, at most 63 characters), so the name leaves room for those suffixes.
+MAX_NAME_LENGTH = 40
+NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
+
+
+class ObjectMeta(ApiModel):
+    """The parts of metav1.ObjectMeta a manifest may carry (the API server owns the rest)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    name: str = Field(min_length=1, description="Job name.")
+    namespace: str | None = Field(default=None, description="Namespace.")
+    labels: dict[str, str] = Field(default_factory=dict, description="Labels.")
+    annotations: dict[str, str] = Field(default_factory=dict, description="Annotations.")
+
+
+_NAME_RULE = Rule(
+    cel=f"size(self.metadata.name) <= {MAX_NAME_LENGTH} && "
+    f"self.metadata.name.matches('{NAME_PATTERN}')",
+    message=f"must be a DNS-1035 label of at most {MAX_NAME_LENGTH} characters "
+    "(it prefixes pod and service names)",
+    check=lambda m: (
+        len(m.metadata.name) <= MAX_NAME_LENGTH
+        and re.fullmatch(NAME_PATTERN, m.metadata.name) is not None
+    ),
+    field="metadata.name",
+)
+
+
+class LoRARLJob(ApiModel):
+    model_config = ConfigDict(json_schema_extra=rules_schema_extra(_NAME_RULE))
+
+    api_version: Literal["lorarl.dev/v1alpha1"] = Field(
+        default=API_VERSION, description="lorarl.dev/v1alpha1."
+    )
+    kind: Literal["LoRARLJob"] = Field(default=KIND, description="LoRARLJob.")
+    metadata: ObjectMeta = Field(description="Standard object metadata.")
+    spec: LoRARLJobSpec = Field(description="What to train and how.")
+    status: LoRARLJobStatus | None = Field(default=None, description="Observed state.")
+
+    _rules = enforce(_NAME_RULE)
+
+    @property
+    def name(self) -> str:
+        return self.metadata.name
+
+    @property
+    def namespace(self) -> str:
+        return self.metadata.namespace or "default"

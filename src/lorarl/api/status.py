@@ -1,0 +1,81 @@
+"""LoRARLJob status: written by the operator (or the local runner), read by kubectl and the API."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from lorarl.api.base import ApiModel
+
+Phase = Literal["Pending", "Starting", "Running", "Restarting", "Suspended", "Succeeded", "Failed"]
+ConditionType = Literal[
+    "Created", "RolloutReady", "TrainerReady", "Running", "Succeeded", "Failed", "Suspended"
+]
+
+
+class Condition(ApiModel):
+    """metav1.Condition."""
+
+    type: str = Field(description="Condition type, e.g. Running.")
+    status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
+    reason: str = Field(default="", description="CamelCase reason for the last transition.")
+    message: str = Field(default="", description="Human-readable details.")
+    last_transition_time: str | None = Field(
+        default=None, description="When the status last changed (RFC 3339)."
+    )
+    observed_generation: int | None = Field(
+        default=None, description="The spec generation the condition was computed from."
+    )
+
+
+class StepMetrics(ApiModel):
+    reward_mean: float | None = Field(default=None, description="Mean reward of the last step.")
+    reward_std: float | None = Field(default=None, description="Reward standard deviation.")
+    kl: float | None = Field(default=None, description="KL to the base model.")
+    entropy: float | None = Field(default=None, description="Mean token entropy.")
+    clip_fraction: float | None = Field(default=None, description="Fraction of clipped tokens.")
+    grad_norm: float | None = Field(default=None, description="Gradient norm before clipping.")
+    tokens_per_second: float | None = Field(
+        default=None, description="Generated + trained tokens per second over the step."
+    )
+    logprob_mismatch: float | None = Field(
+        default=None, description="Mean |rollout logprob - trainer logprob| per token."
+    )
+
+
+class SyncStatus(ApiModel):
+    version: int = Field(default=0, ge=0, description="Adapter version the engines serve.")
+    seconds: float | None = Field(default=None, description="Duration of the last sync.")
+    bytes: int | None = Field(default=None, description="Bytes sent in the last sync.")
+    mode: Literal["merged", "adapter"] | None = Field(default=None, description="Sync mode.")
+    time: str | None = Field(default=None, description="When the last sync finished.")
+
+
+class CheckpointStatus(ApiModel):
+    step: int = Field(ge=0, description="Step of the newest complete checkpoint.")
+    path: str = Field(description="Where it is.")
+    time: str | None = Field(default=None, description="When it was written.")
+
+
+class LoRARLJobStatus(ApiModel):
+    phase: Phase | None = Field(default=None, description="Coarse state of the job.")
+    conditions: list[Condition] = Field(default_factory=list, description="Detailed state.")
+    observed_generation: int | None = Field(
+        default=None, description="The spec generation the status reflects."
+    )
+    step: int | None = Field(default=None, ge=0, description="Completed RL steps.")
+    total_steps: int | None = Field(default=None, ge=0, description="Steps the job will run.")
+    metrics: StepMetrics | None = Field(default=None, description="Latest step metrics.")
+    last_sync: SyncStatus | None = Field(default=None, description="Latest weight sync.")
+    checkpoint: CheckpointStatus | None = Field(default=None, description="Newest checkpoint.")
+    restarts: int = Field(default=0, ge=0, description="Trainer group restarts so far.")
+    start_time: str | None = Field(default=None, description="When the job started.")
+    completion_time: str | None = Field(default=None, description="When the job finished.")
+    adapter_path: str | None = Field(default=None, description="The trained adapter (output).")
+    rollout_replicas: int | None = Field(
+        default=None, description="Rollout pods that exist (for the scale subresource)."
+    )
+    rollout_selector: str | None = Field(
+        default=None, description="Label selector of the rollout pods (for autoscalers)."
+    )

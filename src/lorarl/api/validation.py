@@ -1,0 +1,156 @@
+"""Turn manifests into LoRARLJobs, or into problems a person can act on.
+
+Every problem names the field path, the rule and the value, e.g.
+`spec.lora.rank: must be greater than 0 (got 0)`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from lorarl.api.job import LoRARLJob
+
+
+@dataclass(frozen=True)
+class Problem:
+    path: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.message}" if self.path else self.message
+
+
+@dataclass(frozen=True)
+class ManifestResult:
+    source: str  # file name plus document index for multi-document files
+    job: LoRARLJob | None
+    problems: list[Problem]
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def parse_job(doc: Any) -> LoRARLJob:
+    """Validate one manifest; raises ManifestError listing every problem."""
+    problems = check_manifest(doc)
+    if problems:
+        raise ManifestError(problems)
+    return LoRARLJob.model_validate(doc)
+
+
+class ManifestError(ValueError):
+    def __init__(self, problems: list[Problem]):
+        self.problems = problems
+        super().__init__("; ".join(str(p) for p in problems))
+
+
+def check_manifest(doc: Any) -> list[Problem]:
+    if not isinstance(doc, dict):
+        return [Problem("", f"a manifest must be a mapping (got {_show(doc)})")]
+    try:
+        LoRARLJob.model_validate(doc)
+    except ValidationError as exc:
+        return [_problem(err) for err in exc.errors(include_url=False)]
+    return []
+
+
+def load_documents(path: str | Path) -> list[tuple[str, Any]]:
+    """(source label, parsed document) for each YAML document; a YAML error becomes a Problem."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ManifestError([Problem("", f"cannot read {path}: {exc.strerror}")]) from exc
+    try:
+        docs = [d for d in yaml.safe_load_all(text) if d is not None]
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        reason = getattr(exc, "problem", None) or str(exc)
+        raise ManifestError([Problem("", f"invalid YAML{where}: {reason}")]) from exc
+    if not docs:
+        raise ManifestError([Problem("", "no YAML documents found")])
+    if len(docs) == 1:
+        return [(str(path), docs[0])]
+    return [(f"{path}[{i}]", d) for i, d in enumerate(docs)]
+
+
+def validate_file(path: str | Path) -> list[ManifestResult]:
+    try:
+        docs = load_documents(path)
+    except ManifestError as exc:
+        return [ManifestResult(str(path), None, exc.problems)]
+    results = []
+    for source, doc in docs:
+        problems = check_manifest(doc)
+        job = None if problems else LoRARLJob.model_validate(doc)
+        results.append(ManifestResult(source, job, problems))
+    return results
+
+
+_MESSAGES = {
+    "greater_than": "must be greater than {gt}",
+    "greater_than_equal": "must be greater than or equal to {ge}",
+    "less_than": "must be less than {lt}",
+    "less_than_equal": "must be less than or equal to {le}",
+    "missing": "required field is missing",
+    "extra_forbidden": "unknown field",
+    "int_type": "must be an integer",
+    "int_parsing": "must be an integer",
+    "int_from_float": "must be an integer",
+    "float_type": "must be a number",
+    "float_parsing": "must be a number",
+    "bool_type": "must be true or false",
+    "bool_parsing": "must be true or false",
+    "string_type": "must be a string",
+    "list_type": "must be a list",
+    "dict_type": "must be a mapping",
+    "model_type": "must be a mapping",
+    "model_attributes_type": "must be a mapping",
+    "string_pattern_mismatch": "must match the pattern {pattern}",
+    "string_too_short": "must have at least {min_length} characters",
+    "string_too_long": "must have at most {max_length} characters",
+    "too_short": "must have at least {min_length} items",
+    "too_long": "must have at most {max_length} items",
+    "literal_error": "must be one of {expected}",
+}
+
+
+def _problem(err: dict[str, Any]) -> Problem:
+    loc = [str(p) for p in err["loc"]]
+    ctx = err.get("ctx") or {}
+    kind = err["type"]
+    if kind == "rule":
+        if not ctx.get("field"):
+            return Problem(_join(loc), ctx["message"])
+        loc.append(ctx["field"])
+        return Problem(_join(loc), f"{ctx['message']} (got {_show(ctx.get('value'))})")
+    template = _MESSAGES.get(kind)
+    shown = {k: f"{v:g}" if isinstance(v, float) else v for k, v in ctx.items()}
+    message = template.format(**shown) if template else err["msg"]
+    if kind not in ("missing", "extra_forbidden"):
+        message = f"{message} (got {_show(err.get('input'))})"
+    return Problem(_join(loc), message)
+
+
+def _join(loc: list[str]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if part.isdigit() else (f".{part}" if out else part)
+    return out
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, str):
+        return json.dumps(value)
+    try:
+        return json.dumps(value, sort_keys=True, default=str)
+    except (TypeError, ValueError):
+        return repr(value)

@@ -1,0 +1,305 @@
+"""plan(job) -> JobPlan: pure and deterministic (same manifest, byte-identical plan)."""
+
+from __future__ import annotations
+
+from lorarl.api.job import LoRARLJob
+from lorarl.api.k8s import ResourceRequirements, VolumeClaim
+from lorarl.api.spec import RESERVED_ENV, LoRARLJobSpec
+from lorarl.plan.addressing import Addressing, ClusterAddressing
+from lorarl.plan.engines import engine_command, engine_env
+from lorarl.plan.model import (
+    ContainerPlan,
+    JobPlan,
+    MountPlan,
+    ReplicaPlan,
+    RolePlan,
+    SyncPlan,
+    VolumePlan,
+)
+
+CONFIG_DIR = "/etc/lorarl"
+CONFIG_FILE = "job.yaml"
+SHM_DIR = "/dev/shm"
+DEFAULT_IMAGES = {
+    "trainer": "ghcr.io/lorarl/trainer:0.1.0",
+    "rollout": "ghcr.io/lorarl/rollout:0.1.0",
+    "reward": "ghcr.io/lorarl/reward:0.1.0",
+}
+GPU_RESOURCE = "nvidia.com/gpu"
+
+
+def plan(
+    job: LoRARLJob,
+    addressing: Addressing | None = None,
+    *,
+    config_path: str = f"{CONFIG_DIR}/{CONFIG_FILE}",
+) -> JobPlan:
+    addressing = addressing or ClusterAddressing()
+    spec, name = job.spec, job.name
+    _check_user_env(spec)
+    labels = {
+        "app.kubernetes.io/name": "lorarl",
+        "app.kubernetes.io/instance": name,
+        "app.kubernetes.io/managed-by": "lorarl-operator",
+        "lorarl.dev/job": name,
+    }
+    trainer0 = addressing.host(name, "trainer", 0)
+    sync = SyncPlan(
+        address=trainer0,
+        port=addressing.port("trainer", 0, "sync"),
+        world_size=1 + spec.rollout.replicas,
+        backend="nccl" if spec.trainer.gpus_per_replica > 0 else "gloo",
+        mode=spec.rollout.sync_mode,
+    )
+    rollout_hosts = [(addressing.host(name, "rollout", i), i) for i in range(spec.rollout.replicas)]
+    engine_urls = [
+        f"http://{h}:{addressing.port('rollout', i, 'engine')}" for h, i in rollout_hosts
+    ]
+    sidecar_urls = [
+        f"http://{h}:{addressing.port('rollout', i, 'sidecar')}" for h, i in rollout_hosts
+    ]
+    reward_url = _reward_url(job, addressing)
+    common = {"LORARL_JOB_NAME": name, "LORARL_CONFIG": config_path}
+    sync_env = {
+        "LORARL_SYNC_ADDR": sync.address,
+        "LORARL_SYNC_PORT": str(sync.port),
+        "LORARL_SYNC_WORLD_SIZE": str(sync.world_size),
+    }
+    roles = [
+        _trainer_role(job, addressing, common, sync_env, engine_urls, sidecar_urls, reward_url),
+        _rollout_role(job, addressing, common, sync_env),
+    ]
+    if spec.reward.service is not None and spec.reward.service.url is None:
+        roles.append(_reward_role(job, addressing, common))
+    return JobPlan(
+        name=name,
+        namespace=job.namespace,
+        service_name=name,
+        config_path=config_path,
+        labels=labels,
+        sync=sync,
+        roles=roles,
+        config=job.model_dump(mode="json", by_alias=True, exclude_none=True, exclude={"status"}),
+    )
+
+
+def _check_user_env(spec: LoRARLJobSpec) -> None:
+    """Defense in depth: validation rejects these, but a plan must never let them through."""
+    for role, env in (("trainer", spec.trainer.env), ("rollout", spec.rollout.env)):
+        clash = sorted({e.name for e in env} & set(RESERVED_ENV))
+        if clash:
+            raise ValueError(f"spec.{role}.env: reserved variables cannot be set: {clash}")
+
+
+def nproc_per_replica(spec: LoRARLJobSpec) -> int:
+    t = spec.trainer
+    return t.processes_per_replica or max(1, t.gpus_per_replica)
+
+
+def _trainer_role(job, addressing, common, sync_env, engine_urls, sidecar_urls, reward_url):
+    spec, name = job.spec, job.name
+    nproc = nproc_per_replica(spec)
+    nnodes = spec.trainer.replicas
+    master = addressing.host(name, "trainer", 0)
+    master_port = addressing.port("trainer", 0, "master")
+    progress_port = addressing.port("trainer", 0, "progress")
+    replicas = []
+    for i in range(nnodes):
+        env = {
+            **common,
+            "MASTER_ADDR": master,
+            "MASTER_PORT": str(master_port),
+            "WORLD_SIZE": str(nnodes * nproc),
+            "NODE_RANK": str(i),
+            "NPROC_PER_NODE": str(nproc),
+            **sync_env,
+            "LORARL_ROLLOUT_ENDPOINTS": ",".join(engine_urls),
+            "LORARL_SIDECAR_ENDPOINTS": ",".join(sidecar_urls),
+            "LORARL_PROGRESS_PORT": str(progress_port),
+        }
+        if reward_url:
+            env["LORARL_REWARD_ENDPOINT"] = reward_url
+        command = [
+            "python", "-m", "torch.distributed.run",
+            "--nnodes", str(nnodes),
+            "--nproc-per-node", str(nproc),
+            "--node-rank", str(i),
+            "--master-addr", master,
+            "--master-port", str(master_port),
+            "-m", "lorarl.trainer",
+            "--config", common["LORARL_CONFIG"],
+        ]  # fmt: skip
+        ports = {"master": master_port}
+        if i == 0:
+            ports |= {"sync": addressing.port("trainer", 0, "sync"), "progress": progress_port}
+        container = ContainerPlan(
+            name="trainer",
+            image=spec.trainer.image or DEFAULT_IMAGES["trainer"],
+            command=command,
+            env=env,
+            user_env=spec.trainer.env,
+            ports=ports,
+            resources=_with_gpus(spec.trainer.resources, spec.trainer.gpus_per_replica),
+            mounts=_mounts(spec, "trainer", _config_dir(common)),
+        )
+        replicas.append(
+            ReplicaPlan(
+                role="trainer",
+                index=i,
+                name=f"{name}-trainer-{i}",
+                host=addressing.host(name, "trainer", i),
+                containers=[container],
+            )
+        )
+    return RolePlan(
+        role="trainer",
+        replicas=replicas,
+        volumes=_volumes(job, "trainer"),
+        node_selector=spec.trainer.node_selector,
+        tolerations=spec.trainer.tolerations,
+        gpus_per_replica=spec.trainer.gpus_per_replica,
+    )
+
+
+def _rollout_role(job, addressing, common, sync_env):
+    spec, name = job.spec, job.name
+    r = spec.rollout
+    replicas = []
+    for i in range(r.replicas):
+        engine_port = addressing.port("rollout", i, "engine")
+        sidecar_port = addressing.port("rollout", i, "sidecar")
+        bind = "127.0.0.1" if addressing.host(name, "rollout", i) == "127.0.0.1" else "0.0.0.0"
+        engine = ContainerPlan(
+            name="engine",
+            image=r.image or DEFAULT_IMAGES["rollout"],
+            command=engine_command(spec, spec.model.path, bind, engine_port),
+            env=engine_env(spec),
+            user_env=r.env,
+            ports={"engine": engine_port},
+            resources=_with_gpus(r.resources, r.gpus_per_replica),
+            mounts=_mounts(spec, "rollout", _config_dir(common)),
+        )
+        sidecar = ContainerPlan(
+            name="sidecar",
+            image=r.image or DEFAULT_IMAGES["rollout"],
+            command=["python", "-m", "lorarl.rollout.sidecar", "--config", common["LORARL_CONFIG"]],
+            env={
+                **common,
+                **sync_env,
+                "LORARL_SYNC_RANK": str(i + 1),
+                "LORARL_ENGINE_URL": f"http://127.0.0.1:{engine_port}",
+                "LORARL_SIDECAR_PORT": str(sidecar_port),
+            },
+            ports={"sidecar": sidecar_port},
+            mounts=_mounts(spec, "rollout", _config_dir(common)),
+        )
+        replicas.append(
+            ReplicaPlan(
+                role="rollout",
+                index=i,
+                name=f"{name}-rollout-{i}",
+                host=addressing.host(name, "rollout", i),
+                containers=[engine, sidecar],
+            )
+        )
+    return RolePlan(
+        role="rollout",
+        replicas=replicas,
+        volumes=_volumes(job, "rollout"),
+        node_selector=r.node_selector,
+        tolerations=r.tolerations,
+        gpus_per_replica=r.gpus_per_replica,
+    )
+
+
+def _reward_role(job, addressing, common):
+    spec, name = job.spec, job.name
+    service = spec.reward.service
+    port = addressing.port("reward", 0, "reward")
+    container = ContainerPlan(
+        name="reward",
+        image=DEFAULT_IMAGES["reward"],
+        command=[
+            "python",
+            "-m",
+            "lorarl.rewards.serve",
+            "--config",
+            common["LORARL_CONFIG"],
+            "--port",
+            str(port),
+        ],
+        env=dict(common),
+        ports={"reward": port},
+        resources=service.resources,
+        mounts=[MountPlan(volume="config", path=_config_dir(common), read_only=True)],
+    )
+    replica = ReplicaPlan(
+        role="reward",
+        index=0,
+        name=f"{name}-reward-0",
+        host=addressing.host(name, "reward", 0),
+        containers=[container],
+    )
+    return RolePlan(
+        role="reward", replicas=[replica], volumes=[_config_volume(name)], gpus_per_replica=0
+    )
+
+
+def _reward_url(job: LoRARLJob, addressing: Addressing) -> str | None:
+    service = job.spec.reward.service
+    if service is None:
+        return None
+    if service.url:
+        return service.url
+    host = addressing.host(job.name, "reward", 0)
+    return f"http://{host}:{addressing.port('reward', 0, 'reward')}"
+
+
+def _with_gpus(resources: ResourceRequirements, gpus: int) -> ResourceRequirements:
+    if gpus == 0:
+        return resources
+    return ResourceRequirements(
+        requests=resources.requests, limits={**resources.limits, GPU_RESOURCE: gpus}
+    )
+
+
+def _config_dir(common: dict[str, str]) -> str:
+    return common["LORARL_CONFIG"].rsplit("/", 1)[0]
+
+
+def _config_volume(name: str) -> VolumePlan:
+    return VolumePlan(name="config", kind="configMap", source=f"{name}-config", read_only=True)
+
+
+def _claims(spec: LoRARLJobSpec, role: str) -> list[tuple[str, VolumeClaim, bool]]:
+    """(volume name, claim, read only) for the PVCs a role mounts."""
+    out = []
+    if spec.model.volume:
+        out.append(("model", spec.model.volume, True))
+    if role == "trainer" and spec.data.volume:
+        out.append(("data", spec.data.volume, True))
+    if role == "trainer" and spec.training.volume:
+        out.append(("output", spec.training.volume, False))
+    return out
+
+
+def _volumes(job: LoRARLJob, role: str) -> list[VolumePlan]:
+    vols = [_config_volume(job.name)]
+    vols += [
+        VolumePlan(name=n, kind="pvc", source=c.claim_name, read_only=ro or c.read_only)
+        for n, c, ro in _claims(job.spec, role)
+    ]
+    if role == "rollout":
+        vols.append(VolumePlan(name="shm", kind="memory"))
+    return vols
+
+
+def _mounts(spec: LoRARLJobSpec, role: str, config_dir: str) -> list[MountPlan]:
+    mounts = [MountPlan(volume="config", path=config_dir, read_only=True)]
+    mounts += [
+        MountPlan(volume=n, path=c.mount_path, read_only=ro or c.read_only)
+        for n, c, ro in _claims(spec, role)
+    ]
+    if role == "rollout":
+        mounts.append(MountPlan(volume="shm", path=SHM_DIR))
+    return mounts
