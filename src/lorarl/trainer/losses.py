@@ -1,0 +1,295 @@
+"""Policy-gradient losses on token tensors ``[B, T]`` with a response mask.
+
+Metrics come back as detached 0-dim tensors, not Python floats: calling ``.item()`` here would
+force a device sync per micro-batch; the trainer converts them once per step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "AGG_MODES",
+    "KL_ESTIMATORS",
+    "LossConfig",
+    "aggregate",
+    "entropy_from_logits",
+    "kl_penalty",
+    "policy_loss",
+    "rl_loss",
+    "token_logprobs_from_logits",
+]
+
+AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
+KL_ESTIMATORS = ("k1", "k2", "k3", "low_var_kl")
+_LOG_RATIO_CLAMP = 20.0  # exp(20) ~ 5e8: far past any clip range, still finite in fp32
+
+
+def _check_same_shape(ref: Tensor, **others: Tensor) -> None:
+    if ref.dim() != 2:
+        raise ValueError(f"expected 2-D [batch, tokens] tensors, got shape {tuple(ref.shape)}")
+    for name, t in others.items():
+        if t.shape != ref.shape:
+            raise ValueError(f"{name} shape {tuple(t.shape)} does not match {tuple(ref.shape)}")
+
+
+def aggregate(
+    loss_mat: Tensor, mask: Tensor, mode: str = "token-mean", *, norm_len: int | None = None
+) -> Tensor:
+    """Reduce a per-token loss ``[B, T]`` to a scalar over the unmasked tokens.
+
+    - ``token-mean``: every token weighs the same (DAPO); long answers are not diluted.
+    - ``seq-mean-token-mean``: every sequence weighs the same (GRPO paper).
+    - ``seq-mean-token-sum``: per-sequence sums, mean over sequences (Dr.GRPO). With ``norm_len``
+      (Dr.GRPO's constant, the max response length) sums are divided by it, which keeps the loss
+      scale independent of batch content without re-introducing a length bias.
+    Sequence modes average over sequences that have at least one token, so all-padding rows
+    (micro-batch filler) do not shrink the loss. No tokens at all gives 0, still in the graph.
+    """
+    if mode not in AGG_MODES:
+        raise ValueError(f"unknown loss aggregation {mode!r}; valid modes: {', '.join(AGG_MODES)}")
+    _check_same_shape(loss_mat, mask=mask)
+    if norm_len is not None and (mode != "seq-mean-token-sum" or norm_len <= 0):
+        raise ValueError(
+            f"norm_len applies to 'seq-mean-token-sum' only and must be > 0; "
+            f"got norm_len={norm_len} with mode {mode!r}"
+        )
+    m = mask.to(loss_mat.dtype)
+    masked = loss_mat * m
+    if mode == "token-mean":
+        return masked.sum() / m.sum().clamp(min=1.0)
+    tokens_per_seq = m.sum(dim=1)
+    if mode == "seq-mean-token-mean":
+        per_seq = masked.sum(dim=1) / tokens_per_seq.clamp(min=1.0)
+    else:
+        per_seq = masked.sum(dim=1) / (float(norm_len) if norm_len is not None else 1.0)
+    n_seqs = (tokens_per_seq > 0).to(loss_mat.dtype).sum()
+    return per_seq.sum() / n_seqs.clamp(min=1.0)
+
+
+def _masked_mean(x: Tensor, m: Tensor) -> Tensor:
+    return ((x * m).sum() / m.sum().clamp(min=1.0)).detach()
+
+
+def policy_loss(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages_tok: Tensor,
+    mask: Tensor,
+    *,
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+    dual_clip: float | None = None,
+    agg: str = "token-mean",
+    norm_len: int | None = None,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """PPO clipped surrogate, ratio clipped to ``[1 - clip_low, 1 + clip_high]``.
+
+    Separate bounds are DAPO's clip-higher: a larger ``clip_high`` lets unlikely tokens with
+    positive advantage grow, which keeps entropy from collapsing. ``dual_clip`` (c > 1) caps the
+    loss of negative-advantage tokens at ``-A * c``, so a token whose ratio exploded cannot
+    dominate.
+    ``clip_frac`` counts tokens whose gradient the clipping removed.
+    """
+    _check_same_shape(logprobs, old_logprobs=old_logprobs, advantages_tok=advantages_tok, mask=mask)
+    if not 0.0 <= clip_low < 1.0:
+        raise ValueError(f"clip_low must be in [0, 1), got {clip_low}")
+    if clip_high < 0.0:
+        raise ValueError(f"clip_high must be >= 0, got {clip_high}")
+    if dual_clip is not None and dual_clip <= 1.0:
+        raise ValueError(f"dual_clip must be > 1, got {dual_clip}")
+    adv = advantages_tok.detach().to(logprobs.dtype)
+    log_ratio = (logprobs - old_logprobs.detach()).clamp(-_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
+    ratio = torch.exp(log_ratio)
+    unclipped = -adv * ratio
+    clipped = -adv * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
+    ppo_clip_active = clipped > unclipped
+    loss_mat = torch.where(ppo_clip_active, clipped, unclipped)
+    dual_active = torch.zeros_like(ppo_clip_active)
+    if dual_clip is not None:
+        cap = -adv * dual_clip
+        dual_active = (adv < 0) & (loss_mat > cap)
+        loss_mat = torch.where(dual_active, cap, loss_mat)
+    loss = aggregate(loss_mat, mask, agg, norm_len=norm_len)
+    m = mask.to(logprobs.dtype)
+    metrics = {
+        "clip_frac": _masked_mean((ppo_clip_active | dual_active).to(m.dtype), m),
+        "dual_clip_frac": _masked_mean(dual_active.to(m.dtype), m),
+        "approx_kl": _masked_mean(old_logprobs - logprobs, m),
+        "ratio_mean": _masked_mean(ratio, m),
+    }
+    return loss, metrics
+
+
+def kl_penalty(logprobs: Tensor, ref_logprobs: Tensor, estimator: str = "low_var_kl") -> Tensor:
+    """Per-token estimate of KL(pi || pi_ref) from sampled-token logprobs.
+
+    ``k1`` is unbiased but noisy and can be negative; ``k2`` is its squared form; ``k3`` /
+    ``low_var_kl`` (``exp(d) - d - 1`` with ``d = ref - logp``) is non-negative and low variance,
+    clamped to [-10, 10] as in verl so one outlier token cannot blow up the loss.
+    """
+    if estimator not in KL_ESTIMATORS:
+        raise ValueError(
+            f"unknown KL estimator {estimator!r}; valid estimators: {', '.join(KL_ESTIMATORS)}"
+        )
+    if logprobs.shape != ref_logprobs.shape:
+        raise ValueError(
+            f"ref_logprobs shape {tuple(ref_logprobs.shape)} does not match "
+            f"logprobs shape {tuple(logprobs.shape)}"
+        )
+    diff = logprobs - ref_logprobs.detach()
+    if estimator == "k1":
+        return diff
+    if estimator == "k2":
+        return 0.5 * diff.square()
+    d = (-diff).clamp(-_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
+    return (torch.exp(d) - d - 1.0).clamp(-10.0, 10.0)
+
+
+def _row_chunks(flat: Tensor, chunk_rows: int) -> list[Tensor]:
+    if chunk_rows <= 0:
+        raise ValueError(f"chunk_rows must be > 0, got {chunk_rows}")
+    return list(flat.split(chunk_rows, dim=0))
+
+
+def token_logprobs_from_logits(logits: Tensor, labels: Tensor, *, chunk_rows: int = 4096) -> Tensor:
+    """``log p(label)`` per position, ``[B, T, V] x [B, T] -> [B, T]`` in fp32.
+
+    Computed as ``logit[label] - logsumexp(logits)`` on row chunks: no log_softmax is ever
+    materialized, and under ``no_grad`` (old/ref logprobs) at most one chunk is upcast at a time.
+    The caller aligns labels with logits (no shift here). Negative labels (ignore index, padding)
+    give 0.
+    """
+    if logits.dim() != 3:
+        raise ValueError(f"logits must be 3-D [batch, tokens, vocab], got {tuple(logits.shape)}")
+    if labels.shape != logits.shape[:2]:
+        raise ValueError(
+            f"labels shape {tuple(labels.shape)} does not match logits {tuple(logits.shape[:2])}"
+        )
+    if labels.dtype not in (torch.long, torch.int32, torch.int64):
+        raise ValueError(f"labels must be integer token ids, got dtype {labels.dtype}")
+    vocab = logits.shape[-1]
+    if bool((labels >= vocab).any()):
+        raise ValueError(f"labels contain ids >= vocab size {vocab}")
+    flat_logits = logits.reshape(-1, vocab)
+    flat_labels = labels.reshape(-1).long()
+    out = []
+    for lg, lb in zip(
+        _row_chunks(flat_logits, chunk_rows), flat_labels.split(chunk_rows), strict=True
+    ):
+        lg32 = lg.float()
+        picked = lg32.gather(1, lb.clamp(min=0).unsqueeze(1)).squeeze(1)
+        lp = picked - torch.logsumexp(lg32, dim=-1)
+        out.append(lp.masked_fill(lb < 0, 0.0))
+    return torch.cat(out).view(labels.shape)
+
+
+def entropy_from_logits(logits: Tensor, *, chunk_rows: int = 4096) -> Tensor:
+    """Entropy of the next-token distribution per position, ``[B, T, V] -> [B, T]`` in fp32.
+
+    ``H = -sum p log p`` with ``log p = logits - logsumexp``; ``-inf`` logits (masked vocabulary)
+    contribute 0 instead of ``0 * -inf = NaN``, in the value and in the gradient.
+    """
+    if logits.dim() != 3:
+        raise ValueError(f"logits must be 3-D [batch, tokens, vocab], got {tuple(logits.shape)}")
+    flat = logits.reshape(-1, logits.shape[-1])
+    out = []
+    for lg in _row_chunks(flat, chunk_rows):
+        logp = torch.log_softmax(lg.float(), dim=-1)
+        p = logp.exp()
+        logp_safe = logp.masked_fill(p == 0, 0.0)
+        out.append(-(p * logp_safe).sum(dim=-1))
+    return torch.cat(out).view(logits.shape[:2])
+
+
+@dataclass(frozen=True)
+class LossConfig:
+    """The loss half of ``spec.algorithm``; validated once so each step need not re-check."""
+
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    dual_clip: float | None = None
+    agg: str = "token-mean"
+    norm_len: int | None = None
+    kl_coef: float = 0.0
+    kl_estimator: str = "low_var_kl"
+    entropy_coef: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.agg not in AGG_MODES:
+            raise ValueError(f"agg must be one of {', '.join(AGG_MODES)}; got {self.agg!r}")
+        if self.kl_estimator not in KL_ESTIMATORS:
+            raise ValueError(
+                f"kl_estimator must be one of {', '.join(KL_ESTIMATORS)}; got {self.kl_estimator!r}"
+            )
+        if not 0.0 <= self.clip_low < 1.0:
+            raise ValueError(f"clip_low must be in [0, 1), got {self.clip_low}")
+        if self.clip_high < 0.0:
+            raise ValueError(f"clip_high must be >= 0, got {self.clip_high}")
+        if self.dual_clip is not None and self.dual_clip <= 1.0:
+            raise ValueError(f"dual_clip must be > 1, got {self.dual_clip}")
+        if self.norm_len is not None and (self.agg != "seq-mean-token-sum" or self.norm_len <= 0):
+            raise ValueError(
+                f"norm_len applies to agg 'seq-mean-token-sum' only and must be > 0; "
+                f"got norm_len={self.norm_len} with agg {self.agg!r}"
+            )
+        if self.kl_coef < 0:
+            raise ValueError(f"kl_coef must be >= 0, got {self.kl_coef}")
+        if self.entropy_coef < 0:
+            raise ValueError(f"entropy_coef must be >= 0, got {self.entropy_coef}")
+
+
+def rl_loss(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages_tok: Tensor,
+    mask: Tensor,
+    config: LossConfig | None = None,
+    *,
+    ref_logprobs: Tensor | None = None,
+    entropy: Tensor | None = None,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """``policy + kl_coef * agg(kl) - entropy_coef * agg(entropy)`` with its parts as metrics.
+
+    KL and entropy are reported whenever given, even with a zero coefficient, so a run without
+    the penalty still shows how far it drifted.
+    """
+    cfg = config or LossConfig()
+    if cfg.kl_coef > 0 and ref_logprobs is None:
+        raise ValueError("kl_coef > 0 needs ref_logprobs")
+    if cfg.entropy_coef > 0 and entropy is None:
+        raise ValueError("entropy_coef > 0 needs entropy")
+    pg, metrics = policy_loss(
+        logprobs,
+        old_logprobs,
+        advantages_tok,
+        mask,
+        clip_low=cfg.clip_low,
+        clip_high=cfg.clip_high,
+        dual_clip=cfg.dual_clip,
+        agg=cfg.agg,
+        norm_len=cfg.norm_len,
+    )
+    total = pg
+    metrics["policy_loss"] = pg.detach()
+    if ref_logprobs is not None:
+        kl = aggregate(
+            kl_penalty(logprobs, ref_logprobs, cfg.kl_estimator),
+            mask,
+            cfg.agg,
+            norm_len=cfg.norm_len,
+        )
+        metrics["kl"] = kl.detach()
+        if cfg.kl_coef > 0:
+            total = total + cfg.kl_coef * kl
+    if entropy is not None:
+        _check_same_shape(logprobs, entropy=entropy)
+        ent = aggregate(entropy, mask, cfg.agg, norm_len=cfg.norm_len)
+        metrics["entropy"] = ent.detach()
+        if cfg.entropy_coef > 0:
+            total = total - cfg.entropy_coef * ent
+    metrics["loss"] = total.detach()
+    return total, metrics
