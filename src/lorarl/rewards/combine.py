@@ -1,0 +1,79 @@
+"""`weighted`: one reward from several, e.g. correctness + 0.1 * format - 0.05 * length."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from lorarl.rewards.registry import (
+    BoundReward,
+    RewardResult,
+    get_reward,
+    register_factory,
+    to_result,
+)
+
+__all__ = ["weighted"]
+
+Component = (
+    tuple[str | Callable[..., Any], float]
+    | tuple[str | Callable[..., Any], float, Mapping[str, Any]]
+    | Mapping[str, Any]
+)
+
+
+def _parse_component(i: int, comp: Component) -> tuple[BoundReward, float]:
+    if isinstance(comp, Mapping):  # the form a YAML job spec gives: {name, weight, params}
+        unknown = set(comp) - {"name", "weight", "params"}
+        if unknown or "name" not in comp:
+            raise ValueError(
+                f"weighted: component {i} must have keys name, weight[, params]; got {sorted(comp)}"
+            )
+        spec, weight, params = comp["name"], comp.get("weight", 1.0), comp.get("params") or {}
+    elif isinstance(comp, (tuple, list)) and len(comp) in (2, 3):
+        spec, weight = comp[0], comp[1]
+        params = comp[2] if len(comp) == 3 else {}
+    else:
+        raise ValueError(
+            f"weighted: component {i} must be (name_or_fn, weight[, params]), got {comp!r}"
+        )
+    if (
+        isinstance(weight, bool)
+        or not isinstance(weight, (int, float))
+        or not math.isfinite(weight)
+    ):
+        raise ValueError(f"weighted: component {i} weight must be a finite number, got {weight!r}")
+    if not isinstance(params, Mapping):
+        raise ValueError(f"weighted: component {i} params must be a mapping, got {params!r}")
+    return get_reward(spec, **params), float(weight)
+
+
+@register_factory("weighted")
+def weighted(components: Sequence[Component]) -> Callable[..., RewardResult]:
+    """Sum of weight * score over components; each component's score is kept in info."""
+    if isinstance(components, (str, bytes)) or not components:
+        raise ValueError("weighted: components must be a non-empty list")
+    parts = [_parse_component(i, c) for i, c in enumerate(components)]
+    labels: list[str] = []
+    for reward, _ in parts:
+        label, n = reward.name, 2
+        while label in labels:  # the same reward twice with different params
+            label, n = f"{reward.name}#{n}", n + 1
+        labels.append(label)
+
+    def combined(
+        prompt: str, completion: str, ground_truth: str | None, metadata: Mapping[str, Any]
+    ) -> RewardResult:
+        scores: dict[str, float] = {}
+        infos: dict[str, Any] = {}
+        total = 0.0
+        for label, (reward, weight) in zip(labels, parts, strict=True):
+            result = to_result(reward(prompt, completion, ground_truth, metadata), label)
+            scores[label] = result.score
+            if result.info:
+                infos[label] = result.info
+            total += weight * result.score
+        return RewardResult(total, {"components": scores, "component_info": infos})
+
+    return combined

@@ -1,0 +1,242 @@
+"""Reward registry: names in a job spec -> callables the trainer can score completions with.
+
+A reward function has the signature
+
+    fn(prompt: str, completion: str, ground_truth: str | None, metadata: Mapping[str, Any],
+       **params) -> float | RewardResult
+
+Keyword parameters come from the job spec (`get_reward("regex_match", pattern=r"^\\d+$")`) and are
+bound once, so configuration errors surface when the job is loaded, not mid-training.
+A spec is either a registered name or `"package.module:function"` (a user's own reward).
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import math
+import numbers
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+__all__ = [
+    "BoundReward",
+    "RewardError",
+    "RewardFn",
+    "RewardResult",
+    "get_reward",
+    "list_rewards",
+    "register",
+    "register_factory",
+    "score_batch",
+]
+
+
+@dataclass(frozen=True)
+class RewardResult:
+    """A score plus whatever the reward wants logged (extracted answer, missing keys, ...)."""
+
+    score: float
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+class RewardFn(Protocol):
+    def __call__(
+        self, prompt: str, completion: str, ground_truth: str | None, metadata: Mapping[str, Any]
+    ) -> float | RewardResult: ...
+
+
+class RewardError(RuntimeError):
+    """A reward function raised or returned something unusable while scoring."""
+
+
+@dataclass(frozen=True)
+class _Entry:
+    fn: Callable[..., Any]
+    is_factory: bool
+    check: Callable[..., None] | None
+
+
+_REGISTRY: dict[str, _Entry] = {}
+
+
+@dataclass(frozen=True)
+class BoundReward:
+    """A reward function with its parameters bound; carries a name for metrics and errors."""
+
+    name: str
+    fn: Callable[..., Any]
+    params: Mapping[str, Any] = field(default_factory=dict)
+
+    def __call__(
+        self, prompt: str, completion: str, ground_truth: str | None, metadata: Mapping[str, Any]
+    ) -> float | RewardResult:
+        return self.fn(prompt, completion, ground_truth, metadata, **self.params)
+
+
+def register(
+    name: str, *, check: Callable[..., None] | None = None
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Register a reward function under `name`; `check(**params)` validates params at bind time."""
+    return _registrar(name, is_factory=False, check=check)
+
+
+def register_factory(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Register `factory(**params) -> reward fn`, for rewards that build state once (weighted)."""
+    return _registrar(name, is_factory=True, check=None)
+
+
+def _registrar(
+    name: str, *, is_factory: bool, check: Callable[..., None] | None
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    if not name or ":" in name:
+        raise ValueError(f"reward name {name!r} must be non-empty and contain no ':'")
+
+    def decorator(fn: Callable[..., Any]) -> Callable[..., Any]:
+        if name in _REGISTRY and _REGISTRY[name].fn is not fn:
+            raise ValueError(f"reward {name!r} is already registered")
+        _REGISTRY[name] = _Entry(fn=fn, is_factory=is_factory, check=check)
+        return fn
+
+    return decorator
+
+
+def list_rewards() -> list[str]:
+    _load_builtins()
+    return sorted(_REGISTRY)
+
+
+def get_reward(spec: str | Callable[..., Any], **params: Any) -> BoundReward:
+    """Resolve a built-in name, `"module:function"` or a callable, binding `params` as keywords.
+
+    Raises ValueError for an unknown name, a module/function that can't be found, a non-callable,
+    or params the function does not accept.
+    """
+    if callable(spec):
+        name = getattr(spec, "__name__", type(spec).__name__)
+        return _bind(name, spec, params)
+    if not isinstance(spec, str) or not spec.strip():
+        raise ValueError(f"reward spec must be a non-empty string or a callable, got {spec!r}")
+    spec = spec.strip()
+    if ":" in spec:
+        return _bind(spec, _import_callable(spec), params)
+    _load_builtins()
+    entry = _REGISTRY.get(spec)
+    if entry is None:
+        raise ValueError(
+            f"unknown reward {spec!r}; known rewards: {', '.join(sorted(_REGISTRY))} "
+            "(or use 'module:function' for your own)"
+        )
+    if entry.is_factory:
+        _check_accepts(spec, entry.fn, params, positional=0)
+        return BoundReward(name=spec, fn=entry.fn(**params))
+    bound = _bind(spec, entry.fn, params)
+    if entry.check is not None:
+        entry.check(**params)
+    return bound
+
+
+def _import_callable(spec: str) -> Callable[..., Any]:
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise ValueError(f"reward {spec!r}: expected 'module:function'")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ValueError(f"reward {spec!r}: cannot import module {module_name!r}: {exc}") from exc
+    obj: Any = module
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise ValueError(f"reward {spec!r}: module {module_name!r} has no attribute {attr!r}")
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise ValueError(f"reward {spec!r}: {attr!r} is a {type(obj).__name__}, not callable")
+    return obj
+
+
+def _bind(name: str, fn: Callable[..., Any], params: Mapping[str, Any]) -> BoundReward:
+    _check_accepts(name, fn, params, positional=4)
+    return BoundReward(name=name, fn=fn, params=dict(params))
+
+
+def _check_accepts(
+    name: str, fn: Callable[..., Any], params: Mapping[str, Any], *, positional: int
+) -> None:
+    """Fail at bind time, naming the offending parameter, rather than on the first batch."""
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):  # some builtins have no introspectable signature
+        return
+    try:
+        sig.bind(*([None] * positional), **params)
+    except TypeError as exc:
+        accepted = [
+            p.name
+            for p in sig.parameters.values()
+            if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)
+        ][positional:]
+        raise ValueError(
+            f"reward {name!r}: invalid parameters {sorted(params)}: {exc}; "
+            f"it accepts: {', '.join(accepted) or 'no parameters'}"
+        ) from exc
+
+
+def to_result(value: Any, name: str = "reward") -> RewardResult:
+    """Normalize a reward's return value; non-finite scores are refused (they poison advantages)."""
+    if isinstance(value, RewardResult):
+        score = value.score
+        result = value
+    elif isinstance(value, numbers.Real):  # bool -> 1.0/0.0; numpy scalars welcome
+        score = float(value)
+        result = RewardResult(score=score)
+    else:
+        raise RewardError(
+            f"reward {name!r} returned {type(value).__name__}; expected float or RewardResult"
+        )
+    if not isinstance(score, numbers.Real):
+        raise RewardError(f"reward {name!r} returned a RewardResult with score {score!r}")
+    if not math.isfinite(score):
+        raise RewardError(f"reward {name!r} returned a non-finite score {score!r}")
+    if type(result.score) is not float:  # plain floats for JSON metrics and torch.tensor
+        result = RewardResult(score=float(score), info=result.info)
+    return result
+
+
+def score_batch(
+    fn: Callable[..., Any],
+    prompts: Sequence[str],
+    completions: Sequence[str],
+    truths: Sequence[str | None] | None = None,
+    metadatas: Sequence[Mapping[str, Any]] | None = None,
+) -> list[RewardResult]:
+    """Score aligned sequences; `truths`/`metadatas` default to None/{} for every item."""
+    n = len(completions)
+    truths = [None] * n if truths is None else truths
+    metadatas = [{}] * n if metadatas is None else metadatas
+    lengths = {
+        "prompts": len(prompts),
+        "completions": n,
+        "truths": len(truths),
+        "metadatas": len(metadatas),
+    }
+    if len(set(lengths.values())) != 1:
+        raise ValueError(f"score_batch needs equal lengths, got {lengths}")
+    name = getattr(fn, "name", None) or getattr(fn, "__name__", "reward")
+    results = []
+    for i, (p, c, t, m) in enumerate(zip(prompts, completions, truths, metadatas, strict=True)):
+        try:
+            value = fn(p, c, t, m)
+        except RewardError:
+            raise
+        except Exception as exc:
+            raise RewardError(
+                f"reward {name!r} failed on item {i}: {type(exc).__name__}: {exc}"
+            ) from exc
+        results.append(to_result(value, name))
+    return results
+
+
+def _load_builtins() -> None:
+    # Imported lazily so registry.py has no import cycle with the modules that register into it.
+    from lorarl.rewards import builtin, combine, math_answer  # noqa: F401
