@@ -1,0 +1,57 @@
+"""What trainer rank 0 reports on `GET /progress` and `GET /progress/history`.
+
+One model shared by the trainer (writer), the status API and the operator (readers), so a field
+renamed on one side breaks a test instead of a dashboard.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import ConfigDict, Field
+
+from lorarl.api.base import ApiModel
+from lorarl.api.status import CheckpointStatus, SyncStatus
+
+
+class StepRecord(ApiModel):
+    model_config = ConfigDict(extra="ignore")  # readers tolerate newer trainers
+
+    step: int = Field(ge=1, description="1-based step number.")
+    time: float = Field(description="Unix time the step finished.")
+    reward_mean: float
+    reward_std: float = 0.0
+    kl: float | None = None
+    entropy: float | None = None
+    loss: float | None = None
+    clip_fraction: float | None = None
+    grad_norm: float | None = None
+    lr: float | None = None
+    tokens_per_second: float | None = None
+    response_length_mean: float | None = None
+    logprob_mismatch: float | None = Field(
+        default=None, description="Mean |rollout logprob - trainer logprob| per token."
+    )
+    weight_version: int | None = Field(default=None, description="Version the samples came from.")
+    step_seconds: float | None = None
+    generate_seconds: float | None = None
+    reward_seconds: float | None = None
+    train_seconds: float | None = None
+    sync_seconds: float | None = None
+    sync_bytes: int | None = None
+
+
+class Progress(ApiModel):
+    model_config = ConfigDict(extra="ignore")
+
+    job: str
+    phase: Literal["Starting", "Running", "Succeeded", "Failed"]
+    step: int = Field(default=0, ge=0)
+    total_steps: int = Field(ge=0)
+    latest: StepRecord | None = None
+    last_sync: SyncStatus | None = None
+    checkpoint: CheckpointStatus | None = None
+    adapter_path: str | None = None
+    message: str = ""
+    started_at: float | None = None
+    updated_at: float | None = None
