@@ -1,0 +1,377 @@
+"""The trainer's client for the rollout replicas: n samples per prompt, with ids, logprobs, version.
+
+Load is balanced by least outstanding requests (ties round-robin), so a slow replica gets fewer
+prompts. A failed endpoint is put in a cooldown that doubles with each consecutive failure: without
+it a dead replica, which fails instantly and so always looks least loaded, would attract every
+request. Connect errors, timeouts, 429 and 5xx are retried on another endpoint; other 4xx and
+unparseable answers are bugs, raised at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import time
+from collections.abc import AsyncIterator, Awaitable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import httpx
+
+from lorarl.trainer.engines_wire import (
+    build_sglang_generate_request,
+    build_vllm_completion_request,
+    parse_sglang_generate_response,
+    parse_vllm_completion_response,
+)
+from lorarl.trainer.rollout_types import (
+    ENGINES,
+    Sample,
+    SamplingParams,
+    WireFormatError,
+    check_prompts,
+)
+
+__all__ = ["RolloutClient", "RolloutError", "Sample", "SamplingParams", "pick_endpoint"]
+
+T = TypeVar("T")
+_MAX_COOLDOWN_S = 30.0
+
+
+class RolloutError(RuntimeError):
+    """A rollout request could not be served; names the endpoint(s) and the last error."""
+
+    def __init__(self, message: str, *, endpoints: Sequence[str], last_error: str = "") -> None:
+        super().__init__(message)
+        self.endpoints = list(endpoints)
+        self.last_error = last_error
+
+
+@dataclass
+class EndpointState:
+    """Per-endpoint bookkeeping; `outstanding` counts requests assigned and not yet finished."""
+
+    url: str
+    outstanding: int = 0
+    consecutive_failures: int = 0
+    cooldown_until: float = 0.0
+    requests: int = 0
+    failures: int = 0
+
+
+def pick_endpoint(
+    states: Sequence[EndpointState], *, tried: set[int], now: float, rr: int
+) -> int:
+    """Index of the endpoint for the next attempt.
+
+    Untried endpoints first (all, once every one was tried); among those, ones not cooling down,
+    then the fewest outstanding requests, then round-robin order starting at `rr`. When all are
+    cooling down, the one that recovers first.
+    """
+    count = len(states)
+    candidates = [i for i in range(count) if i not in tried] or list(range(count))
+
+    def key(i: int) -> tuple[bool, float, int, int]:
+        cooling = states[i].cooldown_until > now
+        return (cooling, states[i].cooldown_until if cooling else 0.0,
+                states[i].outstanding, (i - rr) % count)
+
+    return min(candidates, key=key)
+
+
+class RolloutClient:
+    """Asks the rollout engines (vLLM or SGLang HTTP servers) for samples.
+
+    Use `async with RolloutClient(...) as c: await c.agenerate(...)` from async code (one pooled
+    HTTP client), or the sync `generate`/`health`/`wait_ready` from the trainer loop.
+    """
+
+    def __init__(
+        self,
+        endpoints: Sequence[str],
+        engine: str,
+        *,
+        model_name: str,
+        api_key: str | None = None,
+        timeout_s: float = 300.0,
+        max_retries: int = 3,
+        backoff_s: float = 0.5,
+        max_concurrency_per_endpoint: int = 16,
+    ) -> None:
+        if isinstance(endpoints, str) or not endpoints:
+            raise ValueError("endpoints must be a non-empty list of base URLs (http://host:port)")
+        urls = [_normalize_url(u) for u in endpoints]
+        if len(set(urls)) != len(urls):
+            raise ValueError(f"endpoints contain duplicates: {urls}")
+        if engine not in ENGINES:
+            raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
+        if not model_name:
+            raise ValueError("model_name must be the engine's served model name")
+        for name, value in (("timeout_s", timeout_s), ("backoff_s", backoff_s)):
+            if not isinstance(value, (int, float)) or value < 0 or (name == "timeout_s"
+                                                                    and value == 0):
+                raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
+        if not isinstance(max_retries, int) or max_retries < 0:
+            raise ValueError(f"max_retries must be an integer >= 0, got {max_retries!r}")
+        if not isinstance(max_concurrency_per_endpoint, int) or max_concurrency_per_endpoint < 1:
+            raise ValueError("max_concurrency_per_endpoint must be an integer >= 1, "
+                             f"got {max_concurrency_per_endpoint!r}")
+        self.engine = engine
+        self.model_name = model_name
+        self.timeout_s = float(timeout_s)
+        self.max_retries = max_retries
+        self.backoff_s = float(backoff_s)
+        self.max_concurrency = max_concurrency_per_endpoint
+        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._states = [EndpointState(u) for u in urls]
+        self._rr = 0
+        self._http: httpx.AsyncClient | None = None
+        self._sem_loop: asyncio.AbstractEventLoop | None = None
+        self._sems: list[asyncio.Semaphore] = []
+
+    @property
+    def endpoints(self) -> list[str]:
+        return [s.url for s in self._states]
+
+    def endpoint_stats(self) -> dict[str, dict[str, int]]:
+        """Requests sent and failures seen per endpoint (for metrics)."""
+        return {s.url: {"requests": s.requests, "failures": s.failures,
+                        "outstanding": s.outstanding} for s in self._states}
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def __aenter__(self) -> RolloutClient:
+        self._http = self._new_http()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        http, self._http = self._http, None
+        if http is not None:
+            await http.aclose()
+
+    def _new_http(self) -> httpx.AsyncClient:
+        conns = self.max_concurrency * len(self._states) + len(self._states)
+        return httpx.AsyncClient(
+            headers=self._headers,
+            timeout=httpx.Timeout(self.timeout_s),
+            limits=httpx.Limits(max_connections=conns, max_keepalive_connections=conns),
+        )
+
+    @contextlib.asynccontextmanager
+    async def _session(self) -> AsyncIterator[httpx.AsyncClient]:
+        if self._http is not None:
+            yield self._http
+        else:
+            async with self._new_http() as http:
+                yield http
+
+    def _semaphores(self) -> list[asyncio.Semaphore]:
+        # asyncio primitives bind to one loop; the sync wrappers run a fresh loop per call.
+        loop = asyncio.get_running_loop()
+        if self._sem_loop is not loop:
+            self._sem_loop = loop
+            self._sems = [asyncio.Semaphore(self.max_concurrency) for _ in self._states]
+        return self._sems
+
+    # ------------------------------------------------------------------ generation
+
+    async def agenerate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        n: int,
+        params: SamplingParams,
+        *,
+        model: str | None = None,
+        expected_version: int,
+    ) -> list[list[Sample]]:
+        """n samples for each tokenized prompt, in prompt order.
+
+        `model` is the served name to sample from (default `model_name`; in adapter mode the
+        versioned adapter `<name>-v<N>`). `expected_version` is the weight version the trainer
+        last synced and every replica acknowledged; a sample carries the engine-reported version
+        when the engine reports one (SGLang `weight_version`, a versioned adapter name), else
+        this one.
+        """
+        batch = check_prompts(prompts)
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"n must be an integer >= 1, got {n!r}")
+        if isinstance(expected_version, bool) or not isinstance(expected_version, int) \
+                or expected_version < 0:
+            raise ValueError(f"expected_version must be an integer >= 0, got {expected_version!r}")
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"params must be a SamplingParams, got {type(params).__name__}")
+        target = model or self.model_name
+        async with self._session() as http:
+            return list(await asyncio.gather(*(
+                self._sample_prompt(http, prompt, n, _seeded(params, i), target, expected_version)
+                for i, prompt in enumerate(batch)
+            )))
+
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        n: int,
+        params: SamplingParams,
+        *,
+        model: str | None = None,
+        expected_version: int,
+    ) -> list[list[Sample]]:
+        """Sync `agenerate` for the trainer loop."""
+        return _run_sync(self.agenerate(prompts, n, params, model=model,
+                                        expected_version=expected_version))
+
+    def _request(
+        self, prompt: list[int], n: int, params: SamplingParams, model: str
+    ) -> tuple[str, dict[str, Any]]:
+        if self.engine == "vllm":
+            return "/v1/completions", build_vllm_completion_request(prompt, n, params, model=model)
+        lora = None if model == self.model_name else model
+        return "/generate", build_sglang_generate_request(prompt, n, params, lora_name=lora)
+
+    def _parse(self, body: object, prompt: list[int], n: int, model: str, endpoint: str,
+               expected_version: int) -> list[Sample]:
+        if self.engine == "vllm":
+            return parse_vllm_completion_response(
+                body, prompt_ids=prompt, n=n, endpoint=endpoint, expected_version=expected_version)
+        lora = None if model == self.model_name else model
+        return parse_sglang_generate_response(
+            body, prompt_ids=prompt, n=n, endpoint=endpoint, expected_version=expected_version,
+            lora_name=lora)
+
+    async def _sample_prompt(
+        self, http: httpx.AsyncClient, prompt: list[int], n: int, params: SamplingParams,
+        model: str, expected_version: int,
+    ) -> list[Sample]:
+        path, payload = self._request(prompt, n, params, model)
+        sems = self._semaphores()
+        tried: set[int] = set()
+        used: list[str] = []
+        last_error = ""
+        for _attempt in range(self.max_retries + 1):
+            if len(tried) == len(self._states):
+                tried.clear()
+            i = pick_endpoint(self._states, tried=tried, now=time.monotonic(), rr=self._rr)
+            self._rr = i + 1
+            tried.add(i)
+            state = self._states[i]
+            if state.url not in used:
+                used.append(state.url)
+            state.outstanding += 1  # before any await, so concurrent picks see it
+            try:
+                wait = state.cooldown_until - time.monotonic()
+                if wait > 0:
+                    await asyncio.sleep(wait)
+                async with sems[i]:
+                    state.requests += 1
+                    response = await asyncio.wait_for(
+                        http.post(state.url + path, json=payload), self.timeout_s)
+            except (httpx.TransportError, asyncio.TimeoutError) as exc:
+                last_error = f"{state.url}: {_describe(exc, self.timeout_s)}"
+                self._failed(state)
+                continue
+            finally:
+                state.outstanding -= 1
+            if response.status_code == 429 or response.status_code >= 500:
+                last_error = f"{state.url}: HTTP {response.status_code}: {_snippet(response)}"
+                self._failed(state)
+                continue
+            if response.status_code != 200:
+                raise RolloutError(
+                    f"{state.url} rejected the {self.engine} request: HTTP "
+                    f"{response.status_code}: {_snippet(response)}",
+                    endpoints=[state.url], last_error=_snippet(response))
+            self._succeeded(state)
+            try:
+                return self._parse(response.json(), prompt, n, model, state.url,
+                                   expected_version)
+            except (WireFormatError, ValueError) as exc:
+                raise RolloutError(f"bad {self.engine} response from {state.url}: {exc}",
+                                   endpoints=[state.url], last_error=str(exc)) from exc
+        raise RolloutError(
+            f"rollout request failed after {self.max_retries + 1} attempt(s) on "
+            f"{', '.join(used)}; last error: {last_error}",
+            endpoints=used, last_error=last_error)
+
+    def _failed(self, state: EndpointState) -> None:
+        state.failures += 1
+        state.consecutive_failures += 1
+        delay = min(self.backoff_s * 2 ** (state.consecutive_failures - 1), _MAX_COOLDOWN_S)
+        state.cooldown_until = time.monotonic() + delay
+
+    @staticmethod
+    def _succeeded(state: EndpointState) -> None:
+        state.consecutive_failures = 0
+        state.cooldown_until = 0.0
+
+    # ------------------------------------------------------------------ health
+
+    async def ahealth(self) -> dict[str, bool]:
+        """`GET /health` on every endpoint (same path on vLLM and SGLang): True when 200."""
+        async with self._session() as http:
+            async def probe(url: str) -> bool:
+                try:
+                    r = await http.get(url + "/health", timeout=min(self.timeout_s, 5.0))
+                except httpx.TransportError:
+                    return False
+                return r.status_code == 200
+
+            results = await asyncio.gather(*(probe(s.url) for s in self._states))
+        return dict(zip(self.endpoints, results, strict=True))
+
+    def health(self) -> dict[str, bool]:
+        return _run_sync(self.ahealth())
+
+    async def await_ready(self, timeout_s: float, *, require_all: bool = True,
+                          poll_s: float = 0.25) -> None:
+        """Poll health until every endpoint (or, with require_all=False, any) answers 200."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            status = await self.ahealth()
+            if (all if require_all else any)(status.values()):
+                return
+            if time.monotonic() >= deadline:
+                down = [u for u, ok in status.items() if not ok]
+                raise RolloutError(
+                    f"rollout endpoints not ready after {timeout_s:g}s: {', '.join(down)}",
+                    endpoints=down, last_error="health check failed")
+            await asyncio.sleep(min(poll_s, max(0.0, deadline - time.monotonic())))
+
+    def wait_ready(self, timeout_s: float, *, require_all: bool = True,
+                   poll_s: float = 0.25) -> None:
+        _run_sync(self.await_ready(timeout_s, require_all=require_all, poll_s=poll_s))
+
+
+def _seeded(params: SamplingParams, index: int) -> SamplingParams:
+    # A distinct seed per prompt, so a prompt repeated in one batch still gets distinct samples.
+    if params.seed is None:
+        return params
+    return dataclasses.replace(params, seed=params.seed + index)
+
+
+def _normalize_url(url: object) -> str:
+    if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+        raise ValueError(f"endpoint {url!r} must be a base URL like http://host:port")
+    return url.rstrip("/")
+
+
+def _describe(exc: BaseException, timeout_s: float) -> str:
+    if isinstance(exc, (asyncio.TimeoutError, httpx.TimeoutException)):
+        return f"timed out after {timeout_s:g}s ({type(exc).__name__})"
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+def _snippet(response: httpx.Response, limit: int = 300) -> str:
+    text = response.text.strip().replace("\n", " ")
+    return text[:limit] + ("…" if len(text) > limit else "")
+
+
+def _run_sync(coro: Awaitable[T]) -> T:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)  # type: ignore[arg-type]
+    if hasattr(coro, "close"):
+        coro.close()
+    raise RuntimeError("RolloutClient's sync methods cannot run inside an event loop; "
+                       "await the a-prefixed methods (agenerate, ahealth, await_ready) instead")
