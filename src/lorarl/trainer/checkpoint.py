@@ -1,0 +1,404 @@
+"""Atomic, self-verifying training checkpoints and the final adapter export.
+
+Layout of one checkpoint (`step-000010/`):
+  adapter/            PEFT adapter (adapter_model.safetensors + adapter_config.json); loadable by
+                      `PeftModel.from_pretrained` and vLLM `--lora-modules` as is
+  optimizer.pt        full (unsharded, FQN-keyed) optimizer state from DCP's
+                      `get_optimizer_state_dict(full_state_dict=True)`: one file that resumes on
+                      any world size, and LoRA optimizer state is small enough for rank 0 to hold
+  state.json          step, world size, and the caller's trainer state (data position, metrics, ...)
+  rng.pt              every rank's RNG states
+  COMPLETE            written last: a manifest of every file's size and sha256
+
+Everything is written into a hidden temp dir and renamed into place, so a crash leaves either the
+old set of checkpoints or the new one, never a half-written `step-*`. Gathering is collective
+(every rank calls `save`); only rank 0 touches the disk and it tells the others whether it
+succeeded, so a disk error fails all ranks instead of hanging them.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import logging
+import os
+import random
+import re
+import shutil
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from peft import LoraConfig, PeftModel
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_optimizer_state_dict,
+    set_optimizer_state_dict,
+)
+
+from lorarl.trainer.model import ADAPTER_NAME, lora_state_dict, set_lora_state_dict
+
+log = logging.getLogger(__name__)
+
+COMPLETE = "COMPLETE"
+ADAPTER_DIR = "adapter"
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+ADAPTER_CONFIG = "adapter_config.json"
+STEP_RE = re.compile(r"^step-(\d{6,})$")
+TMP_PREFIX = ".tmp-"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint could not be written or read."""
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    step: int
+    path: Path
+
+
+@dataclass(frozen=True)
+class LoadedCheckpoint:
+    step: int
+    trainer_state: dict[str, Any]
+    rng_state: dict[str, Any]
+
+
+# ---------------------------------------------------------------- distributed helpers
+
+
+def _rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def _world() -> int:
+    return dist.get_world_size() if dist.is_initialized() else 1
+
+
+def _share_from_rank0(obj: Any) -> Any:
+    """Rank 0's object on every rank (pickled broadcast; fine for LoRA-sized payloads)."""
+    if not dist.is_initialized():
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def _run_on_rank0(fn, *args) -> Any:
+    """Run `fn` on rank 0 only and re-raise its failure on every rank."""
+    result: tuple[bool, Any] = (True, None)
+    if _rank() == 0:
+        try:
+            result = (True, fn(*args))
+        except Exception as exc:
+            log.exception("rank 0 checkpoint I/O failed")
+            result = (False, f"{type(exc).__name__}: {exc}")
+    ok, value = _share_from_rank0(result)
+    if not ok:
+        raise CheckpointError(value)
+    return value
+
+
+# ---------------------------------------------------------------- RNG
+
+
+def capture_rng_state() -> dict[str, Any]:
+    """This process's RNG states in a form `torch.load(weights_only=True)` accepts."""
+    name, keys, pos, has_gauss, gauss = np.random.get_state()
+    state: dict[str, Any] = {
+        "python": random.getstate(),
+        "numpy": (name, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, gauss),
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    name, keys, pos, has_gauss, gauss = state["numpy"]
+    np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+# ---------------------------------------------------------------- file helpers
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _fsync_tree(root: Path) -> None:
+    for path in [*sorted(root.rglob("*")), root]:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _replace_dir(tmp: Path, final: Path) -> None:
+    """Rename `tmp` onto `final`, moving an existing `final` aside first (rename can't replace a
+    non-empty directory)."""
+    trash = None
+    if final.exists():
+        trash = final.with_name(f"{TMP_PREFIX}old-{final.name}-{uuid.uuid4().hex[:8]}")
+        final.rename(trash)
+    tmp.rename(final)
+    fd = os.open(final.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    if trash is not None:
+        shutil.rmtree(trash, ignore_errors=True)
+
+
+def write_adapter_dir(tensors: dict[str, torch.Tensor], config: LoraConfig, out_dir: Path) -> None:
+    """Write a PEFT-format adapter folder (the files `PeftModel.save_pretrained` would write)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    cfg = copy.deepcopy(config)
+    cfg.inference_mode = True
+    for key in ("target_modules", "exclude_modules"):  # sets: sort so files are reproducible
+        value = getattr(cfg, key, None)
+        if isinstance(value, (set, frozenset)):
+            setattr(cfg, key, sorted(value))
+    cfg.save_pretrained(str(out_dir))
+    plain = {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
+    save_file(plain, str(out_dir / ADAPTER_WEIGHTS), metadata={"format": "pt"})
+
+
+def export_adapter(peft_model: PeftModel, out_dir: str | Path) -> Path:
+    """Write the final adapter atomically (collective: every rank calls it, rank 0 writes)."""
+    out_dir = Path(out_dir)
+    tensors = lora_state_dict(peft_model)
+    config = peft_model.peft_config[ADAPTER_NAME]
+
+    def write() -> None:
+        out_dir.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out_dir.with_name(f"{TMP_PREFIX}{out_dir.name}-{uuid.uuid4().hex[:8]}")
+        try:
+            write_adapter_dir(tensors, config, tmp)
+            _fsync_tree(tmp)
+            _replace_dir(tmp, out_dir)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    _run_on_rank0(write)
+    return out_dir
+
+
+def _optimizer_options(load: bool) -> StateDictOptions:
+    if load:
+        return StateDictOptions(full_state_dict=True, broadcast_from_rank0=dist.is_initialized())
+    return StateDictOptions(full_state_dict=True, cpu_offload=True)
+
+
+# ---------------------------------------------------------------- manager
+
+
+class CheckpointManager:
+    """Saves, finds, prunes and restores checkpoints under one root directory."""
+
+    def __init__(self, root: str | Path, keep_last: int = 3) -> None:
+        if keep_last < 1:
+            raise ValueError(f"keep_last must be >= 1, got {keep_last}")
+        self.root = Path(root)
+        self.keep_last = keep_last
+
+    def path_for(self, step: int) -> Path:
+        return self.root / f"step-{step:06d}"
+
+    # ------------------------------------------------------------ save
+
+    def save(
+        self,
+        step: int,
+        peft_model: PeftModel,
+        optimizer: torch.optim.Optimizer,
+        trainer_state: dict[str, Any],
+        rng_state: dict[str, Any] | None = None,
+    ) -> Path:
+        """Collective: every rank calls it with the same step. Returns the checkpoint path."""
+        if step < 0:
+            raise ValueError(f"checkpoint step must be >= 0, got {step}")
+        try:
+            state_text = json.dumps(
+                {"step": step, "world_size": _world(), "time": time.time(),
+                 "trainer_state": trainer_state},
+                indent=2, sort_keys=True,
+            )
+        except TypeError as exc:
+            raise ValueError(f"trainer_state must be JSON-serialisable: {exc}") from exc
+        adapter = lora_state_dict(peft_model)
+        optim_state = get_optimizer_state_dict(
+            peft_model, optimizer, options=_optimizer_options(load=False)
+        )
+        local_rng = rng_state if rng_state is not None else capture_rng_state()
+        rngs: list[Any] = [local_rng]
+        if dist.is_initialized():
+            rngs = [None] * _world()
+            dist.all_gather_object(rngs, local_rng)
+        config = peft_model.peft_config[ADAPTER_NAME]
+        return _run_on_rank0(self._write, step, adapter, config, optim_state, state_text, rngs)
+
+    def _write(self, step: int, adapter: dict[str, torch.Tensor], config: LoraConfig,
+               optim_state: dict[str, Any], state_text: str, rngs: list[Any]) -> Path:
+        self.root.mkdir(parents=True, exist_ok=True)
+        final = self.path_for(step)
+        tmp = self.root / f"{TMP_PREFIX}{final.name}-{uuid.uuid4().hex[:8]}"
+        try:
+            tmp.mkdir()
+            write_adapter_dir(adapter, config, tmp / ADAPTER_DIR)
+            torch.save(optim_state, tmp / "optimizer.pt")
+            (tmp / "state.json").write_text(state_text)
+            torch.save({"world_size": len(rngs), "states": rngs}, tmp / "rng.pt")
+            manifest = {
+                str(p.relative_to(tmp)): {"size": p.stat().st_size, "sha256": _sha256(p)}
+                for p in sorted(tmp.rglob("*")) if p.is_file()
+            }
+            (tmp / COMPLETE).write_text(json.dumps({"step": step, "files": manifest}, indent=2))
+            _fsync_tree(tmp)
+            _replace_dir(tmp, final)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        log.info("saved checkpoint %s", final)
+        self.prune()
+        return final
+
+    # ------------------------------------------------------------ find / prune
+
+    def _step_dirs(self) -> list[Checkpoint]:
+        if not self.root.is_dir():
+            return []
+        found = []
+        for p in self.root.iterdir():
+            m = STEP_RE.match(p.name)
+            if m and p.is_dir():
+                found.append(Checkpoint(int(m.group(1)), p))
+        return sorted(found, key=lambda c: c.step)
+
+    def verify(self, path: Path) -> str | None:
+        """Why `path` is not a usable checkpoint, or None when every file matches its manifest."""
+        marker = path / COMPLETE
+        if not marker.is_file():
+            return f"no {COMPLETE} marker"
+        try:
+            manifest = json.loads(marker.read_text())["files"]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            return f"unreadable {COMPLETE} marker ({exc})"
+        for required in ("state.json", "optimizer.pt", "rng.pt",
+                         f"{ADAPTER_DIR}/{ADAPTER_WEIGHTS}", f"{ADAPTER_DIR}/{ADAPTER_CONFIG}"):
+            if required not in manifest:
+                return f"manifest lacks {required}"
+        for rel, meta in manifest.items():
+            f = path / rel
+            if not f.is_file():
+                return f"missing {rel}"
+            if f.stat().st_size != meta["size"]:
+                return f"{rel} has {f.stat().st_size} bytes, manifest says {meta['size']}"
+            if _sha256(f) != meta["sha256"]:
+                return f"{rel} checksum mismatch"
+        try:
+            json.loads((path / "state.json").read_text())
+            with safe_open(str(path / ADAPTER_DIR / ADAPTER_WEIGHTS), framework="pt") as st:
+                st.keys()
+        except Exception as exc:
+            return f"unreadable file ({exc})"
+        return None
+
+    def complete(self) -> list[Checkpoint]:
+        """Usable checkpoints, oldest first; broken ones are logged and skipped."""
+        good = []
+        for ckpt in self._step_dirs():
+            reason = self.verify(ckpt.path)
+            if reason is None:
+                good.append(ckpt)
+            else:
+                log.warning("skipping checkpoint %s: %s", ckpt.path, reason)
+        return good
+
+    def latest(self) -> Checkpoint | None:
+        """Newest usable checkpoint; checks newest first and stops at the first good one."""
+        for ckpt in reversed(self._step_dirs()):
+            reason = self.verify(ckpt.path)
+            if reason is None:
+                return ckpt
+            log.warning("skipping checkpoint %s: %s", ckpt.path, reason)
+        return None
+
+    def latest_shared(self) -> Checkpoint | None:
+        """Collective: rank 0's `latest()` on every rank, so all ranks resume from the same step
+        even when only rank 0 can see the checkpoint volume."""
+        return _share_from_rank0(self.latest() if _rank() == 0 else None)
+
+    def prune(self) -> list[Path]:
+        """Delete usable checkpoints beyond the newest `keep_last`, and stale temp dirs.
+
+        Broken `step-*` dirs are left for a human to inspect (they are already skipped).
+        """
+        removed = []
+        for ckpt in self.complete()[: -self.keep_last]:
+            shutil.rmtree(ckpt.path)
+            removed.append(ckpt.path)
+        for p in self.root.glob(f"{TMP_PREFIX}*"):
+            shutil.rmtree(p, ignore_errors=True)
+            removed.append(p)
+        return removed
+
+    # ------------------------------------------------------------ load
+
+    def load(
+        self, ckpt: Checkpoint | str | Path, peft_model: PeftModel,
+        optimizer: torch.optim.Optimizer | None,
+    ) -> LoadedCheckpoint:
+        """Collective: restore adapter weights, optimizer state and this rank's RNG.
+
+        Only rank 0 reads files (the checkpoint volume need not be shared); the rest comes over
+        the process group.
+        """
+        path = ckpt.path if isinstance(ckpt, Checkpoint) else Path(ckpt)
+
+        def read() -> tuple[dict[str, torch.Tensor], dict[str, Any], dict[str, Any]]:
+            reason = self.verify(path)
+            if reason is not None:
+                raise CheckpointError(f"checkpoint {path} is not usable: {reason}")
+            tensors = load_file(str(path / ADAPTER_DIR / ADAPTER_WEIGHTS))
+            state = json.loads((path / "state.json").read_text())
+            rng = torch.load(path / "rng.pt", weights_only=True)
+            return tensors, state, rng
+
+        tensors, state, rng = _run_on_rank0(read)
+        set_lora_state_dict(peft_model, tensors)
+        if optimizer is not None:
+            optim_state: dict[str, Any] = {}
+            if _rank() == 0:
+                optim_state = torch.load(path / "optimizer.pt", weights_only=True)
+            set_optimizer_state_dict(
+                peft_model, optimizer, optim_state, options=_optimizer_options(load=True)
+            )
+        states = rng["states"]
+        if len(states) != _world():
+            log.warning(
+                "checkpoint %s has RNG for %d ranks, now %d: reusing by rank modulo",
+                path, len(states), _world(),
+            )
+        mine = states[_rank() % len(states)]
+        restore_rng_state(mine)
+        return LoadedCheckpoint(int(state["step"]), state["trainer_state"], mine)

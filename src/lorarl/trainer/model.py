@@ -1,0 +1,253 @@
+"""Base model loading and the LoRA adapter around it (PEFT), sharded or not.
+
+Only LoRA tensors ever leave this module: they are what the optimizer steps, what sync ships and
+what checkpoints store. The base weights stay frozen, so the reference policy is the same model with
+the adapter disabled.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import torch
+from peft import LoraConfig, PeftModel, get_peft_model, get_peft_model_state_dict
+from peft.tuners.tuners_utils import check_target_module_exists
+from torch import nn
+from torch.distributed.tensor import DTensor, distribute_tensor
+from transformers import AutoModelForCausalLM, PreTrainedModel
+
+log = logging.getLogger(__name__)
+
+DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+}
+ALL_LINEAR = "all-linear"
+ADAPTER_NAME = "default"
+
+
+class ModelLoadError(RuntimeError):
+    """The base model folder is missing or unusable."""
+
+
+class AdapterError(ValueError):
+    """An existing adapter does not match the job's LoRA spec, or cannot be read."""
+
+
+def load_base_model(
+    path: str | Path,
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32",
+    device: str | torch.device = "cpu",
+) -> PreTrainedModel:
+    """Load a local Hugging Face causal LM folder (config.json + *.safetensors)."""
+    path = Path(path)
+    if dtype not in DTYPES:
+        raise ValueError(f"model.dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+    if not path.is_dir():
+        raise ModelLoadError(f"model path {path} does not exist or is not a directory")
+    if not (path / "config.json").is_file():
+        raise ModelLoadError(f"model path {path} has no config.json (not a Hugging Face model)")
+    if not any(path.glob("*.safetensors")):
+        raise ModelLoadError(f"model path {path} has no *.safetensors weights")
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype])
+    except (OSError, ValueError, KeyError) as exc:
+        raise ModelLoadError(f"cannot load model from {path}: {exc}") from exc
+    return model.to(device)
+
+
+@dataclass
+class LoraSettings:
+    """The trainer's view of the job's `lora` section."""
+
+    rank: int = 16
+    alpha: float = 32.0
+    dropout: float = 0.0
+    target_modules: str | list[str] = ALL_LINEAR
+    exclude_modules: list[str] = field(default_factory=list)
+    use_rslora: bool = False
+    adapter_path: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.rank <= 0:
+            raise ValueError(f"lora.rank must be > 0, got {self.rank}")
+        if self.alpha <= 0:
+            raise ValueError(f"lora.alpha must be > 0, got {self.alpha}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"lora.dropout must be in [0, 1), got {self.dropout}")
+        if isinstance(self.target_modules, str):
+            if self.target_modules != ALL_LINEAR:
+                raise ValueError(
+                    f"lora.targetModules must be {ALL_LINEAR!r} or a list of module names, "
+                    f"got {self.target_modules!r}"
+                )
+        elif not self.target_modules:
+            raise ValueError("lora.targetModules must not be an empty list")
+
+    def to_peft_config(self) -> LoraConfig:
+        target = self.target_modules
+        return LoraConfig(
+            r=self.rank,
+            lora_alpha=self.alpha,
+            lora_dropout=self.dropout,
+            target_modules=target if isinstance(target, str) else list(target),
+            exclude_modules=list(self.exclude_modules) or None,
+            use_rslora=self.use_rslora,
+            bias="none",
+        )
+
+
+def _linear_module_names(model: nn.Module) -> list[str]:
+    """Names PEFT's 'all-linear' expands to: every nn.Linear except the LM head."""
+    head = model.get_output_embeddings() if isinstance(model, PreTrainedModel) else None
+    return [n for n, m in model.named_modules() if isinstance(m, nn.Linear) and m is not head]
+
+
+def resolve_targets(model: nn.Module, config: LoraConfig) -> set[str]:
+    """The set of modules a LoRA config would adapt on this base model, using PEFT's matcher.
+
+    Comparing resolved sets (not raw config values) lets 'all-linear', suffix lists and PEFT's
+    expanded full-path lists that mean the same thing compare equal.
+    """
+    names = _linear_module_names(model)
+    cfg = copy.copy(config)
+    target = cfg.target_modules
+    if isinstance(target, str) and target.lower() == ALL_LINEAR:
+        cfg.target_modules = set(names)
+    return {n for n in names if bool(check_target_module_exists(cfg, n))}
+
+
+def read_adapter_config(adapter_path: str | Path) -> LoraConfig:
+    path = Path(adapter_path)
+    cfg_file = path / "adapter_config.json"
+    if not cfg_file.is_file():
+        raise AdapterError(f"lora.adapterPath {path} has no adapter_config.json")
+    try:
+        raw = json.loads(cfg_file.read_text())
+    except json.JSONDecodeError as exc:
+        raise AdapterError(f"{cfg_file} is not valid JSON: {exc}") from exc
+    if raw.get("peft_type", "LORA") != "LORA":
+        raise AdapterError(f"{cfg_file} is a {raw.get('peft_type')} adapter, not LORA")
+    return LoraConfig.from_pretrained(str(path))
+
+
+def check_adapter_matches(model: nn.Module, settings: LoraSettings, saved: LoraConfig) -> None:
+    """Refuse an adapter whose shape or scaling disagrees with the spec: it would train silently
+    with a different rank/scale than the job (and the sync sidecars) assume."""
+    where = f"adapter at {settings.adapter_path}"
+    if saved.r != settings.rank:
+        raise AdapterError(f"{where} has rank {saved.r} but lora.rank is {settings.rank}")
+    if float(saved.lora_alpha) != float(settings.alpha):
+        raise AdapterError(
+            f"{where} has alpha {saved.lora_alpha} but lora.alpha is {settings.alpha}"
+        )
+    if bool(saved.use_rslora) != settings.use_rslora:
+        raise AdapterError(
+            f"{where} has use_rslora={saved.use_rslora} but lora.useRslora is {settings.use_rslora}"
+        )
+    want = resolve_targets(model, settings.to_peft_config())
+    have = resolve_targets(model, saved)
+    if want != have:
+        extra, missing = sorted(have - want)[:3], sorted(want - have)[:3]
+        raise AdapterError(
+            f"{where} targets different modules than lora.targetModules: "
+            f"only in adapter {extra}, only in spec {missing}"
+        )
+
+
+def apply_lora(model: PreTrainedModel, settings: LoraSettings) -> PeftModel:
+    """Wrap the base model with a fresh or a resumed LoRA adapter; only LoRA stays trainable."""
+    if settings.adapter_path:
+        saved = read_adapter_config(settings.adapter_path)
+        check_adapter_matches(model, settings, saved)
+        peft_model = PeftModel.from_pretrained(model, settings.adapter_path, is_trainable=True)
+    else:
+        peft_model = get_peft_model(model, settings.to_peft_config())
+    trainable = [n for n, p in peft_model.named_parameters() if p.requires_grad]
+    stray = [n for n in trainable if ".lora_" not in n]
+    if stray or not trainable:
+        raise RuntimeError(
+            f"after applying LoRA expected only LoRA parameters to be trainable; "
+            f"got {len(trainable)} trainable, non-LoRA: {stray[:3]}"
+        )
+    n_train, n_total = count_parameters(peft_model)
+    log.info(
+        "LoRA r=%d alpha=%s: %d trainable / %d parameters (%.3f%%)",
+        settings.rank, settings.alpha, n_train, n_total, 100.0 * n_train / max(n_total, 1),
+    )
+    return peft_model
+
+
+def count_parameters(model: nn.Module) -> tuple[int, int]:
+    """(trainable, total) element counts, using global shapes for sharded (DTensor) parameters."""
+    trainable = total = 0
+    for p in model.parameters():
+        n = p.numel()  # DTensor.numel() is the global size
+        total += n
+        if p.requires_grad:
+            trainable += n
+    return trainable, total
+
+
+def lora_parameters(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
+    """LoRA parameters in a fixed order: collectives over them must run in the same order on
+    every rank."""
+    return [(n, p) for n, p in model.named_parameters() if ".lora_" in n]
+
+
+def _full(t: torch.Tensor) -> torch.Tensor:
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+def lora_state_dict(model: PeftModel) -> dict[str, torch.Tensor]:
+    """Full (unsharded) LoRA tensors with PEFT file names, on CPU, fp32-or-native dtype.
+
+    Collective under FSDP2: every rank must call it (a rank-0-only `full_tensor()` hangs).
+    """
+    gathered = {n: _full(p.detach()).cpu().contiguous() for n, p in lora_parameters(model)}
+    return get_peft_model_state_dict(model, state_dict=gathered, adapter_name=ADAPTER_NAME)
+
+
+def peft_to_param_names(model: PeftModel) -> dict[str, str]:
+    """PEFT file name -> model parameter name (the file format drops the adapter name)."""
+    marker = f".{ADAPTER_NAME}."
+    return {n.replace(marker, ".", 1): n for n, _ in lora_parameters(model)}
+
+
+def set_lora_state_dict(model: PeftModel, tensors: Mapping[str, torch.Tensor]) -> None:
+    """Copy full PEFT-named LoRA tensors into the (possibly sharded) model.
+
+    Every rank must hold the same full tensors; each keeps only its own shard, without
+    communication.
+    """
+    names = peft_to_param_names(model)
+    missing = sorted(set(names) - set(tensors))
+    unexpected = sorted(set(tensors) - set(names))
+    if missing or unexpected:
+        raise AdapterError(
+            f"LoRA tensors do not fit the model: missing {missing[:3]} ({len(missing)}), "
+            f"unexpected {unexpected[:3]} ({len(unexpected)})"
+        )
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for peft_name, param_name in names.items():
+            param, full = params[param_name], tensors[peft_name]
+            if tuple(full.shape) != tuple(param.shape):
+                raise AdapterError(
+                    f"{peft_name}: shape {tuple(full.shape)} does not match model "
+                    f"{tuple(param.shape)}"
+                )
+            if isinstance(param, DTensor):
+                local = full.to(device=param.to_local().device, dtype=param.dtype)
+                shard = distribute_tensor(local, param.device_mesh, param.placements,
+                                          src_data_rank=None)
+                param.to_local().copy_(shard.to_local())
+            else:
+                param.copy_(full.to(device=param.device, dtype=param.dtype))
