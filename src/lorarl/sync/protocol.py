@@ -1,0 +1,10 @@
+"""Names both ends of the sync agree on."""
+
+from __future__ import annotations
+
+ADAPTER_NAME_PREFIX = "lorarl"
+
+
+def adapter_name(version: int) -> str:
+    """The engine-side name of adapter `version` (adapter sync mode); requests name it."""
+    return f"{ADAPTER_NAME_PREFIX}-v{version}"
