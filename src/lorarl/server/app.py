@@ -1,0 +1,178 @@
+"""The FastAPI app: thin routes over a JobStore, optional Kubernetes auth, metrics, the dashboard.
+
+Routes are plain (sync) functions: the stores do blocking HTTP with short timeouts, and FastAPI
+runs sync routes in its thread pool, so one slow trainer does not stall other requests.
+"""
+
+# No `from __future__ import annotations`: FastAPI reads the route signatures at runtime, and
+# they name a type alias local to create_app.
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any
+
+from fastapi import Depends, FastAPI, HTTPException, Query, Request, Response
+from fastapi import Path as PathParam
+from fastapi.responses import FileResponse, JSONResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi.staticfiles import StaticFiles
+
+from lorarl.api.job import GROUP, PLURAL
+from lorarl.server.auth import ALL_NAMESPACES, Authorizer, AuthUnavailable, Unauthenticated, User
+from lorarl.server.models import ErrorDetail, Health, JobDetail, JobList, JobMetrics, JobSummary
+from lorarl.server.stores.base import JobNotFound, JobStore, StoreUnavailable
+from lorarl.server.telemetry import CONTENT_TYPE, Telemetry
+
+DASHBOARD_DIR = Path(__file__).parent / "dashboard"
+_CHALLENGE = {"WWW-Authenticate": "Bearer"}
+Namespace = Annotated[
+    str, PathParam(description="Namespace (`local` for local runs).", examples=["local"])
+]
+Name = Annotated[str, PathParam(description="Job name.", examples=["quickstart"])]
+
+
+def _caller_dependency(auth: Authorizer | None) -> Callable[..., User | None]:
+    """A dependency yielding the authenticated caller (None when the server runs without auth)."""
+    if auth is None:
+
+        def anonymous() -> None:
+            return None
+
+        return anonymous
+
+    bearer = HTTPBearer(auto_error=False, description="A Kubernetes bearer token.")
+
+    def caller(
+        credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
+    ) -> User:
+        if credentials is None or not credentials.credentials:
+            raise HTTPException(
+                401, "missing bearer token (Authorization: Bearer <token>)", headers=_CHALLENGE
+            )
+        try:
+            return auth.authenticate(credentials.credentials)
+        except Unauthenticated as exc:
+            raise HTTPException(401, str(exc), headers=_CHALLENGE) from exc
+        except AuthUnavailable as exc:
+            raise HTTPException(503, str(exc)) from exc
+
+    return caller
+
+
+def _check(auth: Authorizer | None, user: User | None, verb: str, namespace: str) -> bool:
+    if auth is None or user is None:
+        return True
+    try:
+        return auth.allowed(user, verb, namespace)
+    except AuthUnavailable as exc:
+        raise HTTPException(503, str(exc)) from exc
+
+
+def _require(auth: Authorizer | None, user: User | None, verb: str, namespace: str) -> None:
+    if not _check(auth, user, verb, namespace):
+        who = user.username if user else "anonymous"
+        raise HTTPException(
+            403, f"user {who!r} may not {verb} {PLURAL}.{GROUP} in namespace {namespace!r}"
+        )
+
+
+def _route_template(request: Request) -> str:
+    route = request.scope.get("route")
+    return getattr(route, "path", None) or "<unmatched>"
+
+
+def create_app(store: JobStore, *, auth: Authorizer | None = None) -> FastAPI:
+    """The status API over `store`; with `auth`, every /v1 call needs a reviewed bearer token."""
+    app = FastAPI(
+        title="lorarl status API",
+        version="v1",
+        description="LoRARLJobs, their status and step history; the dashboard lives at `/`.",
+    )
+    telemetry = Telemetry(store)
+    caller = _caller_dependency(auth)
+    Caller = Annotated[User | None, Depends(caller)]
+
+    errors: dict[int | str, dict[str, Any]] = {503: {"model": ErrorDetail}}
+    if auth is not None:
+        errors |= {401: {"model": ErrorDetail}, 403: {"model": ErrorDetail}}
+    with_404 = errors | {404: {"model": ErrorDetail}}
+
+    @app.middleware("http")
+    async def count_requests(request: Request, call_next):
+        start = time.perf_counter()
+        response = await call_next(request)
+        telemetry.observe(
+            _route_template(request),
+            request.method,
+            response.status_code,
+            time.perf_counter() - start,
+        )
+        return response
+
+    @app.exception_handler(JobNotFound)
+    def not_found(_: Request, exc: JobNotFound) -> JSONResponse:
+        return JSONResponse({"detail": str(exc)}, status_code=404)
+
+    @app.exception_handler(StoreUnavailable)
+    def unavailable(_: Request, exc: StoreUnavailable) -> JSONResponse:
+        return JSONResponse({"detail": str(exc)}, status_code=503)
+
+    @app.get("/v1/jobs", response_model=JobList, responses=errors, tags=["jobs"])
+    def list_jobs(
+        user: Caller,
+        namespace: Annotated[str | None, Query(description="Only this namespace.")] = None,
+    ) -> JobList:
+        """Jobs the caller may list; never another namespace's jobs."""
+        if namespace is not None:
+            _require(auth, user, "list", namespace)
+            return JobList(items=store.list_jobs([namespace]))
+        if _check(auth, user, "list", ALL_NAMESPACES):
+            return JobList(items=store.list_jobs(None))
+        rows = store.list_jobs(None)
+        visible = {ns for ns in {r.namespace for r in rows} if _check(auth, user, "list", ns)}
+        items: list[JobSummary] = [r for r in rows if r.namespace in visible]
+        return JobList(items=items)
+
+    @app.get(
+        "/v1/jobs/{namespace}/{name}", response_model=JobDetail, responses=with_404, tags=["jobs"]
+    )
+    def get_job(namespace: Namespace, name: Name, user: Caller) -> JobDetail:
+        """Spec summary, status and conditions of one job."""
+        _require(auth, user, "get", namespace)
+        return store.get_job(namespace, name)
+
+    @app.get(
+        "/v1/jobs/{namespace}/{name}/metrics",
+        response_model=JobMetrics,
+        responses=with_404,
+        tags=["jobs"],
+    )
+    def get_metrics(namespace: Namespace, name: Name, user: Caller) -> JobMetrics:
+        """The step history: reward, KL, entropy, sync seconds, tokens/s per step."""
+        _require(auth, user, "get", namespace)
+        return store.get_metrics(namespace, name)
+
+    @app.get("/healthz", response_model=Health, tags=["ops"])
+    def healthz() -> Health:
+        return Health()
+
+    @app.get(
+        "/metrics",
+        tags=["ops"],
+        response_class=Response,
+        responses={
+            200: {
+                "content": {CONTENT_TYPE: {"schema": {"type": "string"}}},
+                "description": "Prometheus text format.",
+            }
+        },
+    )
+    def metrics() -> Response:
+        return Response(telemetry.render(), media_type=CONTENT_TYPE)
+
+    @app.get("/", include_in_schema=False)
+    def dashboard() -> FileResponse:
+        return FileResponse(DASHBOARD_DIR / "index.html", headers={"Cache-Control": "no-cache"})
+
+    app.mount("/dashboard", StaticFiles(directory=DASHBOARD_DIR), name="dashboard")
+    return app
