@@ -5,12 +5,12 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.lorarl-installed
-EXTRAS ?= trainer,rollout,operator,dev
+EXTRAS ?= trainer,rollout,operator,server,dev
 # torch first, pinned: the local CPU wheel; any other version pulls GBs of CUDA packages.
 TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: setup test test-fast lint crds crds-check plan-example clean help
+.PHONY: setup test test-fast lint crds crds-check chart-test images clean help
 
 help:
 	@echo "make setup   - create $(VENV) (torch first, then lorarl[$(EXTRAS)])"
@@ -21,6 +21,9 @@ help:
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml
+	@command -v chromium >/dev/null || { command -v apt-get >/dev/null && \
+		(apt-get update -qq && apt-get install -y -qq chromium >/dev/null) || \
+		echo "warning: chromium not installed; dashboard browser tests will skip"; }
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
 	$(PIP) install --quiet "$(TORCH_SPEC)"
@@ -40,9 +43,22 @@ lint: setup
 
 crds: setup
 	$(VENV)/bin/lorarl crds -o crds/lorarljobs.lorarl.dev.yaml
+	$(PY) scripts/sync_chart_crds.py
 
 crds-check: crds
-	git diff --exit-code crds/
+	git diff --exit-code crds/ charts/lorarl/crds/ operator/config/crd/bases/
+
+chart-test: setup
+	$(PY) -m pytest tests/unit/test_helm_chart.py tests/unit/test_kustomize.py tests/unit/test_images.py $(PYTEST_ARGS)
+
+# No Docker engine runs on the dev machines; this is for a build host.
+IMAGE_REGISTRY ?= ghcr.io/lorarl
+IMAGE_TAG ?= 0.1.0
+DOCKER ?= docker
+images:
+	DOCKER_BUILDKIT=1 $(DOCKER) build -f operator/Dockerfile -t $(IMAGE_REGISTRY)/operator:$(IMAGE_TAG) .
+	DOCKER_BUILDKIT=1 $(DOCKER) build -f trainer_image/Dockerfile -t $(IMAGE_REGISTRY)/trainer:$(IMAGE_TAG) .
+	DOCKER_BUILDKIT=1 $(DOCKER) build -f rollout_image/Dockerfile -t $(IMAGE_REGISTRY)/rollout:$(IMAGE_TAG) .
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

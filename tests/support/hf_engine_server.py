@@ -32,6 +32,8 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from tests.support.hf_engine_updates import add_weight_update_routes
+
 
 @dataclass
 class Controls:
@@ -64,15 +66,51 @@ class HFEngine:
         self.max_len = int(self.model.config.max_position_embeddings)
         self.vocab_size = int(self.model.config.vocab_size)
         self._lock = threading.Lock()
+        # Weight updates as vLLM applies them: merged pushes replace base weights in place;
+        # adapters are served under their own name on top of the pristine base.
+        self.pristine = {k: v.clone() for k, v in self.model.state_dict().items()}
+        self.overrides: dict[str, dict[str, torch.Tensor]] = {}
+        self.active: str | None = None
+        self.base_name: str | None = None
+
+    def reload_weights(self, named: dict[str, torch.Tensor]) -> None:
+        unknown = sorted(set(named) - set(self.pristine))
+        if unknown:
+            raise KeyError(f"unknown weight names {unknown[:3]}")
+        with self._lock:
+            self.overrides.setdefault(self.base_name, {}).update(named)
+            self.active = None  # re-activate on the next request
+
+    def add_adapter(self, name: str, named: dict[str, torch.Tensor]) -> None:
+        with self._lock:
+            self.overrides[name] = named
+            self.active = None
+
+    def remove_adapter(self, name: str) -> None:
+        with self._lock:
+            self.overrides.pop(name, None)
+            self.active = None
+
+    def _activate(self, name: str | None) -> None:
+        if name == self.active:
+            return
+        state = dict(self.pristine)
+        if name != self.base_name:  # adapters sit on the pristine base, like vLLM's LoRA
+            state.update(self.overrides.get(self.base_name, {}) if name is None else {})
+        state.update(self.overrides.get(name, {}))
+        self.model.load_state_dict(state)
+        self.active = name
 
     @torch.no_grad()
     def sample(
         self, prompt: list[int], n: int, max_tokens: int, temperature: float, top_p: float,
         top_k: int, seed: int | None, stop_ids: list[int], scaled_logprobs: bool, n_top: int,
+        model_name: str | None = None,
     ) -> list[Completion]:
         gen = torch.Generator().manual_seed(seed if seed is not None else
                                             int.from_bytes(uuid.uuid4().bytes[:7], "little"))
         with self._lock:
+            self._activate(model_name or self.base_name)
             out = self.model(input_ids=torch.tensor([prompt] * n), use_cache=True)
             rows: list[Completion] = [Completion([], [], [], "length", None) for _ in range(n)]
             done = [False] * n
@@ -178,6 +216,7 @@ def create_app(
 ) -> FastAPI:
     """vLLM `/v1/completions` + SGLang `/generate` + `/health` over one HF model."""
     engine = HFEngine(model_dir)
+    engine.base_name = served_model_name
     controls = Controls()
     app = FastAPI()
     app.state.engine = engine
@@ -220,7 +259,7 @@ def create_app(
         for prompt in prompts:
             rows = await anyio.to_thread.run_sync(lambda p=prompt: engine.sample(
                 p, req.n, req.max_tokens, req.temperature, req.top_p, req.top_k or -1,
-                req.seed, req.stop_token_ids, False, req.logprobs or 0))
+                req.seed, req.stop_token_ids, False, req.logprobs or 0, name))
             for row in rows:
                 choices.append(_vllm_choice(engine, row, len(choices), req))
         completion_tokens = sum(len(c["_ids"]) for c in choices)
@@ -233,6 +272,8 @@ def create_app(
             "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
                       "total_tokens": prompt_tokens + completion_tokens},
         })
+
+    add_weight_update_routes(app, engine, known_models)
 
     @app.post("/generate")
     async def generate(request: Request) -> JSONResponse:

@@ -44,8 +44,9 @@ def make_tokenizer() -> PreTrainedTokenizerFast:
     return fast
 
 
-def tiny_config(arch: str = "llama", layers: int = 2, hidden: int = 128):
+def tiny_config(arch: str = "llama", layers: int = 2, hidden: int = 128, init_std: float = 0.02):
     common = dict(
+        initializer_range=init_std,
         vocab_size=VOCAB_SIZE,
         hidden_size=hidden,
         intermediate_size=2 * hidden,
@@ -67,12 +68,21 @@ def tiny_config(arch: str = "llama", layers: int = 2, hidden: int = 128):
 
 
 def make_tiny_model(
-    path: str | Path, arch: str = "llama", seed: int = 0, layers: int = 2, hidden: int = 128
+    path: str | Path,
+    arch: str = "llama",
+    seed: int = 0,
+    layers: int = 2,
+    hidden: int = 128,
+    init_std: float = 0.02,
 ) -> Path:
-    """Write a randomly initialised model + tokenizer as a Hugging Face folder (fp32)."""
+    """Write a randomly initialised model + tokenizer as a Hugging Face folder (fp32).
+
+    RL tests want `init_std` around 0.1: with 0.02 the untrained output head and the final norm
+    cap every logit near +-2.5, so no LoRA update can make any token confident.
+    """
     path = Path(path)
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(tiny_config(arch, layers, hidden))
+    model = AutoModelForCausalLM.from_config(tiny_config(arch, layers, hidden, init_std))
     model.to(torch.float32)
     model.save_pretrained(path, safe_serialization=True)
     make_tokenizer().save_pretrained(path)

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from tests.support.crd_validator import CrdValidator
 
 from lorarl.api.crd import crd, crd_yaml
 from lorarl.api.validation import check_manifest
+from tests.support.crd_validator import CrdValidator
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD_PATH = ROOT / "crds" / "lorarljobs.lorarl.dev.yaml"

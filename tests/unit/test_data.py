@@ -8,7 +8,6 @@ import re
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from tests.support.tiny_models import make_tokenizer
 
 from lorarl.data_tasks import make_rows, write_task_jsonl
 from lorarl.rewards import get_reward
@@ -20,6 +19,7 @@ from lorarl.trainer.data import (
     encode_prompts,
     prompt_text,
 )
+from tests.support.tiny_models import make_tokenizer
 
 
 def write_jsonl(path, lines):

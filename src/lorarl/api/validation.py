@@ -154,3 +154,11 @@ def _show(value: Any) -> str:
         return json.dumps(value, sort_keys=True, default=str)
     except (TypeError, ValueError):
         return repr(value)
+
+
+def load_job_file(path: str | Path) -> LoRARLJob:
+    """The one job in a rendered config file (what every process of a job reads at start)."""
+    docs = load_documents(path)
+    if len(docs) != 1:
+        raise ManifestError([Problem("", f"{path}: expected one job, found {len(docs)}")])
+    return parse_job(docs[0][1])

@@ -18,7 +18,6 @@ succeeded, so a disk error fails all ranks instead of hanging them.
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import json
 import logging
@@ -37,21 +36,20 @@ import torch
 import torch.distributed as dist
 from peft import LoraConfig, PeftModel
 from safetensors import safe_open
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_optimizer_state_dict,
     set_optimizer_state_dict,
 )
 
+from lorarl.sync.adapter_files import ADAPTER_CONFIG, ADAPTER_WEIGHTS, write_adapter_dir
 from lorarl.trainer.model import ADAPTER_NAME, lora_state_dict, set_lora_state_dict
 
 log = logging.getLogger(__name__)
 
 COMPLETE = "COMPLETE"
 ADAPTER_DIR = "adapter"
-ADAPTER_WEIGHTS = "adapter_model.safetensors"
-ADAPTER_CONFIG = "adapter_config.json"
 STEP_RE = re.compile(r"^step-(\d{6,})$")
 TMP_PREFIX = ".tmp-"
 
@@ -170,20 +168,6 @@ def _replace_dir(tmp: Path, final: Path) -> None:
         shutil.rmtree(trash, ignore_errors=True)
 
 
-def write_adapter_dir(tensors: dict[str, torch.Tensor], config: LoraConfig, out_dir: Path) -> None:
-    """Write a PEFT-format adapter folder (the files `PeftModel.save_pretrained` would write)."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    cfg = copy.deepcopy(config)
-    cfg.inference_mode = True
-    for key in ("target_modules", "exclude_modules"):  # sets: sort so files are reproducible
-        value = getattr(cfg, key, None)
-        if isinstance(value, (set, frozenset)):
-            setattr(cfg, key, sorted(value))
-    cfg.save_pretrained(str(out_dir))
-    plain = {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
-    save_file(plain, str(out_dir / ADAPTER_WEIGHTS), metadata={"format": "pt"})
-
-
 def export_adapter(peft_model: PeftModel, out_dir: str | Path) -> Path:
     """Write the final adapter atomically (collective: every rank calls it, rank 0 writes)."""
     out_dir = Path(out_dir)
@@ -240,9 +224,14 @@ class CheckpointManager:
             raise ValueError(f"checkpoint step must be >= 0, got {step}")
         try:
             state_text = json.dumps(
-                {"step": step, "world_size": _world(), "time": time.time(),
-                 "trainer_state": trainer_state},
-                indent=2, sort_keys=True,
+                {
+                    "step": step,
+                    "world_size": _world(),
+                    "time": time.time(),
+                    "trainer_state": trainer_state,
+                },
+                indent=2,
+                sort_keys=True,
             )
         except TypeError as exc:
             raise ValueError(f"trainer_state must be JSON-serialisable: {exc}") from exc
@@ -258,8 +247,15 @@ class CheckpointManager:
         config = peft_model.peft_config[ADAPTER_NAME]
         return _run_on_rank0(self._write, step, adapter, config, optim_state, state_text, rngs)
 
-    def _write(self, step: int, adapter: dict[str, torch.Tensor], config: LoraConfig,
-               optim_state: dict[str, Any], state_text: str, rngs: list[Any]) -> Path:
+    def _write(
+        self,
+        step: int,
+        adapter: dict[str, torch.Tensor],
+        config: LoraConfig,
+        optim_state: dict[str, Any],
+        state_text: str,
+        rngs: list[Any],
+    ) -> Path:
         self.root.mkdir(parents=True, exist_ok=True)
         final = self.path_for(step)
         tmp = self.root / f"{TMP_PREFIX}{final.name}-{uuid.uuid4().hex[:8]}"
@@ -271,7 +267,8 @@ class CheckpointManager:
             torch.save({"world_size": len(rngs), "states": rngs}, tmp / "rng.pt")
             manifest = {
                 str(p.relative_to(tmp)): {"size": p.stat().st_size, "sha256": _sha256(p)}
-                for p in sorted(tmp.rglob("*")) if p.is_file()
+                for p in sorted(tmp.rglob("*"))
+                if p.is_file()
             }
             (tmp / COMPLETE).write_text(json.dumps({"step": step, "files": manifest}, indent=2))
             _fsync_tree(tmp)
@@ -303,8 +300,13 @@ class CheckpointManager:
             manifest = json.loads(marker.read_text())["files"]
         except (OSError, ValueError, KeyError, TypeError) as exc:
             return f"unreadable {COMPLETE} marker ({exc})"
-        for required in ("state.json", "optimizer.pt", "rng.pt",
-                         f"{ADAPTER_DIR}/{ADAPTER_WEIGHTS}", f"{ADAPTER_DIR}/{ADAPTER_CONFIG}"):
+        for required in (
+            "state.json",
+            "optimizer.pt",
+            "rng.pt",
+            f"{ADAPTER_DIR}/{ADAPTER_WEIGHTS}",
+            f"{ADAPTER_DIR}/{ADAPTER_CONFIG}",
+        ):
             if required not in manifest:
                 return f"manifest lacks {required}"
         for rel, meta in manifest.items():
@@ -365,7 +367,9 @@ class CheckpointManager:
     # ------------------------------------------------------------ load
 
     def load(
-        self, ckpt: Checkpoint | str | Path, peft_model: PeftModel,
+        self,
+        ckpt: Checkpoint | str | Path,
+        peft_model: PeftModel,
         optimizer: torch.optim.Optimizer | None,
     ) -> LoadedCheckpoint:
         """Collective: restore adapter weights, optimizer state and this rank's RNG.
@@ -397,7 +401,9 @@ class CheckpointManager:
         if len(states) != _world():
             log.warning(
                 "checkpoint %s has RNG for %d ranks, now %d: reusing by rank modulo",
-                path, len(states), _world(),
+                path,
+                len(states),
+                _world(),
             )
         mine = states[_rank() % len(states)]
         restore_rng_state(mine)

@@ -14,8 +14,12 @@ from peft import PeftModel
 from torch import nn
 
 
-def _check_shapes(input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                  response_mask: torch.Tensor, micro_batch_size: int) -> None:
+def _check_shapes(
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    response_mask: torch.Tensor,
+    micro_batch_size: int,
+) -> None:
     if input_ids.dim() != 2:
         raise ValueError(f"input_ids must be [batch, time], got shape {tuple(input_ids.shape)}")
     for name, t in (("attention_mask", attention_mask), ("response_mask", response_mask)):
@@ -98,8 +102,12 @@ def reference_logprobs(
     try:
         with torch.no_grad(), peft_model.disable_adapter():
             logprobs, _ = sequence_logprobs(
-                peft_model, input_ids, attention_mask, response_mask,
-                micro_batch_size=micro_batch_size, with_entropy=False,
+                peft_model,
+                input_ids,
+                attention_mask,
+                response_mask,
+                micro_batch_size=micro_batch_size,
+                with_entropy=False,
             )
     finally:
         for name, p in peft_model.named_parameters():

@@ -180,7 +180,11 @@ def apply_lora(model: PreTrainedModel, settings: LoraSettings) -> PeftModel:
     n_train, n_total = count_parameters(peft_model)
     log.info(
         "LoRA r=%d alpha=%s: %d trainable / %d parameters (%.3f%%)",
-        settings.rank, settings.alpha, n_train, n_total, 100.0 * n_train / max(n_total, 1),
+        settings.rank,
+        settings.alpha,
+        n_train,
+        n_total,
+        100.0 * n_train / max(n_total, 1),
     )
     return peft_model
 
@@ -246,8 +250,9 @@ def set_lora_state_dict(model: PeftModel, tensors: Mapping[str, torch.Tensor]) -
                 )
             if isinstance(param, DTensor):
                 local = full.to(device=param.to_local().device, dtype=param.dtype)
-                shard = distribute_tensor(local, param.device_mesh, param.placements,
-                                          src_data_rank=None)
+                shard = distribute_tensor(
+                    local, param.device_mesh, param.placements, src_data_rank=None
+                )
                 param.to_local().copy_(shard.to_local())
             else:
                 param.copy_(full.to(device=param.device, dtype=param.dtype))

@@ -60,9 +60,7 @@ class EndpointState:
     failures: int = 0
 
 
-def pick_endpoint(
-    states: Sequence[EndpointState], *, tried: set[int], now: float, rr: int
-) -> int:
+def pick_endpoint(states: Sequence[EndpointState], *, tried: set[int], now: float, rr: int) -> int:
     """Index of the endpoint for the next attempt.
 
     Untried endpoints first (all, once every one was tried); among those, ones not cooling down,
@@ -74,8 +72,12 @@ def pick_endpoint(
 
     def key(i: int) -> tuple[bool, float, int, int]:
         cooling = states[i].cooldown_until > now
-        return (cooling, states[i].cooldown_until if cooling else 0.0,
-                states[i].outstanding, (i - rr) % count)
+        return (
+            cooling,
+            states[i].cooldown_until if cooling else 0.0,
+            states[i].outstanding,
+            (i - rr) % count,
+        )
 
     return min(candidates, key=key)
 
@@ -109,14 +111,19 @@ class RolloutClient:
         if not model_name:
             raise ValueError("model_name must be the engine's served model name")
         for name, value in (("timeout_s", timeout_s), ("backoff_s", backoff_s)):
-            if not isinstance(value, (int, float)) or value < 0 or (name == "timeout_s"
-                                                                    and value == 0):
+            if (
+                not isinstance(value, (int, float))
+                or value < 0
+                or (name == "timeout_s" and value == 0)
+            ):
                 raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
         if not isinstance(max_retries, int) or max_retries < 0:
             raise ValueError(f"max_retries must be an integer >= 0, got {max_retries!r}")
         if not isinstance(max_concurrency_per_endpoint, int) or max_concurrency_per_endpoint < 1:
-            raise ValueError("max_concurrency_per_endpoint must be an integer >= 1, "
-                             f"got {max_concurrency_per_endpoint!r}")
+            raise ValueError(
+                "max_concurrency_per_endpoint must be an integer >= 1, "
+                f"got {max_concurrency_per_endpoint!r}"
+            )
         self.engine = engine
         self.model_name = model_name
         self.timeout_s = float(timeout_s)
@@ -136,8 +143,10 @@ class RolloutClient:
 
     def endpoint_stats(self) -> dict[str, dict[str, int]]:
         """Requests sent and failures seen per endpoint (for metrics)."""
-        return {s.url: {"requests": s.requests, "failures": s.failures,
-                        "outstanding": s.outstanding} for s in self._states}
+        return {
+            s.url: {"requests": s.requests, "failures": s.failures, "outstanding": s.outstanding}
+            for s in self._states
+        }
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -196,17 +205,26 @@ class RolloutClient:
         batch = check_prompts(prompts)
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ValueError(f"n must be an integer >= 1, got {n!r}")
-        if isinstance(expected_version, bool) or not isinstance(expected_version, int) \
-                or expected_version < 0:
+        if (
+            isinstance(expected_version, bool)
+            or not isinstance(expected_version, int)
+            or expected_version < 0
+        ):
             raise ValueError(f"expected_version must be an integer >= 0, got {expected_version!r}")
         if not isinstance(params, SamplingParams):
             raise ValueError(f"params must be a SamplingParams, got {type(params).__name__}")
         target = model or self.model_name
         async with self._session() as http:
-            return list(await asyncio.gather(*(
-                self._sample_prompt(http, prompt, n, _seeded(params, i), target, expected_version)
-                for i, prompt in enumerate(batch)
-            )))
+            return list(
+                await asyncio.gather(
+                    *(
+                        self._sample_prompt(
+                            http, prompt, n, _seeded(params, i), target, expected_version
+                        )
+                        for i, prompt in enumerate(batch)
+                    )
+                )
+            )
 
     def generate(
         self,
@@ -218,8 +236,9 @@ class RolloutClient:
         expected_version: int,
     ) -> list[list[Sample]]:
         """Sync `agenerate` for the trainer loop."""
-        return _run_sync(self.agenerate(prompts, n, params, model=model,
-                                        expected_version=expected_version))
+        return _run_sync(
+            self.agenerate(prompts, n, params, model=model, expected_version=expected_version)
+        )
 
     def _request(
         self, prompt: list[int], n: int, params: SamplingParams, model: str
@@ -229,19 +248,37 @@ class RolloutClient:
         lora = None if model == self.model_name else model
         return "/generate", build_sglang_generate_request(prompt, n, params, lora_name=lora)
 
-    def _parse(self, body: object, prompt: list[int], n: int, model: str, endpoint: str,
-               expected_version: int) -> list[Sample]:
+    def _parse(
+        self,
+        body: object,
+        prompt: list[int],
+        n: int,
+        model: str,
+        endpoint: str,
+        expected_version: int,
+    ) -> list[Sample]:
         if self.engine == "vllm":
             return parse_vllm_completion_response(
-                body, prompt_ids=prompt, n=n, endpoint=endpoint, expected_version=expected_version)
+                body, prompt_ids=prompt, n=n, endpoint=endpoint, expected_version=expected_version
+            )
         lora = None if model == self.model_name else model
         return parse_sglang_generate_response(
-            body, prompt_ids=prompt, n=n, endpoint=endpoint, expected_version=expected_version,
-            lora_name=lora)
+            body,
+            prompt_ids=prompt,
+            n=n,
+            endpoint=endpoint,
+            expected_version=expected_version,
+            lora_name=lora,
+        )
 
     async def _sample_prompt(
-        self, http: httpx.AsyncClient, prompt: list[int], n: int, params: SamplingParams,
-        model: str, expected_version: int,
+        self,
+        http: httpx.AsyncClient,
+        prompt: list[int],
+        n: int,
+        params: SamplingParams,
+        model: str,
+        expected_version: int,
     ) -> list[Sample]:
         path, payload = self._request(prompt, n, params, model)
         sems = self._semaphores()
@@ -265,7 +302,8 @@ class RolloutClient:
                 async with sems[i]:
                     state.requests += 1
                     response = await asyncio.wait_for(
-                        http.post(state.url + path, json=payload), self.timeout_s)
+                        http.post(state.url + path, json=payload), self.timeout_s
+                    )
             except (httpx.TransportError, asyncio.TimeoutError) as exc:
                 last_error = f"{state.url}: {_describe(exc, self.timeout_s)}"
                 self._failed(state)
@@ -280,18 +318,24 @@ class RolloutClient:
                 raise RolloutError(
                     f"{state.url} rejected the {self.engine} request: HTTP "
                     f"{response.status_code}: {_snippet(response)}",
-                    endpoints=[state.url], last_error=_snippet(response))
+                    endpoints=[state.url],
+                    last_error=_snippet(response),
+                )
             self._succeeded(state)
             try:
-                return self._parse(response.json(), prompt, n, model, state.url,
-                                   expected_version)
+                return self._parse(response.json(), prompt, n, model, state.url, expected_version)
             except (WireFormatError, ValueError) as exc:
-                raise RolloutError(f"bad {self.engine} response from {state.url}: {exc}",
-                                   endpoints=[state.url], last_error=str(exc)) from exc
+                raise RolloutError(
+                    f"bad {self.engine} response from {state.url}: {exc}",
+                    endpoints=[state.url],
+                    last_error=str(exc),
+                ) from exc
         raise RolloutError(
             f"rollout request failed after {self.max_retries + 1} attempt(s) on "
             f"{', '.join(used)}; last error: {last_error}",
-            endpoints=used, last_error=last_error)
+            endpoints=used,
+            last_error=last_error,
+        )
 
     def _failed(self, state: EndpointState) -> None:
         state.failures += 1
@@ -309,6 +353,7 @@ class RolloutClient:
     async def ahealth(self) -> dict[str, bool]:
         """`GET /health` on every endpoint (same path on vLLM and SGLang): True when 200."""
         async with self._session() as http:
+
             async def probe(url: str) -> bool:
                 try:
                     r = await http.get(url + "/health", timeout=min(self.timeout_s, 5.0))
@@ -322,8 +367,9 @@ class RolloutClient:
     def health(self) -> dict[str, bool]:
         return _run_sync(self.ahealth())
 
-    async def await_ready(self, timeout_s: float, *, require_all: bool = True,
-                          poll_s: float = 0.25) -> None:
+    async def await_ready(
+        self, timeout_s: float, *, require_all: bool = True, poll_s: float = 0.25
+    ) -> None:
         """Poll health until every endpoint (or, with require_all=False, any) answers 200."""
         deadline = time.monotonic() + timeout_s
         while True:
@@ -334,11 +380,14 @@ class RolloutClient:
                 down = [u for u, ok in status.items() if not ok]
                 raise RolloutError(
                     f"rollout endpoints not ready after {timeout_s:g}s: {', '.join(down)}",
-                    endpoints=down, last_error="health check failed")
+                    endpoints=down,
+                    last_error="health check failed",
+                )
             await asyncio.sleep(min(poll_s, max(0.0, deadline - time.monotonic())))
 
-    def wait_ready(self, timeout_s: float, *, require_all: bool = True,
-                   poll_s: float = 0.25) -> None:
+    def wait_ready(
+        self, timeout_s: float, *, require_all: bool = True, poll_s: float = 0.25
+    ) -> None:
         _run_sync(self.await_ready(timeout_s, require_all=require_all, poll_s=poll_s))
 
 
@@ -373,5 +422,7 @@ def _run_sync(coro: Awaitable[T]) -> T:
         return asyncio.run(coro)  # type: ignore[arg-type]
     if hasattr(coro, "close"):
         coro.close()
-    raise RuntimeError("RolloutClient's sync methods cannot run inside an event loop; "
-                       "await the a-prefixed methods (agenerate, ahealth, await_ready) instead")
+    raise RuntimeError(
+        "RolloutClient's sync methods cannot run inside an event loop; "
+        "await the a-prefixed methods (agenerate, ahealth, await_ready) instead"
+    )

@@ -69,8 +69,9 @@ class Sample:
                 f"{len(self.completion_ids)} completion tokens (need one per token)"
             )
         if self.finish_reason not in ("stop", "length"):
-            raise ValueError(f"Sample.finish_reason must be 'stop' or 'length', "
-                             f"got {self.finish_reason!r}")
+            raise ValueError(
+                f"Sample.finish_reason must be 'stop' or 'length', got {self.finish_reason!r}"
+            )
 
 
 def _check_int(name: str, value: object, *, minimum: int, hint: str = "") -> None:

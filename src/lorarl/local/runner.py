@@ -1,0 +1,204 @@
+"""`lorarl run JOB --local`: the job's plan as processes on loopback.
+
+The same JobPlan the operator turns into pods, with loopback addressing: every engine, sidecar,
+trainer rank (under torchrun) and reward server is a child process with its own log under the run
+directory. Engines that die are restarted (their sidecar re-applies the latest version); any other
+child that dies fails the run with its last log lines. Every child is stopped when the run ends.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import yaml
+
+from lorarl.api.job import LoRARLJob
+from lorarl.api.progress import Progress
+from lorarl.local.ports import free_port_block
+from lorarl.local.processes import Child
+from lorarl.plan import ContainerPlan, JobPlan, LocalAddressing, ReplicaPlan, plan
+
+log = logging.getLogger(__name__)
+
+EngineCommand = Callable[[ReplicaPlan, ContainerPlan], list[str]]
+
+
+class RunFailed(RuntimeError):
+    pass
+
+
+@dataclass
+class RunResult:
+    run_dir: Path
+    progress: Progress | None
+    seconds: float
+
+
+def local_job(job: LoRARLJob, run_dir: Path) -> LoRARLJob:
+    """A local run keeps everything it writes under its run directory."""
+    local = job.model_copy(deep=True)
+    local.spec.training.output_dir = str(run_dir)
+    return local
+
+
+class LocalRun:
+    def __init__(
+        self,
+        job: LoRARLJob,
+        run_dir: str | Path,
+        *,
+        engine_command: EngineCommand | None = None,
+        max_engine_restarts: int = 3,
+        extra_env: dict[str, str] | None = None,
+    ):
+        self.run_dir = Path(run_dir).resolve()
+        self.job = local_job(job, self.run_dir)
+        self.engine_command = engine_command
+        self.max_engine_restarts = max_engine_restarts
+        self.extra_env = extra_env or {}
+        self.children: list[Child] = []
+        self.plan: JobPlan | None = None
+        self._http = httpx.Client(timeout=2.0)
+
+    # ------------------------------------------------------------------ setup
+
+    def start(self) -> JobPlan:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        spec = self.job.spec
+        base = free_port_block(LocalAddressing.ports_needed(spec.rollout.replicas))
+        config_path = self.run_dir / "job.yaml"
+        self.plan = plan(self.job, LocalAddressing(base), config_path=str(config_path))
+        text = yaml.safe_dump(self.plan.config, sort_keys=False)
+        tmp = config_path.with_suffix(".tmp")
+        tmp.write_text(text)
+        tmp.replace(config_path)
+        order = {"rollout": 0, "reward": 1, "trainer": 2}
+        for role in sorted(self.plan.roles, key=lambda r: order[r.role]):
+            for replica in role.replicas:
+                for container in replica.containers:
+                    self.children.append(self._child(replica, container))
+        for child in self.children:
+            child.start()
+            log.info("started %s (pid %s): %s", child.name, child.pid, child.log_path)
+        return self.plan
+
+    def _child(self, replica: ReplicaPlan, container: ContainerPlan) -> Child:
+        name = f"{replica.name}-{container.name}"
+        argv = list(container.command)
+        if container.name == "engine" and self.engine_command is not None:
+            argv = self.engine_command(replica, container)
+        if argv and argv[0] == "python":
+            argv[0] = sys.executable
+        tmp = self.run_dir / "tmp"
+        tmp.mkdir(exist_ok=True)
+        env = {
+            **os.environ,
+            "TMPDIR": str(tmp),
+            "VLLM_CACHE_ROOT": str(self.run_dir / "cache" / "vllm"),
+            "RAY_TMPDIR": str(tmp),
+            "LORARL_ADAPTER_DIR": str(self.run_dir / "adapters" / replica.name),
+            "PYTHONUNBUFFERED": "1",
+            **container.env,
+            **self._user_env(container),
+            **self.extra_env,
+        }
+        return Child(
+            name=name,
+            argv=argv,
+            env=env,
+            log_path=self.run_dir / "logs" / f"{name}.log",
+            restartable=container.name == "engine",
+        )
+
+    @staticmethod
+    def _user_env(container: ContainerPlan) -> dict[str, str]:
+        out = {}
+        for var in container.user_env:
+            if var.value is not None:
+                out[var.name] = var.value
+            elif var.name in os.environ:  # a secretKeyRef locally: take it from the environment
+                out[var.name] = os.environ[var.name]
+            elif not (var.value_from and var.value_from.secret_key_ref.optional):
+                raise RunFailed(
+                    f"{var.name} comes from Secret {var.value_from.secret_key_ref.name!r} in a "
+                    f"cluster; export {var.name} to run locally"
+                )
+        return out
+
+    # ------------------------------------------------------------------ supervision
+
+    @property
+    def trainer(self) -> Child:
+        return next(c for c in self.children if c.name.endswith("-trainer-0-trainer"))
+
+    @property
+    def progress_url(self) -> str:
+        env = self.plan.role("trainer").replicas[0].containers[0].env
+        return f"http://127.0.0.1:{env['LORARL_PROGRESS_PORT']}"
+
+    def progress(self) -> Progress | None:
+        try:
+            resp = self._http.get(f"{self.progress_url}/progress")
+            return Progress.model_validate(resp.json()) if resp.status_code == 200 else None
+        except (httpx.HTTPError, ValueError):
+            return None
+
+    def final_progress(self) -> Progress | None:
+        path = self.run_dir / "progress.json"
+        return Progress.model_validate_json(path.read_text()) if path.is_file() else None
+
+    def wait(
+        self,
+        on_poll: Callable[[LocalRun], None] | None = None,
+        poll_s: float = 0.5,
+        timeout_s: float | None = None,
+    ) -> RunResult:
+        start = time.monotonic()
+        while True:
+            if on_poll is not None:
+                on_poll(self)
+            for child in self.children:
+                code = child.poll()
+                if code is None or child is self.trainer or (code == 0 and not child.restartable):
+                    continue  # a sidecar exits 0 once the trainer closes the sync channel
+                if child.restartable and self.trainer.poll() is None:
+                    self._restart(child, code)
+                elif self.trainer.poll() is None:
+                    raise RunFailed(self._died(child, code))
+            code = self.trainer.poll()
+            if code is not None:
+                if code != 0:
+                    raise RunFailed(self._died(self.trainer, code))
+                return RunResult(self.run_dir, self.final_progress(), time.monotonic() - start)
+            if timeout_s is not None and time.monotonic() - start > timeout_s:
+                raise RunFailed(f"run did not finish within {timeout_s:.0f} s")
+            time.sleep(poll_s)
+
+    def _restart(self, child: Child, code: int) -> None:
+        if child.restarts >= self.max_engine_restarts:
+            raise RunFailed(self._died(child, code) + f" (after {child.restarts} restarts)")
+        child.restarts += 1
+        log.warning("%s exited with %s; restarting (%d)", child.name, code, child.restarts)
+        child.start()
+
+    @staticmethod
+    def _died(child: Child, code: int) -> str:
+        return f"{child.name} exited with code {code}; last log lines:\n{child.tail()}"
+
+    def stop(self) -> None:
+        for child in reversed(self.children):
+            child.stop()
+        self._http.close()
+
+    def __enter__(self) -> LocalRun:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,138 @@
+"""Applies one received update to an engine, all or nothing.
+
+The update is validated against the base model before anything reaches the engine; merged
+weights are computed from a pristine base copy (never accumulated into the running weights, so
+there is no drift); the last good update is kept so a restarted engine can be brought back to it.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from peft import LoraConfig
+from safetensors import safe_open
+
+from lorarl.rollout.engine import RolloutEngine
+from lorarl.sync.adapter_files import write_adapter_dir
+from lorarl.sync.buckets import SyncHeader, validate_update
+from lorarl.sync.merge import BaseWeights, merge_adapter, weight_files
+from lorarl.sync.names import group_lora_pairs, modules_to_send
+from lorarl.sync.protocol import adapter_name
+
+log = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def model_shapes(model_dir: str | Path) -> dict[str, tuple[int, int]]:
+    """Module -> (out, in) of every 2-D weight, read from safetensors headers only."""
+    shapes: dict[str, tuple[int, int]] = {}
+    by_file: dict[Path, list[str]] = {}
+    for name, path in weight_files(Path(model_dir)).items():
+        if name.endswith(".weight"):
+            by_file.setdefault(path, []).append(name)
+    for path, names in by_file.items():
+        with safe_open(str(path), framework="pt") as f:
+            for name in names:
+                shape = f.get_slice(name).get_shape()
+                if len(shape) == 2:
+                    shapes[name.removesuffix(".weight")] = (shape[0], shape[1])
+    return shapes
+
+
+@dataclass
+class Applied:
+    header: SyncHeader
+    tensors: dict[str, torch.Tensor]
+    seconds: dict[str, float] = field(default_factory=dict)
+
+
+class UpdateApplier:
+    def __init__(
+        self,
+        engine: RolloutEngine,
+        model_dir: str | Path,
+        mode: str,
+        expected_rank: int,
+        engine_dtype: str,
+        adapter_root: str | Path,
+    ):
+        self.engine = engine
+        self.model_dir = Path(model_dir)
+        self.mode = mode
+        self.expected_rank = expected_rank
+        self.dtype = DTYPES[engine_dtype]
+        self.adapter_root = Path(adapter_root)
+        self.shapes = model_shapes(self.model_dir)
+        self._base: BaseWeights | None = None
+        self.current: Applied | None = None
+
+    def apply(self, header: SyncHeader, tensors: dict[str, torch.Tensor]) -> Applied:
+        t0 = time.perf_counter()
+        if header.mode != self.mode:
+            raise ValueError(f"update v{header.version} is for {header.mode!r} mode, "
+                             f"this sidecar runs {self.mode!r}")  # fmt: skip
+        validate_update(header, self.shapes, self.expected_rank)
+        pairs = group_lora_pairs(tensors)
+        t1 = time.perf_counter()
+        if self.mode == "merged":
+            seconds = self._push_merged(header, pairs)
+        else:
+            seconds = self._load_adapter(header, tensors)
+        applied = Applied(header, tensors, {"validate": t1 - t0, **seconds})
+        self.current = applied
+        return applied
+
+    def reapply(self) -> Applied | None:
+        """After an engine restart: the engine starts from base weights, so replay the last good."""
+        if self.current is None:
+            return None
+        return self.apply(self.current.header, self.current.tensors)
+
+    def _push_merged(self, header: SyncHeader, pairs) -> dict[str, float]:
+        t0 = time.perf_counter()
+        send = modules_to_send(list(pairs), known_modules=self.shapes)
+        base = self._base_for(send)
+        passthrough = [f"{m}.weight" for m in send if m not in pairs]
+        named = list(
+            merge_adapter(base, pairs, header.scaling, self.dtype, passthrough=passthrough)
+        )
+        t1 = time.perf_counter()
+        self.engine.push_merged_weights(named, header.version)
+        return {"merge": t1 - t0, "push": time.perf_counter() - t1}
+
+    def _base_for(self, modules: list[str]) -> BaseWeights:
+        if self._base is None or any(f"{m}.weight" not in self._base for m in modules):
+            self._base = BaseWeights.from_safetensors(self.model_dir, modules)
+        return self._base
+
+    def _load_adapter(self, header: SyncHeader, tensors) -> dict[str, float]:
+        t0 = time.perf_counter()
+        name = adapter_name(header.version)
+        folder = self.adapter_root / name
+        shutil.rmtree(folder, ignore_errors=True)
+        leaves = sorted({m.rsplit(".", 1)[-1] for m in header.target_modules})
+        config = LoraConfig(
+            r=header.rank,
+            lora_alpha=header.alpha,
+            use_rslora=header.use_rslora,
+            target_modules=leaves,
+            base_model_name_or_path=str(self.model_dir),
+        )
+        write_adapter_dir(tensors, config, folder)
+        t1 = time.perf_counter()
+        self.engine.load_adapter(folder, name, header.version)
+        previous = self.current.header.version if self.current else None
+        if previous is not None and previous != header.version:
+            old = adapter_name(previous)
+            try:
+                self.engine.unload_adapter(old)
+            except Exception as exc:  # the new version is live; a stale one only costs memory
+                log.warning("could not unload %s: %s", old, exc)
+            shutil.rmtree(self.adapter_root / old, ignore_errors=True)
+        return {"write": t1 - t0, "load": time.perf_counter() - t1}

@@ -1,0 +1,209 @@
+"""The sync sidecar: `python -m lorarl.rollout.sidecar --config job.yaml`.
+
+Runs next to one engine. Receives every adapter version from trainer rank 0, applies it (merged
+or adapter mode), acknowledges, and keeps the engine on the latest good version — also after the
+engine restarts. `/healthz` and `/status` report what it did.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+from lorarl.api.job import LoRARLJob
+from lorarl.rollout.applier import UpdateApplier
+from lorarl.rollout.engine import RolloutEngine
+from lorarl.sync.errors import SyncClosed
+
+log = logging.getLogger("lorarl.sidecar")
+
+
+@dataclass
+class SidecarStatus:
+    version: int | None = None
+    updates: int = 0
+    rejected: int = 0
+    bytes_received: int = 0
+    seconds: dict[str, float] = field(default_factory=dict)
+    last_error: str | None = None
+    engine_healthy: bool = False
+    engine_restarts: int = 0
+    reapplied: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class Sidecar:
+    def __init__(self, applier: UpdateApplier, receiver, engine: RolloutEngine):
+        self.applier, self.receiver, self.engine = applier, receiver, engine
+        self.status = SidecarStatus()
+        self._lock = threading.Lock()  # one engine update at a time (sync vs. restart replay)
+        self._stop = threading.Event()
+
+    def handle_one(self) -> bool:
+        """Receive, apply, acknowledge one update; False when the trainer closed the channel."""
+        t0 = time.perf_counter()
+        try:
+            received = self.receiver.recv()
+        except SyncClosed:
+            return False
+        header, tensors = received.header, received.tensors
+        recv_s = time.perf_counter() - t0
+        self.status.bytes_received += header.payload_bytes
+        try:
+            with self._lock:
+                applied = self.applier.apply(header, tensors)
+        except Exception as exc:  # any failure: report, keep serving the last good version
+            self.status.rejected += 1
+            self.status.last_error = f"v{header.version}: {exc}"
+            log.error("rejected update %s", self.status.last_error)
+            self.receiver.ack(header.version, ok=False, message=str(exc)[:900])
+            return True
+        self.status.version = header.version
+        self.status.updates += 1
+        self.status.last_error = None
+        self.status.seconds = {"receive": recv_s, **applied.seconds}
+        self.receiver.ack(header.version, ok=True)
+        log.info("applied v%d in %s", header.version, _fmt(self.status.seconds))
+        return True
+
+    def watch_engine(self, poll_s: float = 1.0) -> None:
+        """Re-push the latest version when the engine comes back from a restart."""
+        was_healthy = self.engine.health()
+        while not self._stop.wait(poll_s):
+            healthy = self.engine.health()
+            self.status.engine_healthy = healthy
+            if healthy and not was_healthy:
+                self.status.engine_restarts += 1
+                try:
+                    with self._lock:
+                        if self.applier.reapply() is not None:
+                            self.status.reapplied += 1
+                            log.info("engine restarted; re-applied v%s", self.status.version)
+                except Exception as exc:
+                    self.status.last_error = f"re-apply after engine restart: {exc}"
+                    log.error(self.status.last_error)
+                    healthy = False  # try again on the next poll
+            was_healthy = healthy
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+def _fmt(seconds: dict[str, float]) -> str:
+    return " ".join(f"{k}={v * 1000:.0f}ms" for k, v in seconds.items())
+
+
+class StatusServer:
+    def __init__(self, sidecar: Sidecar, port: int, host: str = "0.0.0.0"):
+        status = sidecar.status
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                path = self.path.split("?", 1)[0]
+                if path == "/status":
+                    code, body = 200, status.to_json()
+                elif path == "/healthz":
+                    ok = status.engine_healthy
+                    code, body = (200 if ok else 503), {"ok": ok, "version": status.version}
+                else:
+                    code, body = 404, {"detail": "unknown path"}
+                data = json.dumps(body).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self._server = ThreadingHTTPServer((host, port), Handler)
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
+def make_engine(job: LoRARLJob, url: str, adapter_root: Path) -> RolloutEngine:
+    if job.spec.rollout.engine == "vllm":
+        from lorarl.rollout.vllm_engine import VLLMEngine, checkpoint_weight_shapes
+
+        return VLLMEngine(
+            url,
+            api_key=os.environ.get("LORARL_ENGINE_API_KEY"),
+            shm_dir=adapter_root / "merged",
+            known_shapes=checkpoint_weight_shapes(job.spec.model.path),
+        )
+    from lorarl.rollout.sglang_engine import SGLangEngine
+
+    return SGLangEngine(url, api_key=os.environ.get("LORARL_ENGINE_API_KEY"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m lorarl.rollout.sidecar")
+    parser.add_argument("--config", default=os.environ.get("LORARL_CONFIG"))
+    parser.add_argument("--engine-timeout", type=float, default=900.0)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=os.environ.get("LORARL_LOG_LEVEL", "INFO"),
+                        format="%(asctime)s sidecar %(levelname)s %(message)s")  # fmt: skip
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    if not args.config:
+        print("lorarl-sidecar: error: --config (or LORARL_CONFIG) is required", file=sys.stderr)
+        return 2
+    from lorarl.api.validation import ManifestError, load_job_file
+    from lorarl.sync.transport import SyncReceiver
+
+    try:
+        job = load_job_file(args.config)
+    except ManifestError as exc:
+        print(f"lorarl-sidecar: error: {args.config}: {exc}", file=sys.stderr)
+        return 2
+    env = os.environ
+    adapter_root = Path(env.get("LORARL_ADAPTER_DIR", "/dev/shm/lorarl")) / job.name
+    engine = make_engine(job, env["LORARL_ENGINE_URL"], adapter_root)
+    applier = UpdateApplier(
+        engine,
+        job.spec.model.path,
+        job.spec.rollout.sync_mode,
+        expected_rank=job.spec.lora.rank,
+        engine_dtype=job.spec.model.dtype,
+        adapter_root=adapter_root,
+    )
+    log.info("waiting for the engine at %s", env["LORARL_ENGINE_URL"])
+    engine.wait_ready(args.engine_timeout)
+    receiver = SyncReceiver(
+        env["LORARL_SYNC_ADDR"],
+        int(env["LORARL_SYNC_PORT"]),
+        rank=int(env["LORARL_SYNC_RANK"]),
+        world_size=int(env["LORARL_SYNC_WORLD_SIZE"]),
+        timeout=float(env.get("LORARL_SYNC_TIMEOUT", "600")),
+    )
+    sidecar = Sidecar(applier, receiver, engine)
+    sidecar.status.engine_healthy = True
+    server = StatusServer(sidecar, int(env.get("LORARL_SIDECAR_PORT", "8001")))
+    threading.Thread(target=sidecar.watch_engine, daemon=True).start()
+    try:
+        while sidecar.handle_one():
+            pass
+    finally:
+        sidecar.stop()
+        server.stop()
+        receiver.close()
+    log.info("trainer closed the sync channel; exiting")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,48 @@
+"""`python -m lorarl.trainer --config job.yaml` (under torchrun: one process per GPU)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+from lorarl.trainer.checkpoint import CheckpointError
+from lorarl.trainer.data import DataError
+from lorarl.trainer.model import AdapterError, ModelLoadError
+from lorarl.trainer.settings import ConfigError, Endpoints, load_job
+
+# Errors that mean "the job is wrong", reported as one line instead of a traceback.
+USER_ERRORS = (ConfigError, ModelLoadError, AdapterError, DataError, CheckpointError)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m lorarl.trainer")
+    parser.add_argument("--config", default=os.environ.get("LORARL_CONFIG"), required=False)
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=os.environ.get("LORARL_LOG_LEVEL", "INFO"),
+        format=f"%(asctime)s rank{os.environ.get('RANK', '0')} %(levelname)s %(name)s: %(message)s",
+    )
+    if not args.config:
+        print("lorarl-trainer: error: --config (or LORARL_CONFIG) is required", file=sys.stderr)
+        return 2
+    from lorarl.trainer.loop import Trainer
+    from lorarl.trainer.parallel import init_distributed, shutdown_distributed
+
+    ctx = None
+    try:
+        job = load_job(args.config)
+        ctx = init_distributed()
+        Trainer(job, Endpoints.from_env(), ctx).run()
+    except USER_ERRORS as exc:
+        print(f"lorarl-trainer: error: {exc}", file=sys.stderr, flush=True)
+        return 2
+    finally:
+        if ctx is not None:
+            shutdown_distributed(ctx)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,72 @@
+"""Rollout samples -> padded training tensors (pure)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class TrainSample:
+    """What every rank needs to train on one sample; small enough to broadcast."""
+
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    rollout_logprobs: list[float]
+    advantage: float
+    reward: float
+    weight_version: int
+
+
+@dataclass
+class TensorBatch:
+    input_ids: torch.Tensor  # [B, T]
+    attention_mask: torch.Tensor  # [B, T]
+    response_mask: torch.Tensor  # [B, T], 1 on completion tokens
+    rollout_logprobs: torch.Tensor  # [B, T], aligned with response_mask
+    advantages: torch.Tensor  # [B]
+
+    def __len__(self) -> int:
+        return self.input_ids.shape[0]
+
+    def slice(self, sl: slice) -> TensorBatch:
+        return TensorBatch(
+            self.input_ids[sl],
+            self.attention_mask[sl],
+            self.response_mask[sl],
+            self.rollout_logprobs[sl],
+            self.advantages[sl],
+        )
+
+
+def collate(samples: list[TrainSample], pad_id: int) -> TensorBatch:
+    """Right-pad prompt+completion; position t of the masks marks completion token t."""
+    if not samples:
+        raise ValueError("cannot collate an empty batch")
+    length = max(len(s.prompt_ids) + len(s.completion_ids) for s in samples)
+    n = len(samples)
+    ids = torch.full((n, length), pad_id, dtype=torch.long)
+    attn = torch.zeros((n, length), dtype=torch.long)
+    resp = torch.zeros((n, length), dtype=torch.float32)
+    lps = torch.zeros((n, length), dtype=torch.float32)
+    for i, s in enumerate(samples):
+        p, c = len(s.prompt_ids), len(s.completion_ids)
+        ids[i, : p + c] = torch.tensor(s.prompt_ids + s.completion_ids, dtype=torch.long)
+        attn[i, : p + c] = 1
+        resp[i, p : p + c] = 1.0
+        lps[i, p : p + c] = torch.tensor(s.rollout_logprobs, dtype=torch.float32)
+    adv = torch.tensor([s.advantage for s in samples], dtype=torch.float32)
+    return TensorBatch(ids, attn, resp, lps, adv)
+
+
+def shard_for_rank(samples: list[TrainSample], rank: int, world_size: int) -> list[TrainSample]:
+    """This rank's samples, padded so every rank runs the same number of micro-batches.
+
+    FSDP2 forwards are collective, so a rank with fewer micro-batches would hang the others.
+    Padding samples have no completion tokens, so they add nothing to the loss.
+    """
+    mine = samples[rank::world_size]
+    per_rank = -(-len(samples) // world_size)
+    filler = TrainSample(samples[0].prompt_ids[:1], [], [], 0.0, 0.0, 0)
+    return mine + [filler] * (per_rank - len(mine))

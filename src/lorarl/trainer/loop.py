@@ -1,0 +1,295 @@
+"""The RL training loop: one object that owns the parts and runs the steps (DESIGN §5).
+
+Rank 0 generates and scores; every rank trains on its share under FSDP2; rank 0 publishes the new
+adapter to the sidecars; checkpoints are collective.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from functools import partial
+
+import torch
+import torch.distributed as dist
+from transformers import AutoTokenizer
+
+from lorarl.api.job import LoRARLJob
+from lorarl.api.progress import StepRecord
+from lorarl.api.status import SyncStatus
+from lorarl.plan.engines import SERVED_MODEL_NAME
+from lorarl.rewards import get_reward, score_batch
+from lorarl.sync.protocol import adapter_name
+from lorarl.trainer.batch import TrainSample, collate, shard_for_rank
+from lorarl.trainer.checkpoint import CheckpointManager, export_adapter
+from lorarl.trainer.data import DataPosition, PromptDataset, PromptSampler
+from lorarl.trainer.losses import LossConfig
+from lorarl.trainer.model import apply_lora, load_base_model
+from lorarl.trainer.parallel import DistContext, shard_model
+from lorarl.trainer.progress import ProgressServer, ProgressTracker
+from lorarl.trainer.rollout_client import RolloutClient
+from lorarl.trainer.rollout_types import SamplingParams
+from lorarl.trainer.rollouts import Collected, RolloutWorker
+from lorarl.trainer.settings import (
+    ConfigError,
+    Endpoints,
+    advantage_estimator,
+    lora_settings,
+    output_dirs,
+)
+from lorarl.trainer.update import UpdateConfig, update_policy
+from lorarl.trainer.weight_sync import WeightPublisher, gather_adapter
+
+log = logging.getLogger(__name__)
+
+
+def lr_at(step: int, base_lr: float, warmup: int, total: int, schedule: str) -> float:
+    """LR for 1-based `step`: linear warmup, then constant or cosine to zero. A pure function of
+    the step, so a resumed run needs no scheduler state."""
+    if warmup and step <= warmup:
+        return base_lr * step / warmup
+    if schedule == "cosine":
+        progress = (step - warmup) / max(total - warmup, 1)
+        return base_lr * 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0)))
+    return base_lr
+
+
+@dataclass
+class StepState:
+    step: int = 0
+    position: DataPosition = field(default_factory=DataPosition)
+    version: int = 0
+
+    def to_dict(self) -> dict:
+        return {"step": self.step, "position": self.position.to_dict(), "version": self.version}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> StepState:
+        return cls(d["step"], DataPosition.from_dict(d["position"]), d["version"])
+
+
+class Trainer:
+    def __init__(self, job: LoRARLJob, endpoints: Endpoints, ctx: DistContext):
+        self.job, self.endpoints, self.ctx = job, endpoints, ctx
+        spec = job.spec
+        self.estimator = advantage_estimator(job)
+        if not endpoints.rollout:
+            raise ConfigError("no rollout endpoints (LORARL_ROLLOUT_ENDPOINTS is empty)")
+        self.output_dir, ckpt_dir, self.adapter_dir = output_dirs(job)
+        self.checkpoints = CheckpointManager(ckpt_dir, spec.training.keep_checkpoints)
+        self.dataset = PromptDataset.from_files(
+            spec.data.train_files, spec.data.prompt_key, spec.data.answer_key,
+            system_prompt=spec.data.system_prompt,
+        )  # fmt: skip
+        self.sampler = PromptSampler(
+            len(self.dataset), spec.training.prompts_per_step, spec.data.seed, spec.data.shuffle
+        )
+        self.tokenizer = AutoTokenizer.from_pretrained(spec.model.path)
+        base = load_base_model(spec.model.path, spec.model.dtype)
+        self.model = apply_lora(base, lora_settings(job))
+        shard_model(self.model, ctx, mixed_precision=spec.trainer.fsdp.mixed_precision)
+        o = spec.optim
+        self.optimizer = torch.optim.AdamW(
+            [p for p in self.model.parameters() if p.requires_grad],
+            lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay,
+        )  # fmt: skip
+        a = spec.algorithm
+        self.update_cfg = UpdateConfig(
+            loss=LossConfig(
+                clip_low=a.clip_ratio_low,
+                clip_high=a.clip_ratio_high,
+                dual_clip=a.dual_clip,
+                agg=a.loss_aggregation,
+                kl_coef=a.kl.coef,
+                kl_estimator=a.kl.estimator,
+                entropy_coef=a.entropy_coef,
+            ),
+            micro_batch_size=spec.training.micro_batch_size,
+            mini_batches=self._mini_batches(),
+            epochs=a.ppo_epochs,
+            grad_clip=o.grad_clip,
+        )
+        self.pad_id = self.tokenizer.pad_token_id
+        if self.pad_id is None:
+            self.pad_id = self.tokenizer.eos_token_id or 0
+        self.state = StepState()
+        self.tracker: ProgressTracker | None = None
+        self.server: ProgressServer | None = None
+        self.publisher: WeightPublisher | None = None
+        self.worker: RolloutWorker | None = None
+        if ctx.is_main:
+            self._setup_main()
+
+    def _mini_batches(self) -> int:
+        t, g = self.job.spec.training, self.job.spec.algorithm.group_size
+        return 1 if t.mini_batch_size is None else t.prompts_per_step * g // t.mini_batch_size
+
+    def _setup_main(self) -> None:
+        spec, ep = self.job.spec, self.endpoints
+        self.tracker = ProgressTracker(self.job.name, spec.training.total_steps, self.output_dir)
+        if ep.progress_port is not None:
+            self.server = ProgressServer(self.tracker, ep.progress_port).start()
+        if ep.sync_world_size > 1:
+            if ep.sync_addr is None or ep.sync_port is None:
+                raise ConfigError("LORARL_SYNC_ADDR/LORARL_SYNC_PORT are required with sidecars")
+            self.publisher = WeightPublisher(
+                ep.sync_addr, ep.sync_port, ep.sync_world_size, spec.rollout.sync_mode,
+            )  # fmt: skip
+        s = spec.rollout.sampling
+        eos = self.tokenizer.eos_token_id
+        sampling = SamplingParams(
+            max_tokens=spec.data.max_response_tokens,
+            temperature=s.temperature,
+            top_p=s.top_p,
+            top_k=None if s.top_k in (-1, 0) else s.top_k,
+            seed=spec.training.seed,
+            stop_token_ids=(eos,) if eos is not None else (),
+        )
+        ds = spec.algorithm.dynamic_sampling
+        self.worker = RolloutWorker(
+            dataset=self.dataset,
+            sampler=self.sampler,
+            tokenizer=self.tokenizer,
+            client=RolloutClient(ep.rollout, spec.rollout.engine, model_name=SERVED_MODEL_NAME),
+            scorer=self._scorer(),
+            estimator=self.estimator,
+            group_size=spec.algorithm.group_size,
+            max_prompt_tokens=spec.data.max_prompt_tokens,
+            sampling=sampling,
+            dynamic_rounds=ds.max_rounds if ds.enabled else 0,
+        )
+
+    def _scorer(self):
+        reward = self.job.spec.reward
+        if reward.service is not None:
+            from lorarl.rewards.client import RewardServiceClient
+
+            url = self.endpoints.reward or reward.service.url
+            client = RewardServiceClient(
+                url,
+                timeout_s=reward.service.timeout_seconds,
+                max_retries=reward.service.max_retries,
+            )
+            return client.score_texts
+        try:
+            fn = get_reward(reward.function or reward.entrypoint, **reward.params)
+        except ValueError as exc:
+            raise ConfigError(f"spec.reward: {exc}") from exc
+        return partial(score_batch, fn)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def resume(self) -> None:
+        ckpt = self.checkpoints.latest_shared()  # collective: every rank resumes the same step
+        if ckpt is not None:
+            loaded = self.checkpoints.load(ckpt, self.model, self.optimizer)
+            self.state = StepState.from_dict(loaded.trainer_state)
+            log.info("resumed from %s at step %d", ckpt.path, self.state.step)
+            if self.tracker:
+                self.tracker.resume(self.state.step)
+                self.tracker.set_checkpoint(self.state.step, str(ckpt.path))
+        self._publish()  # engines (re)start from exactly the trainer's weights
+
+    def run(self) -> None:
+        total = self.job.spec.training.total_steps
+        try:
+            self.resume()
+            while self.state.step < total:
+                self.train_step()
+            export_adapter(self.model, self.adapter_dir)
+            if self.tracker:
+                self.tracker.finish("Succeeded", adapter_path=str(self.adapter_dir))
+        except BaseException as exc:
+            if self.tracker:
+                self.tracker.finish("Failed", message=str(exc)[:500])
+            raise
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        if self.publisher:
+            self.publisher.close()
+            self.publisher = None
+        if self.server:
+            self.server.stop()
+            self.server = None
+
+    # ------------------------------------------------------------------ one step
+
+    def train_step(self) -> StepRecord | None:
+        spec = self.job.spec
+        step = self.state.step + 1
+        t_start = time.perf_counter()
+        collected = self._collect()
+        samples = collected.samples
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr_at(step, spec.optim.lr, spec.optim.warmup_steps,
+                                spec.training.total_steps, spec.optim.scheduler)  # fmt: skip
+        t_train = time.perf_counter()
+        mine = shard_for_rank(samples, self.ctx.rank, self.ctx.world_size)
+        metrics = update_policy(
+            self.model, self.optimizer, collate(mine, self.pad_id), self.update_cfg
+        )
+        train_s = time.perf_counter() - t_train
+        self.state = StepState(step, collected.position, step)
+        sync = self._publish()
+        record = None
+        if self.ctx.is_main:
+            record = self._record(step, collected, metrics, train_s, sync, t_start)
+            self.tracker.record(record, sync)
+        if step % spec.training.checkpoint_interval == 0 or step == spec.training.total_steps:
+            path = self.checkpoints.save(step, self.model, self.optimizer, self.state.to_dict())
+            if self.tracker:
+                self.tracker.set_checkpoint(step, str(path))
+        return record
+
+    def _collect(self) -> Collected:
+        """Rank 0 generates and scores; everyone gets the same samples (one broadcast)."""
+        box: list = [None]
+        if self.ctx.is_main:
+            mode = self.job.spec.rollout.sync_mode
+            name = adapter_name(self.state.version) if mode == "adapter" else SERVED_MODEL_NAME
+            box[0] = self.worker.collect(self.state.position, self.state.version, name)
+        if dist.is_initialized():
+            dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def _publish(self) -> SyncStatus | None:
+        if self.endpoints.sync_world_size <= 1:
+            return None
+        tensors = gather_adapter(self.model)  # collective
+        if not self.ctx.is_main:
+            return None
+        self.publisher.service_rejoin()
+        return self.publisher.publish(self.model, tensors, self.state.version)
+
+    def _record(self, step, collected: Collected, metrics, train_s, sync, t_start) -> StepRecord:
+        rewards = collected.rewards
+        samples: list[TrainSample] = collected.samples
+        step_s = time.perf_counter() - t_start
+        lengths = [len(s.completion_ids) for s in samples]
+        tokens = collected.generated_tokens + metrics["trained_tokens"]
+        return StepRecord(
+            step=step,
+            time=time.time(),
+            reward_mean=float(rewards.mean()),
+            reward_std=float(rewards.std()) if rewards.numel() > 1 else 0.0,
+            kl=metrics.get("kl"),
+            entropy=metrics.get("entropy"),
+            loss=metrics.get("loss"),
+            clip_fraction=metrics.get("clip_frac"),
+            grad_norm=metrics["grad_norm"],
+            lr=self.optimizer.param_groups[0]["lr"],
+            tokens_per_second=tokens / step_s,
+            response_length_mean=sum(lengths) / max(len(lengths), 1),
+            logprob_mismatch=metrics["logprob_mismatch"],
+            weight_version=min(s.weight_version for s in samples),
+            step_seconds=step_s,
+            generate_seconds=collected.generate_seconds,
+            reward_seconds=collected.reward_seconds,
+            train_seconds=train_s,
+            sync_seconds=sync.seconds if sync else None,
+            sync_bytes=sync.bytes if sync else None,
+        )

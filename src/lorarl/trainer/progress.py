@@ -1,0 +1,154 @@
+"""Rank 0's progress: `GET /progress`, `GET /progress/history`, one JSON log line per step, and
+the same on disk (`progress.json`, `history.jsonl` in the output dir) so a finished run can still
+be shown.
+
+A stdlib HTTP server on purpose: the trainer image should not need a web framework for three
+read-only routes.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+from lorarl.api.progress import Progress, StepRecord
+from lorarl.api.status import CheckpointStatus, SyncStatus
+
+log = logging.getLogger(__name__)
+
+PROGRESS_FILE = "progress.json"
+HISTORY_FILE = "history.jsonl"
+
+
+def write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    tmp.replace(path)
+
+
+def read_history(output_dir: Path) -> list[StepRecord]:
+    path = output_dir / HISTORY_FILE
+    if not path.is_file():
+        return []
+    records = []
+    for line in path.read_text().splitlines():
+        if line.strip():
+            records.append(StepRecord.model_validate_json(line))
+    return records
+
+
+class ProgressTracker:
+    """Thread-safe state behind the endpoint; the training loop is the only writer."""
+
+    def __init__(self, job: str, total_steps: int, output_dir: Path):
+        self._lock = threading.Lock()
+        self.output_dir = output_dir
+        self.history: list[StepRecord] = []
+        self.progress = Progress(
+            job=job, phase="Starting", total_steps=total_steps, started_at=time.time()
+        )
+
+    def resume(self, upto_step: int) -> None:
+        """Keep the recorded steps a restarted run still stands on (drop those it will redo)."""
+        kept = [r for r in read_history(self.output_dir) if r.step <= upto_step]
+        with self._lock:
+            self.history = kept
+            self.progress.step = upto_step
+            self.progress.latest = kept[-1] if kept else None
+        self._write_files(rewrite_history=True)
+
+    def record(self, record: StepRecord, sync: SyncStatus | None) -> None:
+        with self._lock:
+            self.history.append(record)
+            self.progress.phase = "Running"
+            self.progress.step = record.step
+            self.progress.latest = record
+            self.progress.last_sync = sync
+            self.progress.updated_at = time.time()
+        print(json.dumps({"event": "step", **record.wire()}), flush=True)
+        self._write_files(append=record)
+
+    def set_checkpoint(self, step: int, path: str) -> None:
+        with self._lock:
+            self.progress.checkpoint = CheckpointStatus(
+                step=step, path=path, time=_rfc3339(time.time())
+            )
+        self._write_files()
+
+    def finish(self, phase: str, message: str = "", adapter_path: str | None = None) -> None:
+        with self._lock:
+            self.progress.phase = phase
+            self.progress.message = message
+            self.progress.adapter_path = adapter_path
+            self.progress.updated_at = time.time()
+        self._write_files()
+
+    def snapshot(self) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        with self._lock:
+            return self.progress.wire(), [r.wire() for r in self.history]
+
+    def _write_files(self, append: StepRecord | None = None, rewrite_history: bool = False) -> None:
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        progress, history = self.snapshot()
+        write_atomic(self.output_dir / PROGRESS_FILE, json.dumps(progress, indent=2))
+        if rewrite_history:
+            text = "".join(json.dumps(r) + "\n" for r in history)
+            write_atomic(self.output_dir / HISTORY_FILE, text)
+        elif append is not None:
+            with open(self.output_dir / HISTORY_FILE, "a") as f:
+                f.write(json.dumps(append.wire()) + "\n")
+
+
+class ProgressServer:
+    def __init__(self, tracker: ProgressTracker, port: int, host: str = "0.0.0.0"):
+        tracker_ref = tracker
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                progress, history = tracker_ref.snapshot()
+                routes = {
+                    "/progress": progress,
+                    "/progress/history": history,
+                    "/healthz": {"ok": True},
+                }
+                body = routes.get(self.path.split("?", 1)[0])
+                if body is None:
+                    self.send_error(404, "unknown path")
+                    return
+                data = json.dumps(body).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self._server = ThreadingHTTPServer((host, port), Handler)
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    @property
+    def port(self) -> int:
+        return self._server.server_address[1]
+
+    def start(self) -> ProgressServer:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
+def _rfc3339(t: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))

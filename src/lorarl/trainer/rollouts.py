@@ -1,0 +1,123 @@
+"""Rank 0's half of a step: prompts -> samples -> rewards -> advantages (-> DAPO refill)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from lorarl.trainer.advantages import compute_advantages
+from lorarl.trainer.batch import TrainSample
+from lorarl.trainer.data import (
+    DataPosition,
+    PromptDataset,
+    PromptSampler,
+    encode_prompts,
+    prompt_text,
+)
+from lorarl.trainer.dynamic_sampling import DynamicSampler
+from lorarl.trainer.rollout_client import RolloutClient
+from lorarl.trainer.rollout_types import Sample, SamplingParams
+
+
+@dataclass
+class Collected:
+    samples: list[TrainSample]
+    rewards: torch.Tensor  # of every sample generated this step (dropped groups included)
+    position: DataPosition
+    generate_seconds: float
+    reward_seconds: float
+    generated_tokens: int
+    rounds: int = 1
+
+
+@dataclass
+class RolloutWorker:
+    dataset: PromptDataset
+    sampler: PromptSampler
+    tokenizer: object
+    client: RolloutClient
+    scorer: Callable  # (prompts, completions, truths, metadatas) -> list[RewardResult]
+    estimator: str
+    group_size: int
+    max_prompt_tokens: int
+    sampling: SamplingParams
+    dynamic_rounds: int = 0  # 0: dynamic sampling off
+
+    def collect(self, position: DataPosition, version: int, model_name: str) -> Collected:
+        gen_s = rew_s = 0.0
+        tokens = 0
+        all_rewards: list[torch.Tensor] = []
+        dynamic = None
+        if self.dynamic_rounds:
+            dynamic = DynamicSampler(
+                self.sampler.batch_size, self.group_size, max_rounds=self.dynamic_rounds
+            )
+        while True:
+            indices, position = self.sampler.next_batch(position)
+            items = [self.dataset[i] for i in indices]
+            prompt_ids = encode_prompts(
+                self.tokenizer, [it.prompt for it in items], self.max_prompt_tokens
+            )
+            t0 = time.perf_counter()
+            params = self.sampling
+            groups = self.client.generate(
+                prompt_ids, self.group_size, params, model=model_name, expected_version=version
+            )
+            gen_s += time.perf_counter() - t0
+            flat = [s for g in groups for s in g]
+            tokens += sum(len(s.completion_ids) for s in flat)
+            t0 = time.perf_counter()
+            rewards = self._score(items, groups)
+            rew_s += time.perf_counter() - t0
+            all_rewards.append(rewards)
+            if dynamic is None:
+                chosen, chosen_rewards = flat, rewards
+                break
+            dynamic.add(rewards, flat)
+            if dynamic.ready:
+                taken = dynamic.take()
+                if taken.n_groups == 0:  # nothing informative: train on zero advantages
+                    chosen, chosen_rewards = flat, rewards
+                else:
+                    chosen, chosen_rewards = taken.samples, taken.rewards
+                break
+        advantages = compute_advantages(self.estimator, chosen_rewards, self.group_size)
+        samples = [_train_sample(s, float(a), float(r))
+                   for s, a, r in zip(chosen, advantages, chosen_rewards, strict=True)]  # fmt: skip
+        return Collected(
+            samples=samples,
+            rewards=torch.cat(all_rewards),
+            position=position,
+            generate_seconds=gen_s,
+            reward_seconds=rew_s,
+            generated_tokens=tokens,
+            rounds=len(all_rewards),
+        )
+
+    def _score(self, items, groups: list[list[Sample]]) -> torch.Tensor:
+        prompts, completions, truths, metas = [], [], [], []
+        for item, group in zip(items, groups, strict=True):
+            for s in group:
+                prompts.append(prompt_text(item.prompt))
+                completions.append(self._text(s))
+                truths.append(item.answer)
+                metas.append(item.metadata)
+        results = self.scorer(prompts, completions, truths, metas)
+        return torch.tensor([r.score for r in results], dtype=torch.float32)
+
+    def _text(self, sample: Sample) -> str:
+        return self.tokenizer.decode(sample.completion_ids, skip_special_tokens=True)
+
+
+def _train_sample(s: Sample, advantage: float, reward: float) -> TrainSample:
+    return TrainSample(
+        prompt_ids=list(s.prompt_ids),
+        completion_ids=list(s.completion_ids),
+        rollout_logprobs=list(s.logprobs),
+        advantage=advantage,
+        reward=reward,
+        weight_version=s.weight_version,
+    )

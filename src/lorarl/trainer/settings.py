@@ -1,0 +1,85 @@
+"""The trainer's inputs: the rendered job (what to train) and the plan's env (where things are)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from lorarl.api.job import LoRARLJob
+from lorarl.api.validation import ManifestError, load_job_file
+from lorarl.trainer.model import LoraSettings
+
+
+class ConfigError(ValueError):
+    """A job the trainer cannot run; the message is the one line the user sees."""
+
+
+@dataclass(frozen=True)
+class Endpoints:
+    rollout: list[str]
+    sidecars: list[str] = field(default_factory=list)
+    sync_addr: str | None = None
+    sync_port: int | None = None
+    sync_world_size: int = 1
+    reward: str | None = None
+    progress_port: int | None = None
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None) -> Endpoints:
+        env = dict(os.environ) if env is None else env
+
+        def split(name: str) -> list[str]:
+            return [u for u in env.get(name, "").split(",") if u]
+
+        port = env.get("LORARL_SYNC_PORT")
+        progress = env.get("LORARL_PROGRESS_PORT")
+        return cls(
+            rollout=split("LORARL_ROLLOUT_ENDPOINTS"),
+            sidecars=split("LORARL_SIDECAR_ENDPOINTS"),
+            sync_addr=env.get("LORARL_SYNC_ADDR"),
+            sync_port=int(port) if port else None,
+            sync_world_size=int(env.get("LORARL_SYNC_WORLD_SIZE", "1")),
+            reward=env.get("LORARL_REWARD_ENDPOINT"),
+            progress_port=int(progress) if progress else None,
+        )
+
+
+def load_job(path: str | Path) -> LoRARLJob:
+    try:
+        return load_job_file(path)
+    except ManifestError as exc:
+        raise ConfigError(f"job config {path}: {exc}") from exc
+
+
+def lora_settings(job: LoRARLJob) -> LoraSettings:
+    lora = job.spec.lora
+    targets = lora.target_modules
+    return LoraSettings(
+        rank=lora.rank,
+        alpha=lora.alpha,
+        dropout=lora.dropout,
+        target_modules="all-linear" if targets == ["all-linear"] else list(targets),
+        exclude_modules=list(lora.exclude_modules),
+        use_rslora=lora.use_rslora,
+        adapter_path=lora.adapter_path,
+    )
+
+
+def advantage_estimator(job: LoRARLJob) -> str:
+    """The spec's algorithm name -> the advantage estimator in `advantages.py`."""
+    algo = job.spec.algorithm
+    if algo.name == "ppo":
+        raise ConfigError(
+            "spec.algorithm.name: ppo needs a value model (critic), which this trainer does not "
+            "have yet; use grpo, dr_grpo, dapo, rloo or reinforce_pp"
+        )
+    if algo.name == "reinforce_pp":
+        return "reinforce_pp_baseline" if algo.group_size > 1 else "reinforce_pp"
+    return algo.name
+
+
+def output_dirs(job: LoRARLJob) -> tuple[Path, Path, Path]:
+    """(output root, checkpoints, final adapter)."""
+    root = Path(job.spec.training.output_dir)
+    return root, root / "checkpoints", root / "adapter"

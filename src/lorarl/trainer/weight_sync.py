@@ -1,0 +1,84 @@
+"""Trainer side of the weight sync: gather the LoRA tensors (collective), rank 0 broadcasts them
+to every sidecar and waits for every acknowledgement."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+from peft import PeftModel
+
+from lorarl.api.status import SyncStatus
+from lorarl.sync.buckets import SyncHeader
+from lorarl.sync.merge import lora_scaling
+from lorarl.sync.names import group_lora_pairs
+from lorarl.sync.transport import SyncResult, SyncSender
+from lorarl.trainer.model import ADAPTER_NAME, lora_state_dict
+
+log = logging.getLogger(__name__)
+
+
+class SyncFailed(RuntimeError):
+    pass
+
+
+class WeightPublisher:
+    """Owned by rank 0. The group is formed lazily on first publish, so sidecars may start late."""
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        world_size: int,
+        mode: str,
+        backend: str | None = None,
+        timeout_s: float = 600.0,
+    ):
+        self.mode = mode
+        self._sender = SyncSender(host, port, world_size, backend=backend, timeout=timeout_s)
+
+    def publish(
+        self, model: PeftModel, tensors: dict[str, torch.Tensor], version: int
+    ) -> SyncStatus:
+        config = model.peft_config[ADAPTER_NAME]
+        header = SyncHeader(
+            version=version,
+            mode=self.mode,
+            scaling=lora_scaling(config.lora_alpha, config.r, config.use_rslora),
+            rank=config.r,
+            alpha=config.lora_alpha,
+            use_rslora=config.use_rslora,
+            target_modules=tuple(sorted(group_lora_pairs(tensors))),
+        )
+        start = time.perf_counter()
+        result = self._sender.send(tensors, header)
+        self._check(result)
+        return SyncStatus(
+            version=version,
+            seconds=time.perf_counter() - start,
+            bytes=result.stats.bytes,
+            mode=self.mode,
+            time=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        )
+
+    def service_rejoin(self) -> None:
+        """Bring a restarted sidecar back to the latest version without stopping training."""
+        result = self._sender.service_rejoin()
+        if result is not None:
+            log.info("re-synced version %d after a sidecar rejoined", result.version)
+            self._check(result)
+
+    def close(self) -> None:
+        self._sender.close()
+
+    @staticmethod
+    def _check(result: SyncResult) -> None:
+        if not result.ok:
+            details = "; ".join(f"sidecar {a.rank}: {a.message}" for a in result.failed)
+            raise SyncFailed(f"weight sync of version {result.version} failed: {details}")
+
+
+def gather_adapter(model: PeftModel) -> dict[str, torch.Tensor]:
+    """Collective on every rank (FSDP's full_tensor); PEFT-named full LoRA tensors."""
+    return lora_state_dict(model)
