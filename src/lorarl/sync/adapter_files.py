@@ -4,6 +4,7 @@ mode (adapter_model.safetensors + adapter_config.json, exactly as `save_pretrain
 from __future__ import annotations
 
 import copy
+import hashlib
 from pathlib import Path
 
 import torch
@@ -25,3 +26,14 @@ def write_adapter_dir(tensors: dict[str, torch.Tensor], config: LoraConfig, out_
     cfg.save_pretrained(str(out_dir))
     plain = {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
     save_file(plain, str(out_dir / ADAPTER_WEIGHTS), metadata={"format": "pt"})
+
+
+def adapter_fingerprint(tensors: dict[str, torch.Tensor]) -> str:
+    """sha256 over names and exact bytes: equal fingerprints mean bit-identical adapters."""
+    digest = hashlib.sha256()
+    for name in sorted(tensors):
+        t = tensors[name].detach().cpu().contiguous()
+        digest.update(name.encode())
+        digest.update(str(t.dtype).encode())
+        digest.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return digest.hexdigest()[:16]

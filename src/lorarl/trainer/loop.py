@@ -21,6 +21,7 @@ from lorarl.api.progress import StepRecord
 from lorarl.api.status import SyncStatus
 from lorarl.plan.engines import SERVED_MODEL_NAME
 from lorarl.rewards import get_reward, score_batch
+from lorarl.sync.adapter_files import adapter_fingerprint
 from lorarl.sync.protocol import adapter_name
 from lorarl.trainer.batch import TrainSample, collate, shard_for_rank
 from lorarl.trainer.checkpoint import CheckpointManager, export_adapter
@@ -86,8 +87,8 @@ class Trainer:
         self.sampler = PromptSampler(
             len(self.dataset), spec.training.prompts_per_step, spec.data.seed, spec.data.shuffle
         )
-        self.tokenizer = AutoTokenizer.from_pretrained(spec.model.path)
         base = load_base_model(spec.model.path, spec.model.dtype)
+        self.tokenizer = AutoTokenizer.from_pretrained(spec.model.path)
         self.model = apply_lora(base, lora_settings(job))
         shard_model(self.model, ctx, mixed_precision=spec.trainer.fsdp.mixed_precision)
         o = spec.optim
@@ -186,7 +187,11 @@ class Trainer:
         if ckpt is not None:
             loaded = self.checkpoints.load(ckpt, self.model, self.optimizer)
             self.state = StepState.from_dict(loaded.trainer_state)
-            log.info("resumed from %s at step %d", ckpt.path, self.state.step)
+            fingerprint = adapter_fingerprint(gather_adapter(self.model))  # collective
+            log.info(
+                "resumed from %s at step %d (data position %s, adapter %s)",
+                ckpt.path, self.state.step, self.state.position.to_dict(), fingerprint,
+            )  # fmt: skip
             if self.tracker:
                 self.tracker.resume(self.state.step)
                 self.tracker.set_checkpoint(self.state.step, str(ckpt.path))
