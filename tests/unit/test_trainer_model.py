@@ -49,8 +49,10 @@ def expected_lora_params(arch: str, rank: int, suffixes=LINEAR_SUFFIXES) -> int:
     c = tiny_config(arch)
     q_out, kv_out = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
     dims = {
-        "q_proj": (c.hidden_size, q_out), "k_proj": (c.hidden_size, kv_out),
-        "v_proj": (c.hidden_size, kv_out), "o_proj": (q_out, c.hidden_size),
+        "q_proj": (c.hidden_size, q_out),
+        "k_proj": (c.hidden_size, kv_out),
+        "v_proj": (c.hidden_size, kv_out),
+        "o_proj": (q_out, c.hidden_size),
         "gate_proj": (c.hidden_size, c.intermediate_size),
         "up_proj": (c.hidden_size, c.intermediate_size),
         "down_proj": (c.intermediate_size, c.hidden_size),
@@ -88,9 +90,13 @@ def test_load_base_model_dtype(llama_dir):
 
 @pytest.mark.parametrize(
     ("field", "kwargs"),
-    [("lora.rank", {"rank": 0}), ("lora.alpha", {"alpha": -1}), ("lora.dropout", {"dropout": 1.0}),
-     ("lora.targetModules", {"target_modules": []}),
-     ("lora.targetModules", {"target_modules": "all-linearish"})],
+    [
+        ("lora.rank", {"rank": 0}),
+        ("lora.alpha", {"alpha": -1}),
+        ("lora.dropout", {"dropout": 1.0}),
+        ("lora.targetModules", {"target_modules": []}),
+        ("lora.targetModules", {"target_modules": "all-linearish"}),
+    ],
 )
 def test_lora_settings_validation_names_field(field, kwargs):
     with pytest.raises(ValueError, match=re.escape(field)):
@@ -109,8 +115,9 @@ def test_apply_lora_only_lora_trainable(arch_model):
 
 
 def test_apply_lora_target_list_and_exclude(llama_dir):
-    settings = LoraSettings(rank=2, alpha=4, target_modules=["q_proj", "v_proj", "o_proj"],
-                            exclude_modules=["o_proj"])
+    settings = LoraSettings(
+        rank=2, alpha=4, target_modules=["q_proj", "v_proj", "o_proj"], exclude_modules=["o_proj"]
+    )
     model = apply_lora(load_base_model(llama_dir), settings)
     adapted = {n.split(".lora_")[0].rsplit(".", 1)[-1] for n, _ in lora_parameters(model)}
     assert adapted == {"q_proj", "v_proj"}
@@ -148,8 +155,10 @@ def saved_adapter(llama_dir, tmp_path_factory):
     """A rank-4 adapter written by PEFT itself with an explicit suffix list."""
     out = tmp_path_factory.mktemp("adapter")
     torch.manual_seed(3)
-    model = get_peft_model(load_base_model(llama_dir),
-                           LoraConfig(r=4, lora_alpha=8, target_modules=list(LINEAR_SUFFIXES)))
+    model = get_peft_model(
+        load_base_model(llama_dir),
+        LoraConfig(r=4, lora_alpha=8, target_modules=list(LINEAR_SUFFIXES)),
+    )
     for _, p in lora_parameters(model):
         torch.nn.init.normal_(p)
     model.save_pretrained(out)
@@ -165,8 +174,11 @@ def test_adapter_path_rank_mismatch_names_both(llama_dir, saved_adapter):
 
 @pytest.mark.parametrize(
     ("kwargs", "message"),
-    [({"alpha": 16}, "alpha 8"), ({"use_rslora": True}, "use_rslora"),
-     ({"target_modules": ["q_proj"]}, "targets different modules")],
+    [
+        ({"alpha": 16}, "alpha 8"),
+        ({"use_rslora": True}, "use_rslora"),
+        ({"target_modules": ["q_proj"]}, "targets different modules"),
+    ],
 )
 def test_adapter_path_other_mismatches(llama_dir, saved_adapter, kwargs, message):
     path, _ = saved_adapter
@@ -183,8 +195,9 @@ def test_adapter_path_missing_config(llama_dir, tmp_path):
 def test_adapter_path_resumes_weights_trainable(llama_dir, saved_adapter):
     path, weights = saved_adapter
     # "all-linear" and the explicit list of all seven projections adapt the same modules
-    model = apply_lora(load_base_model(llama_dir),
-                       LoraSettings(rank=4, alpha=8, adapter_path=str(path)))
+    model = apply_lora(
+        load_base_model(llama_dir), LoraSettings(rank=4, alpha=8, adapter_path=str(path))
+    )
     got = lora_state_dict(model)
     assert got.keys() == weights.keys()
     assert all(torch.equal(got[k], weights[k]) for k in got)
@@ -292,8 +305,13 @@ def test_shard_model_one_rank_gloo_matches_unsharded(llama_dir, monkeypatch):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0",
-           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    env = {
+        "RANK": "0",
+        "WORLD_SIZE": "1",
+        "LOCAL_RANK": "0",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+    }
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     ids, attn, resp = _batch()

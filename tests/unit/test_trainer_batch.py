@@ -1,0 +1,48 @@
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lorarl.trainer.batch import TrainSample, collate, shard_for_rank
+
+
+def sample(p: int, c: int, adv: float = 1.0) -> TrainSample:
+    return TrainSample(list(range(1, p + 1)), list(range(50, 50 + c)), [-0.5] * c, adv, 1.0, 0)
+
+
+def test_collate_masks_mark_exactly_the_completion_tokens():
+    b = collate([sample(3, 2), sample(1, 4, adv=-1.0)], pad_id=0)
+    assert b.input_ids.tolist() == [[1, 2, 3, 50, 51], [1, 50, 51, 52, 53]]
+    assert b.attention_mask.tolist() == [[1, 1, 1, 1, 1], [1, 1, 1, 1, 1]]
+    assert b.response_mask.tolist() == [[0, 0, 0, 1, 1], [0, 1, 1, 1, 1]]
+    assert b.rollout_logprobs[0].tolist() == [0, 0, 0, -0.5, -0.5]
+    assert b.advantages.tolist() == [1.0, -1.0]
+
+
+def test_collate_right_pads_shorter_rows():
+    b = collate([sample(2, 1), sample(2, 3)], pad_id=7)
+    assert b.input_ids[0].tolist() == [1, 2, 50, 7, 7]
+    assert b.attention_mask[0].tolist() == [1, 1, 1, 0, 0]
+    assert b.response_mask[0].tolist() == [0, 0, 1, 0, 0]
+
+
+def test_collate_rejects_an_empty_batch():
+    with pytest.raises(ValueError, match="empty"):
+        collate([], pad_id=0)
+
+
+@pytest.mark.parametrize(("n", "world"), [(8, 2), (7, 2), (5, 3), (1, 4)])
+def test_every_rank_gets_the_same_number_of_rows_and_every_sample_once(n, world):
+    samples = [sample(2, 2, adv=float(i)) for i in range(n)]
+    shards = [shard_for_rank(samples, r, world) for r in range(world)]
+    assert len({len(s) for s in shards}) == 1  # equal micro-batch counts: no FSDP hang
+    real = [s.advantage for shard in shards for s in shard if s.completion_ids]
+    assert sorted(real) == [float(i) for i in range(n)]
+    filler = [s for shard in shards for s in shard if not s.completion_ids]
+    assert all(collate([f], 0).response_mask.sum() == 0 for f in filler)  # adds no loss
+
+
+def test_shard_filler_has_no_response_tokens():
+    shard = shard_for_rank([sample(2, 2)], rank=1, world_size=2)
+    assert len(shard) == 1 and shard[0].completion_ids == []
+    assert torch.count_nonzero(collate(shard, 0).response_mask) == 0

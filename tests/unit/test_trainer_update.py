@@ -1,0 +1,90 @@
+"""The update equals the loss of the whole batch aggregated once, however it is split."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+from peft import LoraConfig, get_peft_model
+from transformers import AutoModelForCausalLM
+
+from lorarl.trainer.batch import TrainSample, collate
+from lorarl.trainer.loop import lr_at
+from lorarl.trainer.losses import LossConfig
+from lorarl.trainer.update import UpdateConfig, update_policy
+from tests.support.tiny_models import tiny_config
+
+
+@pytest.fixture(scope="module")
+def policy():
+    torch.manual_seed(0)
+    base = AutoModelForCausalLM.from_config(tiny_config("llama", init_std=0.1))
+    model = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear"))
+    with torch.no_grad():  # non-zero B so A also gets gradients
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.05)
+    return model
+
+
+def batch():
+    g = torch.Generator().manual_seed(1)
+    samples = []
+    for i in range(6):
+        p, c = 3 + i % 2, 2 + i % 3
+        ids = torch.randint(4, 100, (p + c,), generator=g).tolist()
+        samples.append(TrainSample(ids[:p], ids[p:], [-4.0] * c, float(i % 3 - 1), 0.0, 0))
+    return collate(samples, pad_id=0)
+
+
+def grads_after_update(policy, micro: int, agg: str) -> dict[str, torch.Tensor]:
+    model = copy.deepcopy(policy)
+    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.0)
+    cfg = UpdateConfig(LossConfig(agg=agg), micro_batch_size=micro, grad_clip=1e9)
+    metrics = update_policy(model, opt, batch(), cfg)
+    assert math.isfinite(metrics["loss"]) and metrics["trained_tokens"] > 0
+    return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"])
+def test_micro_batching_does_not_change_the_gradient(policy, agg):
+    whole = grads_after_update(policy, micro=6, agg=agg)
+    split = grads_after_update(policy, micro=2, agg=agg)
+    uneven = grads_after_update(policy, micro=4, agg=agg)
+    assert whole and set(whole) == set(split)
+    for name in whole:
+        torch.testing.assert_close(split[name], whole[name], rtol=1e-4, atol=1e-7)
+        torch.testing.assert_close(uneven[name], whole[name], rtol=1e-4, atol=1e-7)
+
+
+def test_update_moves_only_lora_and_reports_metrics(policy):
+    model = copy.deepcopy(policy)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    cfg = UpdateConfig(LossConfig(kl_coef=0.1), micro_batch_size=3)
+    metrics = update_policy(model, opt, batch(), cfg)
+    changed = {n for n, p in model.named_parameters() if not torch.equal(p, before[n])}
+    assert changed and all(".lora_" in n for n in changed)
+    assert {"loss", "kl", "entropy", "clip_frac", "grad_norm", "logprob_mismatch"} <= set(metrics)
+    # B is non-zero, so the policy already differs from the base (adapter disabled)
+    assert metrics["kl"] != 0.0
+
+
+def test_multiple_mini_batches_take_several_optimizer_steps(policy):
+    model = copy.deepcopy(policy)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    update_policy(model, opt, batch(), UpdateConfig(LossConfig(), micro_batch_size=2,
+                                                    mini_batches=3, epochs=2))  # fmt: skip
+    steps = {int(s["step"]) for s in opt.state.values()}
+    assert steps == {6}  # 3 mini-batches x 2 epochs
+
+
+def test_lr_schedule():
+    assert lr_at(1, 1e-3, warmup=4, total=10, schedule="constant") == pytest.approx(2.5e-4)
+    assert lr_at(4, 1e-3, warmup=4, total=10, schedule="constant") == pytest.approx(1e-3)
+    assert lr_at(9, 1e-3, warmup=4, total=10, schedule="constant") == pytest.approx(1e-3)
+    assert lr_at(4, 1e-3, warmup=4, total=10, schedule="cosine") == pytest.approx(1e-3)
+    assert lr_at(7, 1e-3, warmup=4, total=10, schedule="cosine") == pytest.approx(5e-4)
+    assert lr_at(10, 1e-3, warmup=4, total=10, schedule="cosine") == pytest.approx(0.0, abs=1e-12)
