@@ -6,10 +6,11 @@ import json
 
 import pytest
 
+from lorarl.api import run_files
 from lorarl.api.job import LoRARLJob
 from lorarl.api.progress import Progress
 from lorarl.api.status import SyncStatus
-from lorarl.server.stores import JobNotFound, LocalStore, run_files
+from lorarl.server.stores import JobNotFound, LocalStore
 from tests.support.fake_trainer import FakeTrainer, make_record
 
 

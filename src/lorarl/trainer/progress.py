@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -18,32 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from lorarl.api.progress import Progress, StepRecord
+from lorarl.api.run_files import append_history, read_history, write_history, write_progress
 from lorarl.api.status import CheckpointStatus, SyncStatus
 
 log = logging.getLogger(__name__)
-
-PROGRESS_FILE = "progress.json"
-HISTORY_FILE = "history.jsonl"
-
-
-def write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    tmp.replace(path)
-
-
-def read_history(output_dir: Path) -> list[StepRecord]:
-    path = output_dir / HISTORY_FILE
-    if not path.is_file():
-        return []
-    records = []
-    for line in path.read_text().splitlines():
-        if line.strip():
-            records.append(StepRecord.model_validate_json(line))
-    return records
 
 
 class ProgressTracker:
@@ -97,15 +74,13 @@ class ProgressTracker:
             return self.progress.wire(), [r.wire() for r in self.history]
 
     def _write_files(self, append: StepRecord | None = None, rewrite_history: bool = False) -> None:
-        self.output_dir.mkdir(parents=True, exist_ok=True)
-        progress, history = self.snapshot()
-        write_atomic(self.output_dir / PROGRESS_FILE, json.dumps(progress, indent=2))
+        with self._lock:
+            progress, history = self.progress.model_copy(deep=True), list(self.history)
+        write_progress(self.output_dir, progress)
         if rewrite_history:
-            text = "".join(json.dumps(r) + "\n" for r in history)
-            write_atomic(self.output_dir / HISTORY_FILE, text)
+            write_history(self.output_dir, history)
         elif append is not None:
-            with open(self.output_dir / HISTORY_FILE, "a") as f:
-                f.write(json.dumps(append.wire()) + "\n")
+            append_history(self.output_dir, append)
 
 
 class ProgressServer:

@@ -13,12 +13,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from lorarl.api import run_files
 from lorarl.api.job import LoRARLJob
 from lorarl.api.progress import Progress, StepRecord
 from lorarl.api.status import LoRARLJobStatus
 from lorarl.server import views
 from lorarl.server.models import JobDetail, JobMetrics, JobSummary
-from lorarl.server.stores import run_files
 from lorarl.server.stores.base import JobNotFound
 from lorarl.server.stores.progress_client import ProgressClient, TrainerUnreachable
 

@@ -73,3 +73,12 @@ def read_history(run_dir: str | os.PathLike[str]) -> list[StepRecord]:
                 break
             raise RunFilesError(f"{path}:{number}: not a valid step record: {exc}") from exc
     return records
+
+
+def write_history(run_dir: str | os.PathLike[str], records: list[StepRecord]) -> None:
+    """Replace the history atomically (a resumed run drops the steps it will redo)."""
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    tmp = run_dir / f".{HISTORY_FILE}.tmp"
+    tmp.write_text("".join(json.dumps(r.wire()) + "\n" for r in records), encoding="utf-8")
+    os.replace(tmp, run_dir / HISTORY_FILE)
