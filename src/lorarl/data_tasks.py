@@ -13,7 +13,15 @@ import random
 from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["TASKS", "addition", "larger", "make_rows", "repeat", "write_task_jsonl"]
+__all__ = [
+    "TASKS",
+    "addition",
+    "larger",
+    "make_rows",
+    "next_letter",
+    "repeat",
+    "write_task_jsonl",
+]
 
 Row = dict[str, str]
 
@@ -38,7 +46,20 @@ def repeat(rng: random.Random, digits: int = 4) -> Row:
     return {"prompt": f"Repeat this number: {n}. Answer with just the number.", "answer": str(n)}
 
 
-TASKS: dict[str, Callable[..., Row]] = {"addition": addition, "larger": larger, "repeat": repeat}
+def next_letter(rng: random.Random, letters: str = "abcdefgh") -> Row:
+    """For tiny random models (the quickstart): "after c" -> "d", scored by `regex_match` on the
+    row's `pattern` (the letter within the first four characters)."""
+    c = rng.choice(letters)
+    nxt = chr(ord(c) + 1)
+    return {"prompt": f"after {c}", "answer": nxt, "pattern": f"^.{{0,3}}{nxt}"}
+
+
+TASKS: dict[str, Callable[..., Row]] = {
+    "addition": addition,
+    "larger": larger,
+    "repeat": repeat,
+    "next-letter": next_letter,
+}
 
 
 def make_rows(task: str, n: int, seed: int = 0, **kwargs: int) -> list[Row]:

@@ -14,12 +14,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import socket
 import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -32,7 +30,10 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from lorarl.server.serve import serve_in_thread
 from tests.support.hf_engine_updates import add_weight_update_routes
+
+__all__ = ["create_app", "serve_in_thread"]
 
 
 @dataclass
@@ -103,12 +104,22 @@ class HFEngine:
 
     @torch.no_grad()
     def sample(
-        self, prompt: list[int], n: int, max_tokens: int, temperature: float, top_p: float,
-        top_k: int, seed: int | None, stop_ids: list[int], scaled_logprobs: bool, n_top: int,
+        self,
+        prompt: list[int],
+        n: int,
+        max_tokens: int,
+        temperature: float,
+        top_p: float,
+        top_k: int,
+        seed: int | None,
+        stop_ids: list[int],
+        scaled_logprobs: bool,
+        n_top: int,
         model_name: str | None = None,
     ) -> list[Completion]:
-        gen = torch.Generator().manual_seed(seed if seed is not None else
-                                            int.from_bytes(uuid.uuid4().bytes[:7], "little"))
+        gen = torch.Generator().manual_seed(
+            seed if seed is not None else int.from_bytes(uuid.uuid4().bytes[:7], "little")
+        )
         with self._lock:
             self._activate(model_name or self.base_name)
             out = self.model(input_ids=torch.tensor([prompt] * n), use_cache=True)
@@ -118,8 +129,11 @@ class HFEngine:
                 logits = out.logits[:, -1, :].float()
                 raw = torch.log_softmax(logits, dim=-1)
                 chosen = _choose(logits, temperature, top_p, top_k, gen)
-                reported = torch.log_softmax(logits / temperature, dim=-1) \
-                    if scaled_logprobs and temperature > 0 else raw
+                reported = (
+                    torch.log_softmax(logits / temperature, dim=-1)
+                    if scaled_logprobs and temperature > 0
+                    else raw
+                )
                 top_v, top_i = raw.topk(n_top, dim=-1) if n_top else (None, None)
                 for r in range(n):
                     if done[r]:
@@ -128,21 +142,24 @@ class HFEngine:
                     rows[r].ids.append(tok)
                     rows[r].logprobs.append(float(reported[r, tok]))
                     if top_i is not None:
-                        rows[r].top.append([(int(i), float(v))
-                                            for i, v in zip(top_i[r], top_v[r], strict=True)])
+                        rows[r].top.append(
+                            [(int(i), float(v)) for i, v in zip(top_i[r], top_v[r], strict=True)]
+                        )
                     if tok in self.eos_ids or tok in stop_ids:
                         done[r] = True
                         rows[r].finish = "stop"
                         rows[r].stop_token = tok if tok in stop_ids else None
                 if all(done):
                     break
-                out = self.model(input_ids=chosen[:, None], past_key_values=out.past_key_values,
-                                 use_cache=True)
+                out = self.model(
+                    input_ids=chosen[:, None], past_key_values=out.past_key_values, use_cache=True
+                )
         return rows
 
 
-def _choose(logits: torch.Tensor, temperature: float, top_p: float, top_k: int,
-            gen: torch.Generator) -> torch.Tensor:
+def _choose(
+    logits: torch.Tensor, temperature: float, top_p: float, top_k: int, gen: torch.Generator
+) -> torch.Tensor:
     if temperature == 0:
         return logits.argmax(dim=-1)
     logits = logits / temperature
@@ -257,21 +274,41 @@ def create_app(
             return _error(problem, 400)
         choices = []
         for prompt in prompts:
-            rows = await anyio.to_thread.run_sync(lambda p=prompt: engine.sample(
-                p, req.n, req.max_tokens, req.temperature, req.top_p, req.top_k or -1,
-                req.seed, req.stop_token_ids, False, req.logprobs or 0, name))
+            rows = await anyio.to_thread.run_sync(
+                lambda p=prompt: engine.sample(
+                    p,
+                    req.n,
+                    req.max_tokens,
+                    req.temperature,
+                    req.top_p,
+                    req.top_k or -1,
+                    req.seed,
+                    req.stop_token_ids,
+                    False,
+                    req.logprobs or 0,
+                    name,
+                )
+            )
             for row in rows:
                 choices.append(_vllm_choice(engine, row, len(choices), req))
         completion_tokens = sum(len(c["_ids"]) for c in choices)
         prompt_tokens = sum(len(p) for p in prompts)  # type: ignore[arg-type]
         for c in choices:
             del c["_ids"]
-        return JSONResponse({
-            "id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion",
-            "created": int(time.time()), "model": name, "choices": choices,
-            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                      "total_tokens": prompt_tokens + completion_tokens},
-        })
+        return JSONResponse(
+            {
+                "id": f"cmpl-{uuid.uuid4().hex}",
+                "object": "text_completion",
+                "created": int(time.time()),
+                "model": name,
+                "choices": choices,
+                "usage": {
+                    "prompt_tokens": prompt_tokens,
+                    "completion_tokens": completion_tokens,
+                    "total_tokens": prompt_tokens + completion_tokens,
+                },
+            }
+        )
 
     add_weight_update_routes(app, engine, known_models)
 
@@ -294,11 +331,23 @@ def create_app(
             return _error(problem, 400)
         outputs = []
         for prompt in prompts:
-            rows = await anyio.to_thread.run_sync(lambda p=prompt: engine.sample(
-                p, sp.n, sp.max_new_tokens, sp.temperature, sp.top_p, sp.top_k,
-                sp.sampling_seed, sp.stop_token_ids or [], True, 0))
-            outputs += [_sglang_output(engine, row, prompt, req, controls.weight_version)
-                        for row in rows]
+            rows = await anyio.to_thread.run_sync(
+                lambda p=prompt: engine.sample(
+                    p,
+                    sp.n,
+                    sp.max_new_tokens,
+                    sp.temperature,
+                    sp.top_p,
+                    sp.top_k,
+                    sp.sampling_seed,
+                    sp.stop_token_ids or [],
+                    True,
+                    0,
+                )
+            )
+            outputs += [
+                _sglang_output(engine, row, prompt, req, controls.weight_version) for row in rows
+            ]
         return JSONResponse(outputs[0] if single and sp.n == 1 else outputs)
 
     return app
@@ -311,20 +360,27 @@ def _check_lengths(engine: HFEngine, prompts: list[list[int]], max_tokens: int) 
         if any(t < 0 or t >= engine.vocab_size for t in prompt):
             return f"token id out of vocabulary (size {engine.vocab_size})"
         if len(prompt) + max_tokens > engine.max_len:
-            return (f"This model's maximum context length is {engine.max_len} tokens. However, "
-                    f"you requested {len(prompt) + max_tokens} tokens ({len(prompt)} in the "
-                    f"messages, {max_tokens} in the completion).")
+            return (
+                f"This model's maximum context length is {engine.max_len} tokens. However, "
+                f"you requested {len(prompt) + max_tokens} tokens ({len(prompt)} in the "
+                f"messages, {max_tokens} in the completion)."
+            )
     return None
 
 
-def _vllm_choice(engine: HFEngine, row: Completion, index: int,
-                 req: VllmCompletionRequest) -> dict[str, Any]:
+def _vllm_choice(
+    engine: HFEngine, row: Completion, index: int, req: VllmCompletionRequest
+) -> dict[str, Any]:
     text = engine.tokenizer.decode(row.ids, skip_special_tokens=req.skip_special_tokens)
     logprobs = None
     if req.logprobs is not None:
+
         def name(tok: int) -> str:
-            return (f"token_id:{tok}" if req.return_tokens_as_token_ids
-                    else engine.tokenizer.convert_ids_to_tokens(tok))
+            return (
+                f"token_id:{tok}"
+                if req.return_tokens_as_token_ids
+                else engine.tokenizer.convert_ids_to_tokens(tok)
+            )
 
         tokens = [name(t) for t in row.ids]
         offsets, pos = [], 0
@@ -337,68 +393,71 @@ def _vllm_choice(engine: HFEngine, row: Completion, index: int,
             for alt, lp in row.top[i][: req.logprobs] if row.top else []:
                 entry.setdefault(name(alt), max(lp, -9999.0))
             top.append(entry)
-        logprobs = {"text_offset": offsets, "token_logprobs": [max(v, -9999.0)
-                                                               for v in row.logprobs],
-                    "tokens": tokens, "top_logprobs": top}
-    return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": row.finish,
-            "stop_reason": row.stop_token, "prompt_logprobs": None, "_ids": row.ids}
+        logprobs = {
+            "text_offset": offsets,
+            "token_logprobs": [max(v, -9999.0) for v in row.logprobs],
+            "tokens": tokens,
+            "top_logprobs": top,
+        }
+    return {
+        "index": index,
+        "text": text,
+        "logprobs": logprobs,
+        "finish_reason": row.finish,
+        "stop_reason": row.stop_token,
+        "prompt_logprobs": None,
+        "_ids": row.ids,
+    }
 
 
-def _sglang_output(engine: HFEngine, row: Completion, prompt: list[int],
-                   req: SglangGenerateRequest, weight_version: str) -> dict[str, Any]:
-    finish: dict[str, Any] = ({"type": "length", "length": len(row.ids)}
-                              if row.finish == "length" else
-                              {"type": "stop", "matched": row.ids[-1]})
+def _sglang_output(
+    engine: HFEngine,
+    row: Completion,
+    prompt: list[int],
+    req: SglangGenerateRequest,
+    weight_version: str,
+) -> dict[str, Any]:
+    finish: dict[str, Any] = (
+        {"type": "length", "length": len(row.ids)}
+        if row.finish == "length"
+        else {"type": "stop", "matched": row.ids[-1]}
+    )
     meta: dict[str, Any] = {
-        "id": req.rid or uuid.uuid4().hex, "finish_reason": finish,
-        "prompt_tokens": len(prompt), "completion_tokens": len(row.ids), "cached_tokens": 0,
+        "id": req.rid or uuid.uuid4().hex,
+        "finish_reason": finish,
+        "prompt_tokens": len(prompt),
+        "completion_tokens": len(row.ids),
+        "cached_tokens": 0,
         "weight_version": weight_version,
     }
     if req.return_logprob:
+
         def text(t: int) -> str | None:
             return engine.tokenizer.decode([t]) if req.return_text_in_logprobs else None
 
         meta["input_token_logprobs"] = [[None, prompt[-1], text(prompt[-1])]]
-        meta["output_token_logprobs"] = [[lp, t, text(t)]
-                                         for lp, t in zip(row.logprobs, row.ids, strict=True)]
-    return {"text": engine.tokenizer.decode(row.ids, skip_special_tokens=
-                                            req.sampling_params.skip_special_tokens),
-            "output_ids": row.ids, "meta_info": meta}
+        meta["output_token_logprobs"] = [
+            [lp, t, text(t)] for lp, t in zip(row.logprobs, row.ids, strict=True)
+        ]
+    return {
+        "text": engine.tokenizer.decode(
+            row.ids, skip_special_tokens=req.sampling_params.skip_special_tokens
+        ),
+        "output_ids": row.ids,
+        "meta_info": meta,
+    }
 
 
 def _error(message: str, status: int, kind: str = "BadRequestError") -> JSONResponse:
     if status >= 500:
         kind = "InternalServerError"
-    return JSONResponse({"error": {"message": message, "type": kind, "param": None,
-                                   "code": status}}, status_code=status)
+    return JSONResponse(
+        {"error": {"message": message, "type": kind, "param": None, "code": status}},
+        status_code=status,
+    )
 
 
 # ---------------------------------------------------------------------------------- serving
-
-
-def serve_in_thread(app: FastAPI, host: str = "127.0.0.1") -> tuple[str, Callable[[], None]]:
-    """Serve `app` on an ephemeral port in a daemon thread; returns (base URL, stop)."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, 0))
-    port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off",
-                                           timeout_graceful_shutdown=1))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            sock.close()
-            raise RuntimeError(f"test engine server on {host}:{port} did not start")
-        time.sleep(0.01)
-
-    def stop() -> None:
-        server.should_exit = True
-        thread.join(timeout=10)
-        sock.close()
-
-    return f"http://{host}:{port}", stop
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -410,8 +469,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--lora-name", action="append", default=[], dest="lora_names")
     parser.add_argument("--api-key", default=None)
     args = parser.parse_args(argv)
-    app = create_app(args.model, served_model_name=args.served_model_name,
-                     lora_names=tuple(args.lora_names), api_key=args.api_key)
+    app = create_app(
+        args.model,
+        served_model_name=args.served_model_name,
+        lora_names=tuple(args.lora_names),
+        api_key=args.api_key,
+    )
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
 
 

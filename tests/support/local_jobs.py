@@ -57,7 +57,7 @@ def letter_job(root: Path, *, name: str = "learn", **overrides: Any) -> LoRARLJo
             "kind": "LoRARLJob",
             "metadata": {"name": name},
             "spec": spec,
-        }  # fmt: skip
+        }
     )
 
 

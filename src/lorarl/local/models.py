@@ -65,3 +65,25 @@ def prepare_smollm2(cache_dir: str | Path = DEFAULT_CACHE) -> Path:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out
+
+
+TINY_NAME = "tiny-llama"
+
+
+def prepare_tiny_llama(cache_dir: str | Path = DEFAULT_CACHE) -> Path:
+    """A 2-layer Llama with a character tokenizer, random weights (seeded): the quickstart's model.
+
+    It knows nothing, which is the point: its rising reward can only come from the RL loop."""
+    from lorarl.local.tiny import make_tiny_model
+
+    out = Path(cache_dir) / TINY_NAME
+    if (out / "config.json").is_file():
+        return out
+    tmp = out.with_name(f".tmp-{out.name}-{uuid.uuid4().hex[:8]}")
+    try:
+        make_tiny_model(tmp, "llama", seed=0, init_std=0.1)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp.rename(out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out

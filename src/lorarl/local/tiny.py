@@ -1,0 +1,90 @@
+"""Tiny causal LMs and a character tokenizer built from configs: the quickstart's model and the
+tests' (nothing comes from a model hub).
+
+Head dim 64 because vLLM's CPU attention rejects 16; a character vocabulary so arithmetic and
+"repeat this" tasks tokenize one symbol per token.
+"""
+
+from __future__ import annotations
+
+import string
+from pathlib import Path
+
+import torch
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+from transformers import (
+    AutoModelForCausalLM,
+    LlamaConfig,
+    PreTrainedTokenizerFast,
+    Qwen2Config,
+)
+
+SPECIAL_TOKENS = ["<pad>", "<s>", "</s>", "<unk>"]
+CHARS = list(string.digits + string.ascii_letters + string.punctuation + " \n")
+VOCAB_SIZE = 128  # len(SPECIAL_TOKENS) + len(CHARS) == 100, rounded up
+
+CHAT_TEMPLATE = (
+    "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}assistant: {% endif %}"
+)
+
+
+def make_tokenizer() -> PreTrainedTokenizerFast:
+    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS + CHARS)}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(pattern=Regex(r"[\s\S]"), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        pad_token="<pad>",
+        bos_token="<s>",
+        eos_token="</s>",
+        unk_token="<unk>",
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def tiny_config(arch: str = "llama", layers: int = 2, hidden: int = 128, init_std: float = 0.02):
+    common = dict(
+        initializer_range=init_std,
+        vocab_size=VOCAB_SIZE,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=hidden // 64,
+        num_key_value_heads=1,
+        head_dim=64,
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
+    if arch == "llama":
+        return LlamaConfig(**common)
+    if arch == "qwen2":
+        return Qwen2Config(**common)
+    raise ValueError(f"unknown tiny arch {arch!r}")
+
+
+def make_tiny_model(
+    path: str | Path,
+    arch: str = "llama",
+    seed: int = 0,
+    layers: int = 2,
+    hidden: int = 128,
+    init_std: float = 0.02,
+) -> Path:
+    """Write a randomly initialised model + tokenizer as a Hugging Face folder (fp32).
+
+    RL tests want `init_std` around 0.1: with 0.02 the untrained output head and the final norm
+    cap every logit near +-2.5, so no LoRA update can make any token confident.
+    """
+    path = Path(path)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(tiny_config(arch, layers, hidden, init_std))
+    model.to(torch.float32)
+    model.save_pretrained(path, safe_serialization=True)
+    make_tokenizer().save_pretrained(path)
+    return path
