@@ -1,0 +1,138 @@
+"""Operator scale: 200 LoRARLJobs created at once against the Kubernetes API emulator.
+
+    python -m bench.operator_scale [--jobs 200]
+
+Runs the real operator (`python -m lorarl.operator`, a subprocess) against the emulator, creates
+every job as fast as the API takes them, and records for each job the seconds from its create to
+the moment all of its children exist (Service, ConfigMap, Secret, NetworkPolicy, 1 trainer + 2
+rollout pods). Writes bench/results/operator_scale.json: p50/p95 of those seconds and the
+operator's peak RSS (VmHWM). The emulator runs in this process and shares the 2 CPU cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import yaml
+
+from tests.support.kube.store import Event
+from tests.support.kube_emulator import kube_api
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results" / "operator_scale.json"
+LRJ = "lorarl.dev/v1alpha1/lorarljobs"
+CHILDREN = (("v1/services", ""), ("v1/configmaps", "-config"), ("v1/secrets", "-engine-key"),
+            ("networking.k8s.io/v1/networkpolicies", ""))
+PODS = ("-trainer-0", "-rollout-0", "-rollout-1")
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _peak_rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return round(int(line.split()[1]) / 1024, 1)
+    raise RuntimeError("no VmHWM in /proc status")
+
+
+def _expected(name: str) -> set[tuple[str, str]]:
+    return {(res.rsplit("/", 1)[-1], name + sfx) for res, sfx in CHILDREN} | {
+        ("pods", name + sfx) for sfx in PODS}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--jobs", type=int, default=200)
+    parser.add_argument("--timeout", type=float, default=300.0)
+    args = parser.parse_args()
+    crd = yaml.safe_load((ROOT / "crds" / "lorarljobs.lorarl.dev.yaml").read_text())
+    base = yaml.safe_load((ROOT / "examples" / "quickstart.yaml").read_text())
+    names = [f"bench-{i:04d}" for i in range(args.jobs)]
+    with kube_api(crds=[crd]) as kube, tempfile.TemporaryDirectory() as tmp:
+        health = _free_port()
+        env = {**os.environ, "KUBECONFIG": str(kube.kubeconfig_path), "LORARL_WEBHOOK_PORT": "0",
+               "LORARL_HEALTH_PORT": str(health), "LORARL_METRICS_PORT": "0",
+               "LORARL_TIMER_SECONDS": "30", "LORARL_PROGRESS_URL": "http://127.0.0.1:9",
+               "HOME": tmp}
+        log = Path(tmp) / "operator.log"
+        with log.open("wb") as out:
+            proc = subprocess.Popen([sys.executable, "-m", "lorarl.operator"], env=env,
+                                    stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
+        try:
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    if httpx.get(f"http://127.0.0.1:{health}/healthz", timeout=1).is_success:
+                        break
+                except httpx.HTTPError:
+                    pass
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    raise RuntimeError(f"operator did not start:\n{log.read_text()[-3000:]}")
+                time.sleep(0.1)
+            time.sleep(1.0)  # let kopf establish its watches
+            load = os.getloadavg()[0]
+            seen: dict[tuple[str, str], float] = {}  # (plural, name) -> when it was committed
+
+            def record(event: Event) -> None:  # called by the store on every commit (cheap)
+                if event.type == "ADDED":
+                    seen.setdefault((event.key[1], event.key[3]), time.monotonic())
+
+            kube.emulator.store.hooks.append(record)
+            created: dict[str, float] = {}
+            t0 = time.monotonic()
+            for name in names:
+                job = copy.deepcopy(base)
+                job["metadata"]["name"] = name
+                kube.emulator.create(LRJ, job)
+                created[name] = time.monotonic()
+            create_s = time.monotonic() - t0
+            done: dict[str, float] = {}
+            while len(done) < len(names) and time.monotonic() - t0 < args.timeout:
+                for name in names:
+                    if name not in done and _expected(name) <= seen.keys():
+                        done[name] = max(seen[k] for k in _expected(name)) - created[name]
+                time.sleep(0.25)
+            rss = _peak_rss_mb(proc.pid)
+        finally:
+            proc.terminate()
+            proc.wait(20)
+    if len(done) < len(names):
+        raise SystemExit(f"only {len(done)}/{len(names)} jobs complete within {args.timeout}s")
+    secs = sorted(done.values())
+    result = {
+        "benchmark": "operator_scale",
+        "jobs": len(names),
+        "p50_s": round(statistics.median(secs), 3),
+        "p95_s": round(secs[int(0.95 * (len(secs) - 1))], 3),
+        "max_s": round(secs[-1], 3),
+        "peak_rss_mb": rss,
+        "create_all_s": round(create_s, 3),
+        "children_per_job": len(CHILDREN) + len(PODS),
+        "machine": {"cpu_count": os.cpu_count(), "python": platform.python_version(),
+                    "load_avg_1m_at_start": round(load, 2),
+                    "note": "emulator and operator share the machine's cores"},
+    }
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,61 @@
+"""Pure admission rules: the same validation as `lorarl validate`, plus which spec fields may
+change once a job runs (pods are immutable, so other edits would silently not apply)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from lorarl.api.validation import Problem, check_manifest
+
+# Read again on every pass, so changing them on a running job means what it says.
+MUTABLE = (
+    "spec.rollout.replicas",
+    "spec.runPolicy.suspend",
+    "spec.runPolicy.backoffLimit",
+    "spec.runPolicy.activeDeadlineSeconds",
+    "spec.runPolicy.ttlSecondsAfterFinished",
+)
+
+
+def manifest_problems(obj: Mapping[str, Any]) -> list[Problem]:
+    """Validate what the user wrote (the status is the operator's, not theirs)."""
+    return check_manifest({k: v for k, v in obj.items() if k != "status"})
+
+
+def changed_paths(old: Any, new: Any, prefix: str) -> list[str]:
+    """Dotted paths of every leaf that differs (lists compare whole, like a merge patch); an
+    absent section is an empty one, so adding `runPolicy: {suspend: true}` names the leaf."""
+    if isinstance(old, Mapping) and new is None:
+        new = {}
+    if isinstance(new, Mapping) and old is None:
+        old = {}
+    if isinstance(old, Mapping) and isinstance(new, Mapping):
+        out: list[str] = []
+        for key in sorted(set(old) | set(new)):
+            out += changed_paths(old.get(key), new.get(key), f"{prefix}.{key}")
+        return out
+    return [] if old == new else [prefix]
+
+
+def _suspended(obj: Mapping[str, Any]) -> bool:
+    return bool(((obj.get("spec") or {}).get("runPolicy") or {}).get("suspend"))
+
+
+def immutable_changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
+    """Spec paths changed that may not change now. A suspended job has no pods, so any field
+    may change (Kueue edits suspended jobs); the pods are rendered anew on resume."""
+    if _suspended(old) and _suspended(new):
+        return []
+    changed = changed_paths(old.get("spec") or {}, new.get("spec") or {}, "spec")
+    return [p for p in changed if not any(p == m or p.startswith(m + ".") for m in MUTABLE)]
+
+
+def update_refusal(old: Mapping[str, Any], new: Mapping[str, Any]) -> str | None:
+    bad = immutable_changes(old, new)
+    if not bad:
+        return None
+    fields = ", ".join(bad)
+    allowed = ", ".join(MUTABLE)
+    return (f"{fields}: cannot be changed on a running job (only {allowed} can); suspend the job "
+            "(spec.runPolicy.suspend: true) to edit it, or create a new job")

@@ -1,0 +1,298 @@
+"""Pure builders: a JobPlan -> the Kubernetes objects that run it (plain dicts).
+
+Names are deterministic (`<job>`, `<job>-config`, `<job>-engine-key`, `<job>-<role>-<i>`), so
+creating them is idempotent: a second create is a 409, never a duplicate. Owner references are
+added by the caller (`kopf.adopt`), which owns the live job body.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+from lorarl.api.job import LoRARLJob
+from lorarl.api.k8s import ResourceRequirements
+from lorarl.plan.addressing import CLUSTER_PORTS
+from lorarl.plan.build import CONFIG_FILE
+from lorarl.plan.model import ContainerPlan, JobPlan, ReplicaPlan, RolePlan, VolumePlan
+
+Obj = dict[str, Any]
+
+JOB_LABEL = "lorarl.dev/job"
+ROLE_LABEL = "lorarl.dev/role"
+INDEX_LABEL = "lorarl.dev/replica-index"
+ATTEMPT_LABEL = "lorarl.dev/attempt"
+MANAGED_BY = ("app.kubernetes.io/managed-by", "lorarl-operator")
+API_KEY_ENV = "LORARL_ENGINE_API_KEY"
+API_KEY_KEY = "api-key"
+RUN_AS = 10001
+TMP_DIR = "/tmp"
+
+KUEUE_QUEUE = "kueue.x-k8s.io/queue-name"
+KUEUE_GROUP = "kueue.x-k8s.io/pod-group-name"
+KUEUE_TOTAL = "kueue.x-k8s.io/pod-group-total-count"
+COSCHEDULING_GROUP = "scheduling.x-k8s.io/pod-group"
+VOLCANO_GROUP = "scheduling.k8s.io/group-name"
+VOLCANO_SCHEDULER = "volcano"
+# Ports only the job's own pods may reach (rendezvous, sync group, engine, sidecar, reward).
+INTERNAL_PORTS = ("master", "sync", "engine", "sidecar", "reward")
+PROGRESS_PORT = "progress"
+OPERATOR_COMPONENTS = ("operator", "status-api")
+
+
+def config_map_name(job: str) -> str:
+    return f"{job}-config"
+
+
+def secret_name(job: str) -> str:
+    return f"{job}-engine-key"
+
+
+def rollout_selector(job: str) -> str:
+    return f"{JOB_LABEL}={job},{ROLE_LABEL}=rollout"
+
+
+def total_pods(plan: JobPlan) -> int:
+    return sum(len(r.replicas) for r in plan.roles)
+
+
+def _meta(plan: JobPlan, name: str, **extra: Any) -> Obj:
+    return {"name": name, "namespace": plan.namespace, "labels": dict(plan.labels), **extra}
+
+
+def service(plan: JobPlan) -> Obj:
+    """Headless, and publishing not-ready pods: rank 0 must resolve before it is Ready."""
+    ports = [
+        {"name": name, "port": port, "targetPort": port, "protocol": "TCP"}
+        for name, port in sorted(CLUSTER_PORTS.items(), key=lambda kv: kv[1])
+    ]
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _meta(plan, plan.service_name),
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,
+            "selector": {JOB_LABEL: plan.name},
+            "ports": ports,
+        },
+    }
+
+
+def config_data(plan: JobPlan) -> dict[str, str]:
+    return {CONFIG_FILE: yaml.safe_dump(plan.config, sort_keys=True)}
+
+
+def config_map(plan: JobPlan) -> Obj:
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _meta(plan, config_map_name(plan.name)),
+        "data": config_data(plan),
+    }
+
+
+def engine_key_secret(plan: JobPlan, api_key: str) -> Obj:
+    if not api_key:
+        raise ValueError("engine API key: must not be empty")
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "Opaque",
+        "metadata": _meta(plan, secret_name(plan.name)),
+        "stringData": {API_KEY_KEY: api_key},
+    }
+
+
+def network_policy(plan: JobPlan, operator_namespace: str) -> Obj:
+    same_job = {"podSelector": {"matchLabels": {JOB_LABEL: plan.name}}}
+    operator_pods = {
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": operator_namespace}},
+        "podSelector": {
+            "matchLabels": {"app.kubernetes.io/name": "lorarl"},
+            "matchExpressions": [
+                {
+                    "key": "app.kubernetes.io/component",
+                    "operator": "In",
+                    "values": list(OPERATOR_COMPONENTS),
+                }
+            ],
+        },
+    }
+
+    def tcp(*names: str) -> list[Obj]:
+        return [{"port": CLUSTER_PORTS[n], "protocol": "TCP"} for n in names]
+
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": _meta(plan, plan.name),
+        "spec": {
+            "podSelector": {"matchLabels": {JOB_LABEL: plan.name}},
+            "policyTypes": ["Ingress"],
+            "ingress": [
+                {"from": [same_job], "ports": tcp(*INTERNAL_PORTS)},
+                {"from": [operator_pods], "ports": tcp(PROGRESS_PORT)},
+            ],
+        },
+    }
+
+
+def pod_group(plan: JobPlan, job: LoRARLJob) -> Obj | None:
+    """A gang: nothing starts until every pod of the job can be placed."""
+    gang = job.spec.scheduling.gang
+    if gang == "none":
+        return None
+    if gang == "scheduler-plugins":
+        return {
+            "apiVersion": "scheduling.x-k8s.io/v1alpha1",
+            "kind": "PodGroup",
+            "metadata": _meta(plan, plan.name),
+            "spec": {"minMember": total_pods(plan)},
+        }
+    spec: Obj = {"minMember": total_pods(plan)}
+    if job.spec.scheduling.priority_class_name:
+        spec["priorityClassName"] = job.spec.scheduling.priority_class_name
+    return {
+        "apiVersion": "scheduling.volcano.sh/v1beta1",
+        "kind": "PodGroup",
+        "metadata": _meta(plan, plan.name),
+        "spec": spec,
+    }
+
+
+def pod(plan: JobPlan, job: LoRARLJob, role: str, index: int, *, attempt: int = 0) -> Obj:
+    """One replica's Pod. `attempt` tells pods of a restarted trainer group from older ones."""
+    role_plan = plan.role(role)  # type: ignore[arg-type]
+    if role_plan is None or not 0 <= index < len(role_plan.replicas):
+        raise ValueError(f"job {plan.name} has no {role} replica {index}")
+    replica = role_plan.replicas[index]
+    labels = {
+        **plan.labels,
+        ROLE_LABEL: role,
+        INDEX_LABEL: str(index),
+        ATTEMPT_LABEL: str(attempt),
+    }
+    annotations: dict[str, str] = {}
+    sched = job.spec.scheduling
+    spec: Obj = {
+        "hostname": replica.name,
+        "subdomain": plan.service_name,
+        "restartPolicy": "Never",  # the operator decides: recreate a rollout, restart the group
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": RUN_AS,
+            "runAsGroup": RUN_AS,
+            "fsGroup": RUN_AS,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "containers": [_container(plan, c) for c in replica.containers],
+        "volumes": [_volume(v) for v in role_plan.volumes] + [_tmp_volume()],
+    }
+    if role_plan.node_selector:
+        spec["nodeSelector"] = dict(role_plan.node_selector)
+    if role_plan.tolerations:
+        spec["tolerations"] = [t.wire() for t in role_plan.tolerations]
+    if sched.priority_class_name:
+        spec["priorityClassName"] = sched.priority_class_name
+    if sched.queue_name:
+        labels[KUEUE_QUEUE] = sched.queue_name
+        labels[KUEUE_GROUP] = plan.name
+        annotations[KUEUE_TOTAL] = str(total_pods(plan))
+    if sched.gang == "scheduler-plugins":
+        labels[COSCHEDULING_GROUP] = plan.name
+    elif sched.gang == "volcano":
+        annotations[VOLCANO_GROUP] = plan.name
+        spec["schedulerName"] = VOLCANO_SCHEDULER
+    meta = _meta(plan, replica.name)
+    meta["labels"] = labels
+    if annotations:
+        meta["annotations"] = annotations
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
+
+
+def pod_names(plan: JobPlan) -> list[str]:
+    return [r.name for role in plan.roles for r in role.replicas]
+
+
+def _container(plan: JobPlan, c: ContainerPlan) -> Obj:
+    user_names = {e.name for e in c.user_env}
+    env: list[Obj] = [{"name": k, "value": v} for k, v in c.env.items()]
+    env.append(
+        {
+            "name": API_KEY_ENV,
+            "valueFrom": {"secretKeyRef": {"name": secret_name(plan.name), "key": API_KEY_KEY}},
+        }
+    )
+    # A read-only root filesystem: caches (HF, torch, triton, vLLM) go to the /tmp emptyDir.
+    for name, value in (("HOME", TMP_DIR), ("XDG_CACHE_HOME", f"{TMP_DIR}/.cache")):
+        if name not in user_names and name not in c.env:
+            env.append({"name": name, "value": value})
+    env += [e.wire() for e in c.user_env]  # verbatim: a secretKeyRef stays a secretKeyRef
+    container: Obj = {
+        "name": c.name,
+        "image": c.image,
+        "command": list(c.command),
+        "env": env,
+        "volumeMounts": [
+            {"name": m.volume, "mountPath": m.path, **({"readOnly": True} if m.read_only else {})}
+            for m in c.mounts
+        ]
+        + [{"name": "tmp", "mountPath": TMP_DIR}],
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "runAsNonRoot": True,
+            "runAsUser": RUN_AS,
+            "capabilities": {"drop": ["ALL"]},
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+    }
+    if c.ports:
+        container["ports"] = [
+            {"name": name, "containerPort": port, "protocol": "TCP"}
+            for name, port in c.ports.items()
+        ]
+    resources = _resources(c.resources)
+    if resources:
+        container["resources"] = resources
+    return container
+
+
+def _resources(r: ResourceRequirements) -> Obj:
+    out: Obj = {}
+    if r.requests:
+        out["requests"] = {k: _quantity(v) for k, v in r.requests.items()}
+    if r.limits:
+        out["limits"] = {k: _quantity(v) for k, v in r.limits.items()}
+    return out
+
+
+def _quantity(value: int | str) -> str:
+    return str(value)
+
+
+def _volume(v: VolumePlan) -> Obj:
+    if v.kind == "configMap":
+        return {"name": v.name, "configMap": {"name": v.source}}
+    if v.kind == "pvc":
+        claim: Obj = {"claimName": v.source}
+        if v.read_only:
+            claim["readOnly"] = True
+        return {"name": v.name, "persistentVolumeClaim": claim}
+    return {"name": v.name, "emptyDir": {"medium": "Memory"}}
+
+
+def _tmp_volume() -> Obj:
+    return {"name": "tmp", "emptyDir": {}}
+
+
+def replica_of(plan: JobPlan, name: str) -> tuple[RolePlan, ReplicaPlan] | None:
+    for role in plan.roles:
+        for replica in role.replicas:
+            if replica.name == name:
+                return role, replica
+    return None

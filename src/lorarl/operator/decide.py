@@ -1,0 +1,259 @@
+"""Pure: observed state -> what to do. One level-triggered pass for every trigger (create, pod
+event, timer, scale, suspend), so handlers never disagree and a re-run is always safe.
+
+Trainer pods carry an `attempt` label (the restart count when they were created): a failure of
+a pod from an older attempt is history, not a new restart, so a restart is never counted twice.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from lorarl.api.job import LoRARLJob
+from lorarl.api.progress import Progress
+from lorarl.api.status import LoRARLJobStatus
+from lorarl.operator.builders import rollout_selector
+from lorarl.operator.status import (
+    PodView,
+    apply_progress,
+    is_true,
+    phase_of,
+    reason_word,
+    set_condition,
+)
+
+TERMINAL = ("Succeeded", "Failed")
+FINISHED_POD = ("Succeeded", "Failed")
+RECREATED_ALONE = ("rollout", "reward")  # a dead one is replaced; the trainer keeps going
+
+
+@dataclass(frozen=True)
+class Observed:
+    job: LoRARLJob
+    generation: int
+    status: LoRARLJobStatus
+    replicas: Mapping[str, int]  # role -> desired pods (from the plan)
+    pods: Sequence[PodView]
+    now: dt.datetime
+    progress: Progress | None = None
+
+
+@dataclass(frozen=True)
+class Event:
+    type: str  # Normal | Warning
+    reason: str
+    message: str
+
+
+@dataclass
+class Decision:
+    status: LoRARLJobStatus
+    delete: list[str] = field(default_factory=list)  # pod names, deleted before creating
+    create: list[tuple[str, int]] = field(default_factory=list)  # (role, index)
+    events: list[Event] = field(default_factory=list)
+    delete_job: bool = False
+    restarted: bool = False
+
+    @property
+    def attempt(self) -> int:
+        """The attempt label for trainer pods created by this decision."""
+        return self.status.restarts
+
+
+def rfc3339(t: dt.datetime) -> str:
+    return t.astimezone(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_time(text: str | None) -> dt.datetime | None:
+    if not text:
+        return None
+    try:
+        return dt.datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.timezone.utc)
+    except ValueError:
+        return None
+
+
+class _Pass:
+    def __init__(self, obs: Observed) -> None:
+        self.obs = obs
+        self.now = rfc3339(obs.now)
+        self.d = Decision(status=apply_progress(obs.status.model_copy(deep=True), obs.progress))
+        self.live = [p for p in obs.pods if not p.deleting]
+
+    @property
+    def st(self) -> LoRARLJobStatus:
+        return self.d.status
+
+    def cond(self, type_: str, ok: bool, reason: str, message: str) -> None:
+        self.st.conditions = set_condition(
+            self.st.conditions, type_, ok, reason, message, self.now, self.obs.generation
+        )
+
+    def event(self, type_: str, reason: str, message: str) -> None:
+        self.d.events.append(Event(type_, reason, message))
+
+    def delete(self, pods: Sequence[PodView]) -> None:
+        for p in pods:
+            if p.name not in self.d.delete:
+                self.d.delete.append(p.name)
+
+    def kept(self) -> list[PodView]:
+        return [p for p in self.live if p.name not in self.d.delete]
+
+    def set_phase(self, phase: str, message: str, warning: bool = False) -> None:
+        if self.st.phase != phase:
+            self.event("Warning" if warning else "Normal", phase, message)
+        self.st.phase = phase
+
+    def count_rollouts(self, extra: int = 0) -> None:
+        self.st.rollout_replicas = extra + sum(p.role == "rollout" for p in self.kept())
+
+    def cleanup(self, *, stop_running: bool = False) -> None:
+        """Pods of a finished job, per runPolicy.cleanPodPolicy."""
+        policy = self.obs.job.spec.run_policy.clean_pod_policy
+        if policy == "All":
+            self.delete(self.live)
+        elif policy == "Running" or stop_running:
+            self.delete([p for p in self.live if p.phase not in FINISHED_POD])
+
+    def finish(self, phase: str, reason: str, message: str, *, stop_running: bool = False) -> None:
+        self.st.completion_time = self.st.completion_time or self.now
+        self.cond(phase, True, reason, message)
+        self.cond("Running", False, phase, message)
+        self.set_phase(phase, message, warning=phase == "Failed")
+        self.cleanup(stop_running=stop_running)
+        self.count_rollouts()
+
+
+def decide(obs: Observed) -> Decision:
+    p = _Pass(obs)
+    spec, name, st = obs.job.spec, obs.job.name, p.st
+    st.observed_generation = obs.generation
+    st.rollout_selector = rollout_selector(name)
+    if st.total_steps is None:
+        st.total_steps = spec.training.total_steps
+
+    if st.phase in TERMINAL:
+        p.cleanup(stop_running=is_true(st, "Failed"))
+        p.count_rollouts()
+        ttl = spec.run_policy.ttl_seconds_after_finished
+        done = parse_time(st.completion_time)
+        if ttl is not None and done is not None and obs.now >= done + dt.timedelta(seconds=ttl):
+            p.d.delete_job = True
+            p.event("Normal", "TTLExpired", f"deleting the job {ttl}s after it finished")
+        return p.d
+
+    if not is_true(st, "Created"):
+        p.cond("Created", True, "ChildrenCreated", "service, config, engine key, network policy "
+               "and pods created")
+
+    if spec.run_policy.suspend:
+        p.delete(p.live)
+        message = "spec.runPolicy.suspend is true: pods deleted, checkpoints kept"
+        p.cond("Suspended", True, "Suspended", message)
+        p.cond("Running", False, "Suspended", message)
+        p.cond("TrainerReady", False, "Suspended", message)
+        p.cond("RolloutReady", False, "Suspended", message)
+        p.set_phase("Suspended", message)
+        st.rollout_replicas = 0
+        return p.d
+
+    if st.phase == "Suspended":
+        p.cond("Suspended", False, "Resumed", "spec.runPolicy.suspend is false: pods recreated")
+        p.event("Normal", "Resumed", "recreating the pods; the trainer resumes from its checkpoint")
+        st.start_time = p.now  # the deadline counts running time since the last resume
+    st.start_time = st.start_time or p.now
+
+    deadline = spec.run_policy.active_deadline_seconds
+    started = parse_time(st.start_time)
+    if deadline and started and obs.now >= started + dt.timedelta(seconds=deadline):
+        p.finish("Failed", "DeadlineExceeded",
+                 f"the job ran longer than activeDeadlineSeconds ({deadline}s)", stop_running=True)
+        return p.d
+
+    restarting = st.phase == "Restarting"
+    trainers = [x for x in p.live if x.role == "trainer"]
+    p.delete([x for x in trainers if x.attempt < st.restarts])  # left over from a restart
+    current = [x for x in trainers if x.attempt >= st.restarts]
+    rank0 = next((x for x in current if x.index == 0), None)
+    if rank0 is not None and rank0.phase == "Succeeded":
+        p.cond("Succeeded", True, "TrainerSucceeded", f"trainer pod {rank0.name} completed")
+        p.finish("Succeeded", "TrainerSucceeded", f"trainer pod {rank0.name} completed")
+        return p.d
+
+    failed = sorted((x for x in current if x.phase == "Failed"), key=lambda x: x.index)
+    if failed:
+        bad = failed[0]
+        detail = _failure_detail(bad)
+        limit = spec.run_policy.backoff_limit
+        if st.restarts >= limit:
+            p.finish("Failed", reason_word(bad.reason, "TrainerFailed"),
+                     f"{detail}; backoffLimit ({limit}) reached after {st.restarts} restarts")
+            return p.d
+        st.restarts += 1
+        p.d.restarted = restarting = True
+        p.delete(current)
+        current = []
+        p.event("Warning", "TrainerRestart", f"{detail}; restarting the trainer group from its "
+                f"last checkpoint (restart {st.restarts} of backoffLimit {limit})")
+
+    for x in p.live:
+        if x.role not in RECREATED_ALONE:
+            continue
+        if x.index >= obs.replicas.get(x.role, 0):
+            p.delete([x])  # scaled down
+        elif x.phase in FINISHED_POD:
+            p.delete([x])
+            p.event("Warning", "RolloutRestart", f"{_failure_detail(x, 'ended')}; recreating "
+                    "it alone, the trainer keeps going")
+
+    occupied = {x.name for x in obs.pods if x.name not in p.d.delete}
+    by_role: dict[str, list[PodView]] = {}
+    for x in p.kept():
+        by_role.setdefault(x.role, []).append(x)
+    for role, count in obs.replicas.items():
+        have = {x.index for x in by_role.get(role, [])}
+        for i in range(count):
+            if i not in have and f"{name}-{role}-{i}" not in occupied:
+                p.d.create.append((role, i))
+
+    kept = p.kept()
+    n_trainer = obs.replicas.get("trainer", 0)
+    trainer_running = sum(x.running for x in kept if x.role == "trainer")
+    others = {r: c for r, c in obs.replicas.items() if r != "trainer"}
+    other_running = {r: sum(x.running and x.index < c for x in kept if x.role == r)
+                     for r, c in others.items()}
+    trainer_ready = trainer_running == n_trainer
+    rollout_ready = all(other_running[r] == c for r, c in others.items())
+    p.cond("TrainerReady", trainer_ready, "AllRunning" if trainer_ready else "NotRunning",
+           f"{trainer_running}/{n_trainer} trainer pods running")
+    n_rollout = others.get("rollout", 0)
+    p.cond("RolloutReady", rollout_ready, "AllRunning" if rollout_ready else "NotRunning",
+           f"{other_running.get('rollout', 0)}/{n_rollout} rollout pods running")
+    phase = phase_of(trainer_ready=trainer_ready, rollout_ready=rollout_ready,
+                     any_running=any(x.running for x in kept), restarting=restarting)
+    total = n_trainer + sum(others.values())
+    messages = {
+        "Running": f"all {total} pods running",
+        "Starting": f"{sum(x.running for x in kept)}/{total} pods running",
+        "Pending": f"waiting for {total} pods to start",
+        "Restarting": f"restarting the trainer group (restart {st.restarts})",
+    }
+    p.cond("Running", phase == "Running", "AllPodsRunning" if phase == "Running" else phase,
+           messages[phase])
+    p.set_phase(phase, messages[phase])
+    p.count_rollouts(extra=sum(r == "rollout" for r, _ in p.d.create))
+    return p.d
+
+
+def _failure_detail(pod: PodView, verb: str = "failed") -> str:
+    parts = [f"{pod.role} pod {pod.name} {verb}"]
+    if pod.reason or pod.exit_code is not None:
+        bits = [b for b in (pod.reason, f"exit code {pod.exit_code}"
+                            if pod.exit_code is not None else "") if b]
+        parts.append(f" ({', '.join(bits)})")
+    if pod.message:
+        parts.append(f": {pod.message}")
+    return "".join(parts)

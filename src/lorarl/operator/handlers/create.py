@@ -1,0 +1,21 @@
+"""Create and resume: materialize the job plan (children, then pods), idempotently."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import kopf
+
+from lorarl.operator.handlers.common import JOBS, reconciler, run
+
+
+@kopf.on.resume(*JOBS, id="materialize-on-resume")
+@kopf.on.create(*JOBS, id="materialize")
+async def materialize(body: kopf.Body, memo: kopf.Memo, job_pods: Any, **_: Any) -> None:
+    await run(memo, body, job_pods, "create")
+
+
+@kopf.on.delete(*JOBS, id="forget", optional=True)
+def forget(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
+    """Children go with the job through their owner references (the garbage collector)."""
+    reconciler(memo).forget(namespace, name)

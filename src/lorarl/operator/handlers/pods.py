@@ -1,0 +1,30 @@
+"""Pods: an index of each job's pods, and a pass whenever one changes (failures, deletions,
+phases). Nothing here writes to pods but create/delete: the RBAC grants no patch."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import kopf
+
+from lorarl.operator.builders import JOB_LABEL
+from lorarl.operator.handlers.common import POD_LABELS, pods_of, reconciler
+from lorarl.operator.kube import KubeError
+from lorarl.operator.status import PodView, pod_view
+
+
+@kopf.index("", "v1", "pods", labels=POD_LABELS)
+def job_pods(body: kopf.Body, namespace: str, **_: Any) -> dict[tuple[str, str], PodView] | None:
+    view = pod_view(body)
+    return {(namespace, view.job): view} if view is not None else None
+
+
+@kopf.on.event("", "v1", "pods", labels=POD_LABELS)
+async def pod_changed(namespace: str, labels: kopf.Labels, memo: kopf.Memo, job_pods: Any,
+                      logger: logging.Logger, **_: Any) -> None:
+    job = labels[JOB_LABEL]
+    try:
+        await reconciler(memo).poke(namespace, job, pods_of(job_pods, namespace, job), "pod")
+    except KubeError as exc:  # events are not retried; the timer's next pass is
+        logger.warning("reconciling %s/%s after a pod event failed: %s", namespace, job, exc)

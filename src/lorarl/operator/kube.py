@@ -1,0 +1,162 @@
+"""A small async Kubernetes client (httpx) for the operator's own writes.
+
+kopf's API client is private, so children, status and deletions go through this one. It loads
+credentials the way kopf's default login does (in-cluster service account, else kubeconfig via
+the `kubernetes` package), so both talk to the same server as the same user.
+Create treats 409 AlreadyExists as "exists" and delete treats 404 as "gone": the two facts an
+idempotent reconcile needs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+
+from lorarl.api.job import GROUP, PLURAL, VERSION
+
+MERGE_PATCH = "application/merge-patch+json"
+
+
+class KubeError(RuntimeError):
+    def __init__(self, status: int | None, reason: str, message: str) -> None:
+        super().__init__(f"{status} {reason}: {message}" if status else message)
+        self.status, self.reason = status, reason
+
+
+def path(api_version: str, plural: str, namespace: str | None, name: str | None = None,
+         subresource: str | None = None) -> str:
+    base = f"/api/{api_version}" if "/" not in api_version else f"/apis/{api_version}"
+    if namespace is not None:
+        base += f"/namespaces/{quote(namespace, safe='')}"
+    base += f"/{plural}"
+    if name is not None:
+        base += f"/{quote(name, safe='')}"
+    if subresource is not None:
+        base += f"/{subresource}"
+    return base
+
+
+PLURALS = {
+    ("v1", "Pod"): "pods",
+    ("v1", "Service"): "services",
+    ("v1", "ConfigMap"): "configmaps",
+    ("v1", "Secret"): "secrets",
+    ("networking.k8s.io/v1", "NetworkPolicy"): "networkpolicies",
+    ("scheduling.x-k8s.io/v1alpha1", "PodGroup"): "podgroups",
+    ("scheduling.volcano.sh/v1beta1", "PodGroup"): "podgroups",
+}
+
+
+def object_path(obj: dict[str, Any], *, named: bool = False) -> str:
+    key = (obj["apiVersion"], obj["kind"])
+    if key not in PLURALS:
+        raise ValueError(f"{obj['apiVersion']} {obj['kind']}: not a kind the operator creates")
+    meta = obj["metadata"]
+    return path(obj["apiVersion"], PLURALS[key], meta["namespace"],
+                meta["name"] if named else None)
+
+
+def job_path(namespace: str, name: str, subresource: str | None = None) -> str:
+    return path(f"{GROUP}/{VERSION}", PLURAL, namespace, name, subresource)
+
+
+@dataclass(frozen=True)
+class Credentials:
+    server: str
+    verify: bool | str = True
+    cert: tuple[str, str] | None = None
+    token: str | None = None
+    refresh: Any = None  # kubernetes Configuration (token refresh), if loaded through it
+
+    def headers(self) -> dict[str, str]:
+        if self.refresh is not None:
+            value = self.refresh.get_api_key_with_prefix("authorization")
+            if value:
+                return {"Authorization": value}
+        return {"Authorization": f"Bearer {self.token}"} if self.token else {}
+
+
+def load_credentials() -> Credentials:
+    """In a pod: the service account; elsewhere: $KUBECONFIG / ~/.kube/config."""
+    from kubernetes import client, config
+
+    cfg = client.Configuration()
+    if os.environ.get("KUBERNETES_SERVICE_HOST"):
+        config.load_incluster_config(client_configuration=cfg)
+    else:
+        config.load_kube_config(client_configuration=cfg)
+    verify: bool | str = cfg.ssl_ca_cert or bool(cfg.verify_ssl)
+    cert = (cfg.cert_file, cfg.key_file) if cfg.cert_file and cfg.key_file else None
+    return Credentials(server=cfg.host.rstrip("/"), verify=verify, cert=cert, refresh=cfg)
+
+
+class Kube:
+    def __init__(self, creds: Credentials, *, timeout: float = 15.0) -> None:
+        self._creds = creds
+        self._client = httpx.AsyncClient(
+            base_url=creds.server, verify=creds.verify, cert=creds.cert, timeout=timeout,
+            trust_env=False, limits=httpx.Limits(max_connections=32, max_keepalive_connections=32),
+        )
+
+    async def close(self) -> None:
+        await self._client.aclose()
+
+    async def _call(self, method: str, url: str, body: Any = None,
+                    content_type: str = "application/json") -> httpx.Response:
+        headers = {**self._creds.headers(), "Accept": "application/json"}
+        content = None
+        if body is not None:
+            headers["Content-Type"] = content_type
+            content = json.dumps(body)
+        try:
+            return await self._client.request(method, url, content=content, headers=headers)
+        except httpx.HTTPError as exc:
+            raise KubeError(None, "Unreachable", f"{method} {url}: {exc!r}") from exc
+
+    @staticmethod
+    def _error(reply: httpx.Response, what: str) -> KubeError:
+        try:
+            doc = reply.json()
+        except ValueError:
+            doc = {}
+        return KubeError(reply.status_code, doc.get("reason", ""),
+                         f"{what}: {doc.get('message') or reply.text[:300]}")
+
+    async def create(self, obj: dict[str, Any]) -> dict[str, Any] | None:
+        """The created object, or None when one of that name exists already (409)."""
+        url = object_path(obj)
+        reply = await self._call("POST", url, obj)
+        if reply.status_code == 409:
+            return None
+        if reply.status_code >= 300:
+            raise self._error(reply, f"creating {obj['kind']} {obj['metadata']['name']}")
+        return reply.json()
+
+    async def delete(self, url: str, *, what: str) -> bool:
+        """True if deleted (or marked), False when already gone (404)."""
+        reply = await self._call("DELETE", url, {"kind": "DeleteOptions", "apiVersion": "v1",
+                                                 "propagationPolicy": "Background"})
+        if reply.status_code == 404:
+            return False
+        if reply.status_code >= 300:
+            raise self._error(reply, f"deleting {what}")
+        return True
+
+    async def get(self, url: str) -> dict[str, Any] | None:
+        reply = await self._call("GET", url)
+        if reply.status_code == 404:
+            return None
+        if reply.status_code >= 300:
+            raise self._error(reply, f"reading {url}")
+        return reply.json()
+
+    async def merge_patch(self, url: str, body: dict[str, Any], *, what: str) -> dict[str, Any]:
+        reply = await self._call("PATCH", url, body, MERGE_PATCH)
+        if reply.status_code >= 300:
+            raise self._error(reply, f"patching {what}")
+        return reply.json()

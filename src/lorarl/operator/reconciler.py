@@ -1,0 +1,275 @@
+"""The I/O side of a reconcile pass: read what is there, ask `decide`, do it, write status.
+
+One `JobState` per job holds a lock (passes for one job never interleave, whatever triggered
+them), the status this operator last wrote (the watch may lag behind our own writes), the
+trainer's last progress report, and whether the job's fixed children were ensured in this
+process. A crash loses only this cache: the next pass rebuilds it from the API.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import hashlib
+import json
+import logging
+import secrets
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import kopf
+from pydantic import ValidationError
+
+from lorarl.api.job import LoRARLJob
+from lorarl.api.progress import Progress
+from lorarl.api.status import LoRARLJobStatus
+from lorarl.api.validation import ManifestError, parse_job
+from lorarl.operator import builders
+from lorarl.operator.config import OperatorConfig
+from lorarl.operator.decide import TERMINAL, Decision, Observed, decide, rfc3339
+from lorarl.operator.kube import Kube, job_path, path
+from lorarl.operator.metrics import OperatorMetrics
+from lorarl.operator.status import PodView, pod_view, set_condition
+from lorarl.plan import JobPlan, plan
+
+log = logging.getLogger("lorarl.operator")
+Key = tuple[str, str]
+LAG = 30.0  # seconds after which the pod index is trusted over our own memory
+
+
+@dataclass
+class JobState:
+    uid: str
+    body: dict[str, Any]
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    status: LoRARLJobStatus | None = None
+    progress: Progress | None = None
+    ensured: bool = False
+    config_hash: str | None = None
+    phase: str | None = None
+    # Our own pod writes the pod index has not shown yet: name -> (view, when); uid -> when.
+    created: dict[str, tuple[PodView, float]] = field(default_factory=dict)
+    deleted: dict[str, float] = field(default_factory=dict)
+
+    def observe(self, pods: list[PodView], now: float) -> list[PodView]:
+        """The index, corrected for writes it has not caught up with: a pass right after a
+        create must not create again, nor count a pod it just deleted."""
+        uids = {p.uid for p in pods}
+        self.deleted = {u: t for u, t in self.deleted.items() if u in uids and now - t < LAG}
+        out = [p for p in pods if p.uid not in self.deleted]
+        names = {p.name for p in out}
+        self.created = {n: (v, t) for n, (v, t) in self.created.items()
+                        if n not in names and now - t < LAG}
+        return out + [v for v, _ in self.created.values()]
+
+
+def plain(value: Any) -> Any:
+    """kopf's live mapping views -> plain dicts and lists (safe to keep and to serialize)."""
+    if isinstance(value, Mapping):
+        return {k: plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [plain(v) for v in value]
+    return value
+
+
+def job_from_body(body: Mapping[str, Any]) -> LoRARLJob:
+    """The job as every process sees it: only name, namespace and labels of the metadata (so
+    kopf's bookkeeping annotations never change the rendered config)."""
+    meta = body.get("metadata") or {}
+    return parse_job({
+        "apiVersion": body.get("apiVersion"),
+        "kind": body.get("kind"),
+        "metadata": {"name": meta.get("name"), "namespace": meta.get("namespace"),
+                     "labels": dict(meta.get("labels") or {})},
+        "spec": plain(body.get("spec") or {}),
+    })
+
+
+def _hash(data: Mapping[str, str]) -> str:
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
+
+
+class Reconciler:
+    def __init__(self, kube: Kube, config: OperatorConfig, metrics: OperatorMetrics | None = None,
+                 progress_client: httpx.AsyncClient | None = None) -> None:
+        self.kube, self.config, self.metrics = kube, config, metrics
+        self.jobs: dict[Key, JobState] = {}
+        self.closed = False  # at shutdown, handlers still in flight must not touch the clients
+        self._progress = progress_client or httpx.AsyncClient(
+            timeout=config.progress_timeout, trust_env=False)
+
+    async def close(self) -> None:
+        self.closed = True
+        await self._progress.aclose()
+
+    def phases(self) -> dict[Key, str | None]:
+        return {k: s.phase for k, s in self.jobs.items()}
+
+    def remember(self, body: Mapping[str, Any]) -> JobState:
+        meta = body.get("metadata") or {}
+        key = (meta.get("namespace") or "default", meta["name"])
+        state = self.jobs.get(key)
+        if state is None or state.uid != meta.get("uid"):  # new, or deleted and re-created
+            state = self.jobs[key] = JobState(uid=meta.get("uid", ""), body=plain(body))
+        else:
+            state.body = plain(body)
+        if state.phase is None:
+            state.phase = (body.get("status") or {}).get("phase")
+        return state
+
+    def forget(self, namespace: str, name: str) -> None:
+        self.jobs.pop((namespace, name), None)
+
+    async def poke(self, namespace: str, name: str, pods: Iterable[PodView], trigger: str) -> None:
+        """A pod of the job changed: reconcile with the newest body this process has seen."""
+        state = self.jobs.get((namespace, name))
+        if state is not None:
+            await self.reconcile(state.body, pods, trigger=trigger)
+
+    async def reconcile(self, body: Mapping[str, Any], pods: Iterable[PodView], *, trigger: str,
+                        poll: bool = False) -> Decision | None:
+        state = self.remember(body)
+        async with state.lock:
+            if self.closed:
+                return None
+            started = time.monotonic()
+            try:
+                observed = state.observe(list(pods), time.monotonic())
+                return await self._pass(state, observed, trigger, poll)
+            except Exception:
+                if self.metrics:
+                    self.metrics.reconcile_errors.labels(trigger).inc()
+                raise
+            finally:
+                if self.metrics:
+                    self.metrics.reconcile_seconds.labels(trigger).observe(
+                        time.monotonic() - started)
+
+    async def _pass(self, state: JobState, pods: list[PodView], trigger: str,
+                    poll: bool) -> Decision | None:
+        body = state.body
+        meta = body["metadata"]
+        if meta.get("deletionTimestamp"):
+            return None
+        previous = state.status or _stored_status(body)
+        try:
+            job = job_from_body(body)
+            job_plan = plan(job)
+        except (ManifestError, ValueError) as exc:
+            await self._invalid(state, previous, str(exc))
+            return None
+        if previous.phase not in TERMINAL:
+            await self._ensure_children(state, job, job_plan)
+        if poll and previous.phase not in (*TERMINAL, "Suspended"):
+            state.progress = await self._poll(job) or state.progress
+        decision = decide(Observed(
+            job=job, generation=int(meta.get("generation") or 1), status=previous,
+            replicas={r.role: len(r.replicas) for r in job_plan.roles}, pods=pods,
+            now=dt.datetime.now(dt.timezone.utc), progress=state.progress,
+        ))
+        await self._act(state, job, job_plan, decision, pods)
+        if decision.status != previous:
+            await self._write_status(state, decision.status)
+        for ev in decision.events:
+            kopf.event(body, type=ev.type, reason=ev.reason, message=ev.message)
+        if decision.restarted and self.metrics:
+            self.metrics.restarts.labels(job.namespace).inc()
+        if decision.delete_job:
+            await self.kube.delete(job_path(job.namespace, job.name), what=f"job {job.name}")
+        log.debug("reconciled %s/%s (%s): phase %s", job.namespace, job.name, trigger,
+                  decision.status.phase)
+        return decision
+
+    async def _ensure_children(self, state: JobState, job: LoRARLJob, job_plan: JobPlan) -> None:
+        data = builders.config_data(job_plan)
+        if state.ensured:
+            if _hash(data) != state.config_hash:  # the plan changed (scale, edit while suspended)
+                await self._patch_config(job_plan, data)
+                state.config_hash = _hash(data)
+            return
+        children = [
+            builders.engine_key_secret(job_plan, secrets.token_urlsafe(32)),
+            builders.config_map(job_plan),
+            builders.service(job_plan),
+            builders.network_policy(job_plan, self.config.operator_namespace),
+        ]
+        group = builders.pod_group(job_plan, job)
+        if group is not None:
+            children.append(group)
+        kopf.adopt(children, owner=state.body)
+        results = await asyncio.gather(*(self.kube.create(child) for child in children))
+        if results[1] is None:  # the ConfigMap exists: make it match this spec
+            await self._patch_config(job_plan, data)
+        state.ensured, state.config_hash = True, _hash(data)
+
+    async def _patch_config(self, job_plan: JobPlan, data: dict[str, str]) -> None:
+        url = path("v1", "configmaps", job_plan.namespace, builders.config_map_name(job_plan.name))
+        await self.kube.merge_patch(url, {"data": data}, what=f"config of {job_plan.name}")
+
+    async def _act(self, state: JobState, job: LoRARLJob, job_plan: JobPlan,
+                   decision: Decision, pods: list[PodView]) -> None:
+        uids = {p.name: p.uid for p in pods}
+        for name in decision.delete:
+            await self.kube.delete(path("v1", "pods", job.namespace, name), what=f"pod {name}")
+            if uids.get(name):
+                state.deleted[uids[name]] = time.monotonic()
+            state.created.pop(name, None)
+        pods_to_make = []
+        for role, index in decision.create:
+            attempt = decision.attempt if role == "trainer" else 0
+            pods_to_make.append(builders.pod(job_plan, job, role, index, attempt=attempt))
+        kopf.adopt(pods_to_make, owner=state.body)
+        made = []
+        for created in await asyncio.gather(*(self.kube.create(p) for p in pods_to_make)):
+            if created is None:
+                continue  # that name is still taken (terminating): a later pass retries
+            view = pod_view(created)
+            if view is not None:
+                made.append(view.name)
+                state.created[view.name] = (view, time.monotonic())
+        if made:
+            kopf.event(state.body, type="Normal", reason="CreatedPods",
+                       message=f"created {', '.join(made)}")
+
+    async def _write_status(self, state: JobState, status: LoRARLJobStatus) -> None:
+        meta = state.body["metadata"]
+        await self.kube.merge_patch(
+            job_path(meta.get("namespace") or "default", meta["name"], "status"),
+            {"status": status.wire()}, what=f"status of {meta['name']}")
+        state.status, state.phase = status, status.phase
+
+    async def _invalid(self, state: JobState, previous: LoRARLJobStatus, problem: str) -> None:
+        """A spec the webhook would have refused (webhook off): fail it, do not retry."""
+        if previous.phase == "Failed":
+            return
+        now = rfc3339(dt.datetime.now(dt.timezone.utc))
+        gen = int(state.body["metadata"].get("generation") or 1)
+        status = previous.model_copy(update={
+            "phase": "Failed", "completion_time": previous.completion_time or now,
+            "observed_generation": gen,
+            "conditions": set_condition(previous.conditions, "Failed", True, "InvalidSpec",
+                                        problem, now, gen),
+        })
+        await self._write_status(state, status)
+        kopf.event(state.body, type="Warning", reason="InvalidSpec", message=problem)
+
+    async def _poll(self, job: LoRARLJob) -> Progress | None:
+        url = f"{self.config.progress_base(job.namespace, job.name)}/progress"
+        try:
+            reply = await self._progress.get(url)
+            reply.raise_for_status()
+            return Progress.model_validate(reply.json())
+        except (httpx.HTTPError, ValueError) as exc:  # not up yet, restarting, or gone
+            log.debug("no progress from %s: %s", url, exc)
+            return None
+
+
+def _stored_status(body: Mapping[str, Any]) -> LoRARLJobStatus:
+    try:
+        return LoRARLJobStatus.model_validate(body.get("status") or {})
+    except ValidationError:
+        return LoRARLJobStatus()  # written by another version: start over, keep nothing
+

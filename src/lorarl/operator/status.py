@@ -1,0 +1,176 @@
+"""Pure: what pods and the trainer's progress say about a job -> phase, conditions, metrics.
+
+Conditions follow metav1.Condition: `lastTransitionTime` moves only when `status` flips, and
+every condition records the generation it was computed from.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from lorarl.api.progress import Progress
+from lorarl.api.status import Condition, LoRARLJobStatus, StepMetrics
+from lorarl.operator.builders import ATTEMPT_LABEL, INDEX_LABEL, JOB_LABEL, ROLE_LABEL
+
+_REASON = re.compile(r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")
+MAX_MESSAGE = 1024
+
+
+@dataclass(frozen=True)
+class PodView:
+    """The few facts about a pod the operator decides on (what the pod index keeps)."""
+
+    name: str
+    job: str
+    role: str
+    index: int
+    attempt: int
+    phase: str
+    deleting: bool = False
+    reason: str = ""
+    message: str = ""
+    exit_code: int | None = None
+    uid: str = ""
+
+    @property
+    def running(self) -> bool:
+        return self.phase == "Running" and not self.deleting
+
+
+def pod_view(pod: Mapping[str, Any]) -> PodView | None:
+    """None for pods that are not a lorarl job's (missing or malformed labels)."""
+    meta = pod.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    try:
+        index, attempt = int(labels[INDEX_LABEL]), int(labels.get(ATTEMPT_LABEL, "0"))
+        job, role = labels[JOB_LABEL], labels[ROLE_LABEL]
+    except (KeyError, ValueError):
+        return None
+    status = pod.get("status") or {}
+    reason, message, exit_code = termination(status)
+    return PodView(
+        name=meta.get("name", ""),
+        job=job,
+        role=role,
+        index=index,
+        attempt=attempt,
+        phase=status.get("phase") or "Pending",
+        deleting=bool(meta.get("deletionTimestamp")),
+        reason=reason or status.get("reason") or "",
+        message=message or status.get("message") or "",
+        exit_code=exit_code,
+        uid=meta.get("uid", ""),
+    )
+
+
+def termination(status: Mapping[str, Any]) -> tuple[str, str, int | None]:
+    """(reason, message, exit code) of the first container that terminated unsuccessfully, else
+    of the first that terminated at all: what a person needs to see why a pod ended."""
+    found: list[tuple[str, str, int | None]] = []
+    for cs in status.get("containerStatuses") or []:
+        term = (cs.get("state") or {}).get("terminated") or (cs.get("lastState") or {}).get(
+            "terminated"
+        )
+        if term:
+            found.append((term.get("reason", ""), term.get("message", ""), term.get("exitCode")))
+    failed = [f for f in found if f[2] not in (0, None)]
+    return (failed or found or [("", "", None)])[0]
+
+
+def reason_word(text: str, fallback: str) -> str:
+    """A metav1.Condition reason (CamelCase word); free text falls back."""
+    return text if text and _REASON.match(text) and len(text) <= 1024 else fallback
+
+
+def set_condition(
+    conditions: Iterable[Condition],
+    type_: str,
+    status: bool,
+    reason: str,
+    message: str,
+    now: str,
+    generation: int | None,
+) -> list[Condition]:
+    value = "True" if status else "False"
+    out, seen = [], False
+    for cond in conditions:
+        if cond.type != type_:
+            out.append(cond)
+            continue
+        seen = True
+        moved = cond.status != value
+        out.append(
+            Condition(
+                type=type_,
+                status=value,
+                reason=reason,
+                message=message[:MAX_MESSAGE],
+                last_transition_time=now if moved or not cond.last_transition_time else
+                cond.last_transition_time,
+                observed_generation=generation,
+            )
+        )
+    if not seen:
+        out.append(
+            Condition(
+                type=type_,
+                status=value,
+                reason=reason,
+                message=message[:MAX_MESSAGE],
+                last_transition_time=now,
+                observed_generation=generation,
+            )
+        )
+    return out
+
+
+def condition(status: LoRARLJobStatus, type_: str) -> Condition | None:
+    return next((c for c in status.conditions if c.type == type_), None)
+
+
+def is_true(status: LoRARLJobStatus, type_: str) -> bool:
+    cond = condition(status, type_)
+    return cond is not None and cond.status == "True"
+
+
+def apply_progress(status: LoRARLJobStatus, progress: Progress | None) -> LoRARLJobStatus:
+    """Copy what the trainer reported into the status (a missing report changes nothing)."""
+    if progress is None:
+        return status
+    update: dict[str, Any] = {"step": progress.step, "total_steps": progress.total_steps}
+    latest = progress.latest
+    if latest is not None:
+        update["metrics"] = StepMetrics(
+            reward_mean=latest.reward_mean,
+            reward_std=latest.reward_std,
+            kl=latest.kl,
+            entropy=latest.entropy,
+            clip_fraction=latest.clip_fraction,
+            grad_norm=latest.grad_norm,
+            tokens_per_second=latest.tokens_per_second,
+            logprob_mismatch=latest.logprob_mismatch,
+        )
+    if progress.last_sync is not None:
+        update["last_sync"] = progress.last_sync
+    if progress.checkpoint is not None:
+        update["checkpoint"] = progress.checkpoint
+    if progress.adapter_path:
+        update["adapter_path"] = progress.adapter_path
+    return status.model_copy(update=update)
+
+
+def phase_of(
+    *,
+    trainer_ready: bool,
+    rollout_ready: bool,
+    any_running: bool,
+    restarting: bool,
+) -> str:
+    if restarting and not trainer_ready:
+        return "Restarting"
+    if trainer_ready and rollout_ready:
+        return "Running"
+    return "Starting" if any_running else "Pending"

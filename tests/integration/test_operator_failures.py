@@ -1,0 +1,155 @@
+"""Failures, deadlines, suspend/resume, success and TTL, and an operator killed mid-reconcile."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+from tests.integration.test_operator_harness import (
+    LRJ,
+    Cluster,
+    cluster,
+    quickstart,
+    shared,
+    wait_for,
+)
+
+__all__ = ["shared"]
+
+
+def _uids(c: Cluster, name: str) -> dict[str, str]:
+    return {n: p["metadata"]["uid"] for n, p in c.pods(name).items()}
+
+
+def _start(c: Cluster, name: str, trainers: int = 1, **overrides: object) -> dict[str, str]:
+    c.create(quickstart(name, trainer__replicas=trainers, **overrides))
+    c.wait_pods(name, {f"{name}-trainer-{i}" for i in range(trainers)}
+                | {f"{name}-rollout-0", f"{name}-rollout-1"})
+    c.run_all(name)
+    c.wait_phase(name, "Running")
+    return _uids(c, name)
+
+
+def test_failed_rollout_pod_is_recreated_alone(shared: Cluster) -> None:
+    before = _start(shared, "rf")
+    shared.kube.set_pod_phase("default", "rf-rollout-1", "Failed", exit_code=1,
+                              reason="Error", message="engine crashed")
+    wait_for(lambda: _uids(shared, "rf").get("rf-rollout-1") not in (None, before["rf-rollout-1"]))
+    after = _uids(shared, "rf")
+    assert after["rf-trainer-0"] == before["rf-trainer-0"]
+    assert after["rf-rollout-0"] == before["rf-rollout-0"]
+    assert shared.status("rf")["restarts"] == 0
+    shared.wait_event("rf", "RolloutRestart", "rf-rollout-1 ended (Error, exit code 1): "
+                      "engine crashed; recreating it alone")
+    # A rollout pod that disappears comes back too.
+    shared.kube.emulator.delete("v1/pods", "default", "rf-rollout-0")
+    wait_for(lambda: "rf-rollout-0" in shared.pods("rf"))
+    assert _uids(shared, "rf")["rf-trainer-0"] == before["rf-trainer-0"]
+
+
+def test_trainer_failure_restarts_the_group_until_backoff_limit(shared: Cluster) -> None:
+    before = _start(shared, "tf", trainers=2, runPolicy={"backoffLimit": 1})
+    assert set(before) >= {"tf-trainer-0", "tf-trainer-1"}
+    shared.kube.set_pod_phase("default", "tf-trainer-1", "Failed", exit_code=137,
+                              reason="OOMKilled", message="out of memory")
+    wait_for(lambda: shared.status("tf").get("restarts") == 1)
+    wait_for(lambda: all(_uids(shared, "tf").get(f"tf-trainer-{i}") not in
+                         (None, before[f"tf-trainer-{i}"]) for i in (0, 1)))
+    pods = shared.pods("tf")
+    assert {pods[f"tf-trainer-{i}"]["metadata"]["labels"]["lorarl.dev/attempt"]
+            for i in (0, 1)} == {"1"}
+    assert _uids(shared, "tf")["tf-rollout-0"] == before["tf-rollout-0"]  # rollouts untouched
+    assert shared.status("tf")["phase"] == "Restarting"
+    shared.run_all("tf")
+    shared.wait_phase("tf", "Running")
+
+    shared.kube.set_pod_phase("default", "tf-trainer-0", "Failed", exit_code=1,
+                              reason="Error", message="loss is NaN")
+    status = shared.wait_phase("tf", "Failed")
+    failed = next(c for c in status["conditions"] if c["type"] == "Failed")
+    assert failed["reason"] == "Error"
+    assert "tf-trainer-0 failed (Error, exit code 1): loss is NaN" in failed["message"]
+    assert "backoffLimit (1) reached after 1 restarts" in failed["message"]
+    assert status["restarts"] == 1 and status["completionTime"]
+    wait_for(lambda: shared.pods("tf") == {}, what="pods cleaned (cleanPodPolicy All)")
+    shared.wait_event("tf", "TrainerRestart", "tf-trainer-1 failed (OOMKilled, exit code 137): "
+                      "out of memory; restarting the trainer group")
+    assert shared.wait_event("tf", "Failed")[0] == "Warning"
+    assert "lorarl_trainer_restarts_total" in shared.operator.metrics()
+
+
+def test_active_deadline_fails_the_job(shared: Cluster) -> None:
+    _start(shared, "late", runPolicy={"activeDeadlineSeconds": 2, "cleanPodPolicy": "None"})
+    status = shared.wait_phase("late", "Failed", timeout=10)
+    failed = next(c for c in status["conditions"] if c["type"] == "Failed")
+    assert failed["reason"] == "DeadlineExceeded"
+    assert "activeDeadlineSeconds (2s)" in failed["message"]
+    # Running pods are stopped at the deadline even when cleanPodPolicy keeps finished ones.
+    wait_for(lambda: shared.pods("late") == {})
+
+
+def test_suspend_deletes_pods_and_resume_recreates_them(shared: Cluster) -> None:
+    _start(shared, "nap")
+    shared.kube.emulator.patch(LRJ, "default", "nap", {"spec": {"runPolicy": {"suspend": True}}})
+    status = shared.wait_phase("nap", "Suspended")
+    wait_for(lambda: shared.pods("nap") == {})
+    assert any(c["type"] == "Suspended" and c["status"] == "True" for c in status["conditions"])
+    assert shared.kube.emulator.get("v1/configmaps", "default", "nap-config") is not None
+    shared.kube.emulator.patch(LRJ, "default", "nap", {"spec": {"runPolicy": {"suspend": False}}})
+    shared.wait_pods("nap", {"nap-trainer-0", "nap-rollout-0", "nap-rollout-1"})
+    status = shared.wait_phase("nap", "Pending")
+    suspended = next(c for c in status["conditions"] if c["type"] == "Suspended")
+    assert (suspended["status"], suspended["reason"]) == ("False", "Resumed")
+    assert status["restarts"] == 0
+    shared.wait_event("nap", "Suspended")
+    shared.wait_event("nap", "Resumed")
+
+
+def test_success_cleans_pods_by_policy_and_ttl_deletes_the_job(shared: Cluster) -> None:
+    _start(shared, "done", runPolicy={"cleanPodPolicy": "Running", "ttlSecondsAfterFinished": 1})
+    shared.kube.set_pod_phase("default", "done-trainer-0", "Succeeded")
+    status = shared.wait_phase("done", "Succeeded")
+    assert status["completionTime"]
+    assert any(c["type"] == "Succeeded" and c["status"] == "True" for c in status["conditions"])
+    wait_for(lambda: shared.job("done") is None, 10, "TTL deletion")
+    # cleanPodPolicy Running deleted the engines but kept the finished trainer pod (for logs).
+    assert set(shared.pods("done")) == {"done-trainer-0"}
+
+
+def test_operator_killed_mid_reconcile_creates_nothing_twice(tmp_path: Path) -> None:
+    with cluster(tmp_path, webhook=False) as c:
+        reached, killed = threading.Event(), threading.Event()
+        creates: list[str] = []
+
+        def slow_second_pod(review: dict) -> dict:
+            """The API server has the request; the operator dies before it hears back."""
+            creates.append(review["request"]["name"])
+            if len(creates) == 2 and not reached.is_set():
+                reached.set()
+                killed.wait(10)
+            return {"response": {"uid": review["request"]["uid"], "allowed": True}}
+
+        c.kube.emulator.add_admission_hook(slow_second_pod, name="slow", resource="pods",
+                                           operations=("CREATE",))
+        c.create(quickstart("crash"))
+        assert reached.wait(15), "the operator never created a second pod"
+        c.operator.kill()
+        killed.set()
+        time.sleep(0.5)  # requests already on the wire still commit, as on a real server
+        secret = c.kube.emulator.get("v1/secrets", "default", "crash-engine-key")
+        assert secret is not None
+        before = _uids(c, "crash")
+        assert "crash-rollout-1" not in before or len(before) == 3
+
+        c.operator.start()
+        c.wait_pods("crash", {"crash-trainer-0", "crash-rollout-0", "crash-rollout-1"})
+        c.run_all("crash")
+        c.wait_phase("crash", "Running")
+        after = _uids(c, "crash")
+        assert {n: after[n] for n in before} == before  # nothing re-created
+        assert sorted(creates) == sorted(after)  # every pod created exactly once
+        kept = c.kube.emulator.get("v1/secrets", "default", "crash-engine-key")
+        assert kept["metadata"]["uid"] == secret["metadata"]["uid"]
+        assert kept["stringData"] == secret["stringData"] or kept.get("data") == secret.get("data")
+        assert len(c.kube.emulator.list_objects("v1/services", "default")) == 1

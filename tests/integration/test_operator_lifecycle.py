@@ -1,0 +1,174 @@
+"""The operator end to end over real HTTP: kubectl apply/get/scale/delete, the children it
+creates, progress into status, what the status API reads back, Kueue and gang scheduling."""
+
+from __future__ import annotations
+
+import json
+
+import kubernetes_validate
+import pytest
+
+from lorarl.server.kube_api import KubeApi as StatusKubeApi
+from lorarl.server.stores.kube import KubeStore
+from tests.integration.test_operator_harness import (
+    QUICKSTART,
+    ROOT,
+    Cluster,
+    quickstart,
+    shared,
+    wait_for,
+)
+
+__all__ = ["shared"]
+QUICKSTART_PODS = {"quickstart-trainer-0", "quickstart-rollout-0", "quickstart-rollout-1"}
+
+
+def _valid(obj: dict) -> None:
+    kubernetes_validate.validate(obj, "1.30", strict=True)
+
+
+def test_kubectl_apply_get_scale_delete(shared: Cluster) -> None:
+    kube = shared.kube
+    applied = kube.kubectl("apply", "-f", str(ROOT / "examples" / "quickstart.yaml"))
+    assert applied.returncode == 0, applied.stderr
+    shared.wait_pods("quickstart", QUICKSTART_PODS)
+    shared.run_all("quickstart")
+    shared.wait_phase("quickstart", "Running")
+
+    got = kube.kubectl("get", "lrj")
+    assert got.returncode == 0, got.stderr
+    header, *rows = got.stdout.splitlines()
+    assert header.split() == ["NAME", "PHASE", "STEP", "REWARD", "SYNC", "AGE"]
+    row = next(r.split() for r in rows if r.startswith("quickstart "))
+    assert row[:2] == ["quickstart", "Running"]
+    wide = kube.kubectl("get", "lrj", "quickstart", "-o", "wide")
+    assert wide.stdout.splitlines()[0].split()[-3:] == ["RUNNING", "REASON", "AGE"]
+    assert wide.stdout.splitlines()[1].split()[-2] == "True"  # Running condition, by type
+
+    # Children: named deterministically, owned by the job, valid Kubernetes objects.
+    job = shared.job("quickstart")
+    assert job is not None
+    uid = job["metadata"]["uid"]
+    children = {
+        "Service": kube.emulator.get("v1/services", "default", "quickstart"),
+        "ConfigMap": kube.emulator.get("v1/configmaps", "default", "quickstart-config"),
+        "Secret": kube.emulator.get("v1/secrets", "default", "quickstart-engine-key"),
+        "NetworkPolicy": kube.emulator.get("networking.k8s.io/v1/networkpolicies", "default",
+                                           "quickstart"),
+        **shared.pods("quickstart"),
+    }
+    for kind, obj in children.items():
+        assert obj is not None, kind
+        owners = obj["metadata"]["ownerReferences"]
+        assert [(o["kind"], o["uid"], o["controller"]) for o in owners] == [
+            ("LoRARLJob", uid, True)], kind
+        _valid({k: v for k, v in obj.items() if k != "status"})
+    svc = children["Service"]["spec"]
+    assert (svc["clusterIP"], svc["publishNotReadyAddresses"]) == ("None", True)
+    config = children["ConfigMap"]["data"]["job.yaml"]
+    steps = QUICKSTART["spec"]["training"]["totalSteps"]
+    assert "replicas: 2" in config and f"totalSteps: {steps}" in config
+    trainer = children["quickstart-trainer-0"]["spec"]
+    assert (trainer["hostname"], trainer["subdomain"]) == ("quickstart-trainer-0", "quickstart")
+    env = {e["name"]: e for e in trainer["containers"][0]["env"]}
+    assert env["MASTER_ADDR"]["value"] == "quickstart-trainer-0.quickstart"
+    assert env["LORARL_SYNC_WORLD_SIZE"]["value"] == "3"
+    assert env["LORARL_ENGINE_API_KEY"]["valueFrom"] == {
+        "secretKeyRef": {"name": "quickstart-engine-key", "key": "api-key"}}
+    rollout = children["quickstart-rollout-1"]["spec"]
+    assert [c["name"] for c in rollout["containers"]] == ["engine", "sidecar"]
+    shm = next(v for v in rollout["volumes"] if v["name"] == "shm")
+    assert shm["emptyDir"] == {"medium": "Memory"}
+    assert all({"name": "shm", "mountPath": "/dev/shm"} in c["volumeMounts"]
+               for c in rollout["containers"])
+
+    scaled = kube.kubectl("scale", "lrj/quickstart", "--replicas=3")
+    assert scaled.returncode == 0, scaled.stderr
+    shared.wait_pods("quickstart", QUICKSTART_PODS | {"quickstart-rollout-2"})
+    wait_for(lambda: shared.status("quickstart").get("rolloutReplicas") == 3)
+    new = shared.pods("quickstart")["quickstart-rollout-2"]
+    sidecar_env = {e["name"]: e.get("value") for e in new["spec"]["containers"][1]["env"]}
+    assert (sidecar_env["LORARL_SYNC_RANK"], sidecar_env["LORARL_SYNC_WORLD_SIZE"]) == ("3", "4")
+    wait_for(lambda: "replicas: 3" in kube.emulator.get(
+        "v1/configmaps", "default", "quickstart-config")["data"]["job.yaml"])
+    scale = json.loads(kube.kubectl("get", "--raw",
+                                    "/apis/lorarl.dev/v1alpha1/namespaces/default/lorarljobs/"
+                                    "quickstart/scale").stdout)
+    assert scale["status"] == {"replicas": 3,
+                               "selector": "lorarl.dev/job=quickstart,lorarl.dev/role=rollout"}
+    shared.wait_event("quickstart", "Scaled",
+                      "rollout replicas 2 -> 3; the sync group world size becomes 4")
+
+    deleted = kube.kubectl("delete", "lrj", "quickstart", "--timeout=20s")
+    assert deleted.returncode == 0, deleted.stderr
+    assert shared.job("quickstart") is None
+    removed = kube.collect_garbage()
+    assert {(k, n) for k, _, n in removed} >= {
+        ("Service", "quickstart"), ("ConfigMap", "quickstart-config"),
+        ("Secret", "quickstart-engine-key"), ("NetworkPolicy", "quickstart"),
+        *(("Pod", p) for p in QUICKSTART_PODS | {"quickstart-rollout-2"})}
+    assert shared.pods("quickstart") == {}
+
+
+def test_progress_lands_in_status_and_the_status_api_reads_it(shared: Cluster) -> None:
+    shared.create(quickstart("progress"))
+    shared.wait_pods("progress", {"progress-trainer-0", "progress-rollout-0",
+                                  "progress-rollout-1"})
+    shared.run_all("progress")
+    shared.trainer.step(3)
+    status = wait_for(lambda: (s := shared.status("progress")).get("step") == 3 and s, 10,
+                      "step 3 in status")
+    assert status["totalSteps"] == 20  # what the trainer reports wins over the spec
+    assert status["metrics"]["rewardMean"] == pytest.approx(0.3)  # make_record: 0.1 * step
+    assert status["metrics"]["kl"] == pytest.approx(0.009)  # 0.001 * step**2
+    assert status["lastSync"] == {"version": 3, "seconds": pytest.approx(0.23), "bytes": 3000,
+                                  "mode": "merged"}
+    assert "/progress" in shared.trainer.requests
+
+    got = shared.kube.kubectl("get", "lrj", "progress")
+    row = got.stdout.splitlines()[1].split()
+    assert row[:3] == ["progress", "Running", "3"]
+    assert (float(row[3]), float(row[4])) == (pytest.approx(0.3), pytest.approx(0.23))
+
+    store = KubeStore(StatusKubeApi(shared.kube.url, token=shared.kube.token),
+                      progress_url=shared.trainer.url)
+    detail = store.get_job("default", "progress")
+    assert detail.detail is None  # the operator's status matches the API models exactly
+    assert (detail.status.phase, detail.status.step) == ("Running", 3)
+    assert {c.type for c in detail.conditions} >= {"Created", "Running", "TrainerReady"}
+    summary = next(j for j in store.list_jobs() if j.name == "progress")
+    assert summary.phase == "Running"
+
+
+def test_kueue_labels_and_scheduler_plugins_pod_group(shared: Cluster) -> None:
+    shared.create(quickstart("queued", scheduling={"queueName": "team-a",
+                                                   "gang": "scheduler-plugins"}))
+    shared.wait_pods("queued", {"queued-trainer-0", "queued-rollout-0", "queued-rollout-1"})
+    for pod in shared.pods("queued").values():
+        labels, notes = pod["metadata"]["labels"], pod["metadata"].get("annotations", {})
+        assert labels["kueue.x-k8s.io/queue-name"] == "team-a"
+        assert labels["kueue.x-k8s.io/pod-group-name"] == "queued"
+        assert labels["scheduling.x-k8s.io/pod-group"] == "queued"
+        assert notes["kueue.x-k8s.io/pod-group-total-count"] == "3"
+    group = shared.kube.emulator.get("scheduling.x-k8s.io/v1alpha1/podgroups", "default",
+                                     "queued")
+    assert group is not None and group["spec"] == {"minMember": 3}
+
+
+def test_volcano_pod_group(shared: Cluster) -> None:
+    shared.create(quickstart("gang", scheduling={"gang": "volcano"}))
+    shared.wait_pods("gang", {"gang-trainer-0", "gang-rollout-0", "gang-rollout-1"})
+    group = shared.kube.emulator.get("scheduling.volcano.sh/v1beta1/podgroups", "default", "gang")
+    assert group is not None and group["spec"]["minMember"] == 3
+    pod = shared.pods("gang")["gang-trainer-0"]
+    assert pod["spec"]["schedulerName"] == "volcano"
+    assert pod["metadata"]["annotations"]["scheduling.k8s.io/group-name"] == "gang"
+
+
+def test_metrics_count_jobs_by_phase(shared: Cluster) -> None:
+    shared.create(quickstart("counted"))
+    shared.wait_phase("counted", "Pending")
+    text = shared.operator.metrics()
+    line = next(x for x in text.splitlines() if x.startswith('lorarl_jobs{phase="Pending"}'))
+    assert float(line.split()[-1]) >= 1
+    assert 'lorarl_reconcile_seconds_count{trigger="create"}' in text
