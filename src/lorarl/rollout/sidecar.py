@@ -22,7 +22,7 @@ from typing import Any
 from lorarl.api.job import LoRARLJob
 from lorarl.rollout.applier import UpdateApplier
 from lorarl.rollout.engine import RolloutEngine
-from lorarl.sync.errors import SyncClosed
+from lorarl.sync.errors import SyncClosed, SyncTransportError
 
 log = logging.getLogger("lorarl.sidecar")
 
@@ -40,7 +40,13 @@ class SidecarStatus:
     reapplied: int = 0
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        """camelCase on the wire, like every other lorarl status document."""
+        return {_camel(k): v for k, v in asdict(self).items()}
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(part.title() for part in rest)
 
 
 class Sidecar:
@@ -49,14 +55,25 @@ class Sidecar:
         self.status = SidecarStatus()
         self._lock = threading.Lock()  # one engine update at a time (sync vs. restart replay)
         self._stop = threading.Event()
+        self._transport_errors = 0  # in a row
+        self.max_transport_errors = 3
+        self.transport_retry_s = 1.0
 
     def handle_one(self) -> bool:
-        """Receive, apply, acknowledge one update; False when the trainer closed the channel."""
+        """Receive, apply, acknowledge one update; False when the trainer closed the channel.
+
+        A broken group (a peer sidecar died mid-sync) is survived: the receiver has already asked
+        for a new generation, so dying here would only cascade one pod's crash to all of them.
+        Repeated failures in a row (the trainer's store is gone) are raised so the process exits.
+        """
         t0 = time.perf_counter()
         try:
             received = self.receiver.recv()
         except SyncClosed:
             return False
+        except SyncTransportError as exc:
+            self._transport_failed(exc)
+            return True
         header, tensors = received.header, received.tensors
         recv_s = time.perf_counter() - t0
         self.status.bytes_received += header.payload_bytes
@@ -67,15 +84,32 @@ class Sidecar:
             self.status.rejected += 1
             self.status.last_error = f"v{header.version}: {exc}"
             log.error("rejected update %s", self.status.last_error)
-            self.receiver.ack(header.version, ok=False, message=str(exc)[:900])
+            self._ack(header.version, ok=False, message=str(exc)[:900])
             return True
         self.status.version = header.version
         self.status.updates += 1
         self.status.last_error = None
         self.status.seconds = {"receive": recv_s, **applied.seconds}
-        self.receiver.ack(header.version, ok=True)
-        log.info("applied v%d in %s", header.version, _fmt(self.status.seconds))
+        if self._ack(header.version, ok=True):
+            log.info("applied v%d in %s", header.version, _fmt(self.status.seconds))
         return True
+
+    def _ack(self, version: int, ok: bool, message: str = "") -> bool:
+        try:
+            self.receiver.ack(version, ok=ok, message=message)
+        except SyncTransportError as exc:
+            self._transport_failed(exc)
+            return False
+        self._transport_errors = 0
+        return True
+
+    def _transport_failed(self, exc: SyncTransportError) -> None:
+        self._transport_errors += 1
+        self.status.last_error = f"sync transport: {exc}"
+        log.error(self.status.last_error)
+        if self._transport_errors >= self.max_transport_errors:
+            raise exc
+        time.sleep(self.transport_retry_s)
 
     def watch_engine(self, poll_s: float = 1.0) -> None:
         """Re-push the latest version when the engine comes back from a restart."""

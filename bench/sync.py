@@ -1,0 +1,201 @@
+"""Weight sync: shipping the LoRA adapter vs shipping the merged weights (what verl does).
+
+    python -m bench.sync [--reps 5] [--ranks 8 32 64]
+
+Both paths use the same transport (SyncSender -> one SyncReceiver process, gloo on loopback,
+default buckets), so the difference is only what travels: the adapter's A/B tensors (fp32, as
+PEFT keeps them) or every targeted module's merged weight in the engine dtype (bf16). `merge_s` is
+the sidecar's cost for the adapter path in merged mode: W_base + s·B@A for every module, from the
+pristine base, cast to bf16. Seconds are wall time of one `send()` (pack, broadcast, every ack),
+median of `--reps` after one warm-up. Writes bench/results/sync.json and prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoModelForCausalLM, LlamaConfig
+
+from bench.common import machine, write_results
+from lorarl.sync.buckets import SyncHeader
+from lorarl.sync.errors import SyncClosed
+from lorarl.sync.merge import BaseWeights, lora_scaling, merge_adapter
+from lorarl.sync.names import group_lora_pairs
+from lorarl.sync.transport import DEFAULT_BUCKET_BYTES, SyncReceiver, SyncSender
+from tests.support.tiny_models import tiny_config
+
+RESULTS = Path(__file__).resolve().parent / "results" / "sync.json"
+HOST = "127.0.0.1"
+ALL_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+ENGINE_DTYPE = torch.bfloat16
+
+
+def smollm2_config() -> LlamaConfig:
+    """SmolLM2-135M's architecture (no hub access here, so the weights are random)."""
+    return LlamaConfig(
+        hidden_size=576, num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
+        intermediate_size=1536, vocab_size=49152, max_position_embeddings=2048,
+        tie_word_embeddings=True, rms_norm_eps=1e-5, rope_theta=100000.0,
+    )  # fmt: skip
+
+
+def base_projections(config: LlamaConfig) -> dict[str, torch.Tensor]:
+    """A randomly initialised model's all-linear projection weights, in the engine dtype."""
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config).to(ENGINE_DTYPE)
+    return {
+        name: t.detach().clone()
+        for name, t in model.state_dict().items()
+        if name.endswith(".weight") and name.split(".")[-2] in ALL_LINEAR
+    }
+
+
+def lora_for(base: dict[str, torch.Tensor], rank: int) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(rank)
+    out = {}
+    for name, w in base.items():
+        module = name.removesuffix(".weight")
+        out_f, in_f = w.shape
+        out[f"base_model.model.{module}.lora_A.weight"] = torch.randn(rank, in_f, generator=g)
+        out[f"base_model.model.{module}.lora_B.weight"] = torch.randn(out_f, rank, generator=g)
+    return out
+
+
+def receiver_main(port: int) -> None:
+    """A sidecar that only receives and acknowledges: the transport alone is measured."""
+    receiver = SyncReceiver(HOST, port, rank=1, world_size=2, backend="gloo", timeout=300)
+    while True:
+        try:
+            header, _ = receiver.recv(timeout=600)
+        except SyncClosed:
+            return
+        receiver.ack(header.version)
+
+
+def timed(fn: Callable[[], Any], reps: int) -> tuple[float, float, Any]:
+    """Median and min wall seconds of `reps` calls after one warm-up, and the last result.
+
+    The min is there because the machine is shared: it is the least-disturbed sample.
+    """
+    result = fn()
+    samples = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        result = fn()
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples), min(samples), result
+
+
+class Bench:
+    def __init__(self, sender: SyncSender, reps: int):
+        self.sender, self.reps, self.version = sender, reps, 0
+
+    def sync_seconds(self, tensors: dict[str, torch.Tensor], rank: int) -> tuple[float, float, int]:
+        modules = tuple(sorted({n.removeprefix("base_model.model.").split(".lora_")[0]
+                                for n in tensors if ".lora_" in n}))  # fmt: skip
+
+        def once():
+            self.version += 1
+            header = SyncHeader(
+                version=self.version,
+                mode="merged",
+                rank=rank,
+                alpha=2.0 * rank,
+                scaling=lora_scaling(2.0 * rank, rank),
+                target_modules=modules,
+            )
+            result = self.sender.send(tensors, header)
+            assert result.ok, result.failed
+            return result.stats.bytes
+
+        return timed(once, self.reps)
+
+    def record(self, model: str, weights: str, base: dict[str, torch.Tensor], rank: int) -> dict:
+        lora = lora_for(base, rank)
+        pairs = group_lora_pairs(lora)
+        scaling = lora_scaling(2.0 * rank, rank)
+        base_weights = BaseWeights(base)
+
+        def merge_all() -> dict[str, torch.Tensor]:
+            return dict(merge_adapter(base_weights, pairs, scaling, ENGINE_DTYPE))
+
+        merge_s, merge_min, merged = timed(merge_all, self.reps)
+        adapter_s, adapter_min, adapter_bytes = self.sync_seconds(lora, rank)
+        full_s, full_min, full_bytes = self.sync_seconds(merged, rank)
+        return {
+            "model": model,
+            "weights": weights,
+            "rank": rank,
+            "targets": "all-linear",
+            "modules": len(pairs),
+            "lora_dtype": "float32",
+            "engine_dtype": "bfloat16",
+            "adapter_bytes": adapter_bytes,
+            "full_bytes": full_bytes,
+            "adapter_s": round(adapter_s, 5),
+            "full_s": round(full_s, 5),
+            "merge_s": round(merge_s, 5),
+            "adapter_plus_merge_s": round(adapter_s + merge_s, 5),
+            "bytes_ratio": round(full_bytes / adapter_bytes, 2),
+            "time_ratio": round(full_s / adapter_s, 2),
+            "adapter_s_min": round(adapter_min, 5),
+            "full_s_min": round(full_min, 5),
+            "merge_s_min": round(merge_min, 5),
+        }
+
+
+def table(records: list[dict]) -> str:
+    lines = ["| model | r | adapter MB | full MB | bytes x | adapter s | full s | time x | "
+             "merge s |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for r in records:
+        lines.append(
+            f"| {r['model']} | {r['rank']} | {r['adapter_bytes'] / 1e6:.2f} | "
+            f"{r['full_bytes'] / 1e6:.2f} | {r['bytes_ratio']} | {r['adapter_s']:.4f} | "
+            f"{r['full_s']:.4f} | {r['time_ratio']} | {r['merge_s']:.4f} |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--ranks", type=int, nargs="+", default=[8, 32, 64])
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args()
+
+    host = machine(transport="gloo, loopback, 1 receiver process",
+                   bucket_bytes=DEFAULT_BUCKET_BYTES)  # fmt: skip
+    sender = SyncSender(HOST, 0, world_size=2, backend="gloo", timeout=300)
+    proc = mp.get_context("spawn").Process(target=receiver_main, args=(sender.port,))
+    proc.start()
+    bench = Bench(sender, args.reps)
+    records = []
+    try:
+        tiny = base_projections(tiny_config("llama"))
+        records.append(bench.record("tiny-llama", "random (tests.support tiny_config)", tiny, 8))
+        smol = base_projections(smollm2_config())
+        for rank in args.ranks:
+            records.append(bench.record("SmolLM2-135M", "random (SmolLM2-135M config)", smol,
+                                        rank))  # fmt: skip
+            print(table(records[-1:]).splitlines()[-1], flush=True)
+    finally:
+        sender.close()
+        proc.join(timeout=30)
+    host["load_avg_1m_at_end"] = round(os.getloadavg()[0], 2)
+    for r in records:
+        r["machine"] = host
+    report = {"benchmark": "sync", "reps": args.reps, "machine": host, "records": records}
+    write_results(args.out, report)
+    print(table(records))
+
+
+if __name__ == "__main__":
+    main()
