@@ -82,3 +82,13 @@ images:
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
+
+# SGLang's own parser, request types and HTTP app for tests/contract (CPU-only, ~2.5 GB, ~3 min).
+# A separate venv: SGLang pins transformers 5.19 and must never pull a CUDA torch into $(VENV).
+SGLANG_VENV ?= .venv-sglang
+.PHONY: sglang-venv
+sglang-venv: $(SGLANG_VENV)/.lorarl-sglang-installed
+
+$(SGLANG_VENV)/.lorarl-sglang-installed: scripts/install_sglang_contract_env.sh
+	scripts/install_sglang_contract_env.sh $(SGLANG_VENV)
+	touch $@

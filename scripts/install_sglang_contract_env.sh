@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# The SGLang *contract* test env: SGLang's own argument parser, request types and HTTP app,
+# importable on a CPU-only machine, so tests can pin our flags and payloads to them.
+#
+# Why not `pip install sglang`: it pins a CUDA torch, flashinfer, sgl-kernel, ... (many GBs, and
+# nothing of it runs without a GPU). We install the CPU torch first, then sglang --no-deps, then
+# only the light packages `sglang.srt.server_args`, `sglang.srt.managers.io_struct` and
+# `sglang.srt.entrypoints.http_server` import (DESIGN §11), under a torch constraint. Where
+# SGLang's wheel pins one of them, its own pin is used. torchvision is deliberately absent (the
+# PyPI build is CUDA-linked): the tests put a stand-in on sys.path instead.
+#
+# Usage: scripts/install_sglang_contract_env.sh [VENV_DIR]   (default .venv-sglang)
+set -euo pipefail
+
+VENV="${1:-.venv-sglang}"
+TORCH_VERSION="${TORCH_VERSION:-2.13.0}"
+SGLANG_VERSION="${SGLANG_VERSION:-0.5.23}"
+
+# Import-time needs of the three modules above, measured with sglang 0.5.23 (DESIGN §11).
+LIGHT_DEPS=(
+  numpy orjson psutil pybase64 requests triton packaging pillow starlette msgspec pyzmq tqdm
+  ipython pydantic aiohttp
+  transformers dill apache-tvm-ffi sentencepiece compressed-tensors gguf openai
+  partial-json-parser
+  uvicorn uvloop fastapi setproctitle einops jsonschema xgrammar soundfile python-multipart
+  httpx
+)
+
+start=$(date +%s)
+[ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
+PY="$VENV/bin/python"
+PIP=("$PY" -m pip)
+
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+
+"${PIP[@]}" install -q --upgrade pip
+# CPU torch first (`2.13.0+cpu` from PIP_FIND_LINKS or the pytorch CPU index wins over CUDA).
+"${PIP[@]}" install -q "torch==${TORCH_VERSION}"
+"$PY" -W ignore -c 'import sys, torch; sys.exit(f"torch {torch.__version__} is not a CPU build" if torch.version.cuda else 0)'
+
+"${PIP[@]}" download -q "sglang==${SGLANG_VERSION}" --no-deps -d "$work/wheel"
+wheel="$(ls "$work"/wheel/*.whl)"
+
+# Each light dep with SGLang's own specifier when its METADATA pins one (transformers==5.19.0, ...).
+"$PY" - "$wheel" "${LIGHT_DEPS[@]}" > "$work/requirements.txt" <<'PYEOF'
+import sys
+import zipfile
+
+from pip._vendor.packaging.requirements import Requirement
+from pip._vendor.packaging.utils import canonicalize_name
+
+wheel, wanted = sys.argv[1], sys.argv[2:]
+with zipfile.ZipFile(wheel) as zf:
+    meta = next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))
+    text = zf.read(meta).decode()
+pinned = {}
+for line in text.splitlines():
+    if line.startswith("Requires-Dist:"):
+        req = Requirement(line.split(":", 1)[1].strip())
+        if req.marker is None or req.marker.evaluate({"extra": ""}):
+            pinned[canonicalize_name(req.name)] = str(req.specifier)
+for name in wanted:
+    print(f"{name}{pinned.get(canonicalize_name(name), '')}")
+PYEOF
+
+torch_installed="$("$PY" -c 'import torch; print(torch.__version__)')"
+echo "torch==${torch_installed}" > "$work/constraints.txt"
+echo "== sglang ${SGLANG_VERSION} light deps: $(tr '\n' ' ' < "$work/requirements.txt")"
+"${PIP[@]}" install -q -r "$work/requirements.txt" -c "$work/constraints.txt"
+"${PIP[@]}" install -q --no-deps "$wheel"
+"$PY" -c 'import sys, torch; sys.exit(f"torch {torch.__version__} was replaced" if torch.version.cuda else 0)'
+# The modules the contract tests use must import (with the torchvision stand-in first).
+stubs="$(cd "$(dirname "$0")/.." && pwd)/tests/contract/sglang_stubs"
+PYTHONPATH="$stubs" "$PY" -W ignore -c '
+import sglang.srt.server_args, sglang.srt.managers.io_struct, sglang.srt.entrypoints.http_server
+import sglang, torch
+print("torch", torch.__version__, "sglang", sglang.__version__, "- contract modules import")'
+echo "== installed in $(( $(date +%s) - start )) s, $(du -sh "$VENV" | cut -f1)"
