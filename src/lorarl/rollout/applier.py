@@ -71,13 +71,25 @@ class UpdateApplier:
         self.shapes = model_shapes(self.model_dir)
         self._base: BaseWeights | None = None
         self.current: Applied | None = None
+        self.stale = False  # `current` was accepted but the engine does not serve it yet
 
-    def apply(self, header: SyncHeader, tensors: dict[str, torch.Tensor]) -> Applied:
-        t0 = time.perf_counter()
+    def validate(self, header: SyncHeader, tensors: dict[str, torch.Tensor]) -> None:
         if header.mode != self.mode:
             raise ValueError(f"update v{header.version} is for {header.mode!r} mode, "
                              f"this sidecar runs {self.mode!r}")  # fmt: skip
         validate_update(header, self.shapes, self.expected_rank)
+        group_lora_pairs(tensors)
+
+    def defer(self, header: SyncHeader, tensors: dict[str, torch.Tensor]) -> Applied:
+        """Accept a valid update while the engine is down; `reapply()` delivers it later."""
+        self.validate(header, tensors)
+        self.current = Applied(header, tensors)
+        self.stale = True
+        return self.current
+
+    def apply(self, header: SyncHeader, tensors: dict[str, torch.Tensor]) -> Applied:
+        t0 = time.perf_counter()
+        self.validate(header, tensors)
         pairs = group_lora_pairs(tensors)
         t1 = time.perf_counter()
         if self.mode == "merged":
@@ -86,6 +98,7 @@ class UpdateApplier:
             seconds = self._load_adapter(header, tensors)
         applied = Applied(header, tensors, {"validate": t1 - t0, **seconds})
         self.current = applied
+        self.stale = False
         return applied
 
     def reapply(self) -> Applied | None:
@@ -127,7 +140,7 @@ class UpdateApplier:
         write_adapter_dir(tensors, config, folder)
         t1 = time.perf_counter()
         self.engine.load_adapter(folder, name, header.version)
-        previous = self.current.header.version if self.current else None
+        previous = self.current.header.version if self.current and not self.stale else None
         if previous is not None and previous != header.version:
             old = adapter_name(previous)
             try:

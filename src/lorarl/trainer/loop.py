@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass, field
 from functools import partial
 
+import httpx
 import torch
 import torch.distributed as dist
 from transformers import AutoTokenizer
@@ -26,6 +27,7 @@ from lorarl.sync.protocol import adapter_name
 from lorarl.trainer.batch import TrainSample, collate, shard_for_rank
 from lorarl.trainer.checkpoint import CheckpointManager, export_adapter
 from lorarl.trainer.data import DataPosition, PromptDataset, PromptSampler
+from lorarl.trainer.engine_gate import wait_for_synced_engines
 from lorarl.trainer.losses import LossConfig
 from lorarl.trainer.model import apply_lora, load_base_model
 from lorarl.trainer.parallel import DistContext, shard_model
@@ -120,6 +122,7 @@ class Trainer:
         self.server: ProgressServer | None = None
         self.publisher: WeightPublisher | None = None
         self.worker: RolloutWorker | None = None
+        self._http = httpx.Client(timeout=2.0)
         if ctx.is_main:
             self._setup_main()
 
@@ -214,6 +217,7 @@ class Trainer:
             self.close()
 
     def close(self) -> None:
+        self._http.close()
         if self.publisher:
             self.publisher.close()
             self.publisher = None
@@ -254,9 +258,15 @@ class Trainer:
         """Rank 0 generates and scores; everyone gets the same samples (one broadcast)."""
         box: list = [None]
         if self.ctx.is_main:
+            ep = self.endpoints
+            if ep.sidecars:
+                ready = wait_for_synced_engines(ep.rollout, ep.sidecars, self._http)
+                self.worker.client.set_serving(ready)
             mode = self.job.spec.rollout.sync_mode
             name = adapter_name(self.state.version) if mode == "adapter" else SERVED_MODEL_NAME
-            box[0] = self.worker.collect(self.state.position, self.state.version, name)
+            box[0] = self.worker.collect(
+                self.state.position, self.state.version, name, step=self.state.step + 1
+            )
         if dist.is_initialized():
             dist.broadcast_object_list(box, src=0)
         return box[0]

@@ -84,8 +84,10 @@ def init_distributed(env: dict[str, str] | None = None) -> DistContext:
     return DistContext(rank, world, local_rank, device, backend)
 
 
-def shutdown_distributed(ctx: DistContext) -> None:
+def shutdown_distributed(ctx: DistContext, barrier: bool = False) -> None:
     if ctx.distributed and dist.is_initialized():
+        if barrier:
+            dist.barrier()
         dist.destroy_process_group()
 
 

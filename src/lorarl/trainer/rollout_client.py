@@ -58,6 +58,7 @@ class EndpointState:
     cooldown_until: float = 0.0
     requests: int = 0
     failures: int = 0
+    serving: bool = True  # False: its engine is not on the current weights; send it nothing
 
 
 def pick_endpoint(states: Sequence[EndpointState], *, tried: set[int], now: float, rr: int) -> int:
@@ -68,7 +69,13 @@ def pick_endpoint(states: Sequence[EndpointState], *, tried: set[int], now: floa
     cooling down, the one that recovers first.
     """
     count = len(states)
-    candidates = [i for i in range(count) if i not in tried] or list(range(count))
+    serving = [i for i in range(count) if states[i].serving]
+    if not serving:
+        raise RolloutError(
+            "no rollout engine is serving the current weights",
+            endpoints=[s.url for s in states],
+        )
+    candidates = [i for i in serving if i not in tried] or serving
 
     def key(i: int) -> tuple[bool, float, int, int]:
         cooling = states[i].cooldown_until > now
@@ -140,6 +147,14 @@ class RolloutClient:
     @property
     def endpoints(self) -> list[str]:
         return [s.url for s in self._states]
+
+    def set_serving(self, urls: set[str]) -> None:
+        """Route requests only to these endpoints (e.g. the engines on the latest weights)."""
+        unknown = urls - {s.url for s in self._states}
+        if unknown:
+            raise ValueError(f"unknown endpoints {sorted(unknown)}")
+        for state in self._states:
+            state.serving = state.url in urls
 
     def endpoint_stats(self) -> dict[str, dict[str, int]]:
         """Requests sent and failures seen per endpoint (for metrics)."""
@@ -286,7 +301,7 @@ class RolloutClient:
         used: list[str] = []
         last_error = ""
         for _attempt in range(self.max_retries + 1):
-            if len(tried) == len(self._states):
+            if tried >= {i for i, st in enumerate(self._states) if st.serving}:
                 tried.clear()
             i = pick_endpoint(self._states, tried=tried, now=time.monotonic(), rr=self._rr)
             self._rr = i + 1

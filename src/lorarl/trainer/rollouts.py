@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -46,7 +46,9 @@ class RolloutWorker:
     sampling: SamplingParams
     dynamic_rounds: int = 0  # 0: dynamic sampling off
 
-    def collect(self, position: DataPosition, version: int, model_name: str) -> Collected:
+    def collect(
+        self, position: DataPosition, version: int, model_name: str, step: int = 0
+    ) -> Collected:
         gen_s = rew_s = 0.0
         tokens = 0
         all_rewards: list[torch.Tensor] = []
@@ -62,7 +64,7 @@ class RolloutWorker:
                 self.tokenizer, [it.prompt for it in items], self.max_prompt_tokens
             )
             t0 = time.perf_counter()
-            params = self.sampling
+            params = self._params(step, len(all_rewards))
             groups = self.client.generate(
                 prompt_ids, self.group_size, params, model=model_name, expected_version=version
             )
@@ -96,6 +98,13 @@ class RolloutWorker:
             generated_tokens=tokens,
             rounds=len(all_rewards),
         )
+
+    def _params(self, step: int, round_: int) -> SamplingParams:
+        """Fresh, reproducible randomness per step and refill round (same seed = same run)."""
+        base = self.sampling.seed
+        if base is None:
+            return self.sampling
+        return replace(self.sampling, seed=(base * 1_000_003 + step * 7_919 + round_) % 2**31)
 
     def _score(self, items, groups: list[list[Sample]]) -> torch.Tensor:
         prompts, completions, truths, metas = [], [], [], []

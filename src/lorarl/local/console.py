@@ -1,0 +1,76 @@
+"""What a person watching `lorarl run --local` sees: a live progress line, then the reward curve."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from lorarl.api.progress import Progress as TrainerProgress
+from lorarl.api.progress import StepRecord
+
+SPARK = "▁▂▃▄▅▆▇█"
+
+
+def sparkline(values: list[float]) -> str:
+    if not values:
+        return ""
+    lo, hi = min(values), max(values)
+    span = (hi - lo) or 1.0
+    return "".join(SPARK[int((v - lo) / span * (len(SPARK) - 1))] for v in values)
+
+
+class LiveView:
+    def __init__(self, console: Console, job: str, total_steps: int):
+        self.progress = Progress(
+            TextColumn(f"[bold]{job}[/]"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[metrics]}"),
+            TimeElapsedColumn(),
+            console=console,
+        )
+        self.task = self.progress.add_task("train", total=total_steps, metrics="starting engines…")
+
+    def update(self, p: TrainerProgress | None) -> None:
+        if p is None:
+            return
+        r = p.latest
+        metrics = "waiting for the first step…"
+        if r is not None:
+            parts = [f"reward {r.reward_mean:.3f}"]
+            if r.kl is not None:
+                parts.append(f"kl {r.kl:.4f}")
+            if r.tokens_per_second:
+                parts.append(f"{r.tokens_per_second:.0f} tok/s")
+            if r.sync_seconds is not None:
+                parts.append(f"sync {r.sync_seconds * 1000:.0f} ms")
+            metrics = " · ".join(parts)
+        self.progress.update(self.task, completed=p.step, metrics=metrics)
+
+    def __enter__(self) -> LiveView:
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.progress.stop()
+
+
+def summary(console: Console, history: list[StepRecord], width: int = 10) -> None:
+    """The reward curve as a sparkline plus a table of every `width`-th step."""
+    if not history:
+        console.print("no steps recorded")
+        return
+    rewards = [r.reward_mean for r in history]
+    console.print(f"reward  {sparkline(rewards)}  {rewards[0]:.3f} → {rewards[-1]:.3f}")
+    table = Table("step", "reward", "kl", "step s", "sync ms")
+    every = max(1, len(history) // width)
+    for r in history[::every] + ([history[-1]] if (len(history) - 1) % every else []):
+        table.add_row(
+            str(r.step),
+            f"{r.reward_mean:.3f}",
+            "" if r.kl is None else f"{r.kl:.4f}",
+            "" if r.step_seconds is None else f"{r.step_seconds:.2f}",
+            "" if r.sync_seconds is None else f"{r.sync_seconds * 1000:.0f}",
+        )
+    console.print(table)

@@ -1,0 +1,80 @@
+"""One `lorarl run --local` session: the run, its status API, what the terminal shows, and a
+clean stop on success, failure or Ctrl-C."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+from rich.console import Console
+
+from lorarl.api import run_files
+from lorarl.api.job import LoRARLJob
+from lorarl.local.console import LiveView, summary
+from lorarl.local.runner import LocalRun, RunFailed
+
+ENGINE_VENV_PYTHON = Path(".venv-engine/bin/python")
+
+
+def default_engine_python() -> str | None:
+    if os.environ.get("LORARL_ENGINE_PYTHON"):
+        return os.environ["LORARL_ENGINE_PYTHON"]
+    return str(ENGINE_VENV_PYTHON.resolve()) if ENGINE_VENV_PYTHON.is_file() else None
+
+
+def run_local(
+    job: LoRARLJob,
+    *,
+    run_dir: str | None = None,
+    status_port: int = 8088,
+    engine_python: str | None = None,
+    console: Console | None = None,
+) -> int:
+    console = console or Console()
+    run_dir = Path(run_dir or Path("runs") / job.name)
+    run = LocalRun(job, run_dir, engine_python=engine_python or default_engine_python())
+    stop_status = None
+    # SIGTERM (e.g. from a CI timeout) takes the same path as Ctrl-C: stop every child.
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        run.start()
+        console.print(f"run directory: {run.run_dir} (logs in {run.run_dir / 'logs'})")
+        if status_port >= 0:
+            stop_status = _start_status_api(job, run, status_port, console)
+        with LiveView(console, job.name, job.spec.training.total_steps) as view:
+            result = run.wait(on_poll=lambda r: view.update(r.progress()))
+    except RunFailed as exc:
+        console.print(f"[red]run failed:[/] {exc}")
+        return 1
+    except KeyboardInterrupt:
+        console.print("[yellow]interrupted: stopping every process[/]")
+        return 130
+    finally:
+        run.stop()
+        if stop_status:
+            stop_status()
+        signal.signal(signal.SIGTERM, previous)
+    summary(console, run_files.read_history(run.run_dir))
+    console.print(f"adapter: {run.run_dir / 'adapter'}  ({result.seconds:.0f} s)")
+    return 0
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def _start_status_api(job: LoRARLJob, run: LocalRun, port: int, console: Console):
+    from lorarl.server.app import create_app
+    from lorarl.server.serve import serve_in_thread
+    from lorarl.server.stores.local import LocalStore
+
+    store = LocalStore()
+    store.add(run.job, run.progress_url, run_dir=run.run_dir)
+    try:
+        url, stop = serve_in_thread(create_app(store), port=port)
+    except OSError as exc:
+        console.print(f"[yellow]status API not started (port {port}: {exc.strerror})[/]")
+        return None
+    console.print(f"status API and dashboard: {url}/  (jobs at {url}/v1/jobs)")
+    return stop

@@ -1,0 +1,120 @@
+"""`lorarl run examples/quickstart.yaml --local` for real: vLLM engines (under the engine
+interpreter), sync sidecars, 2 trainer ranks under torchrun, the status API; and nothing left
+running afterwards."""
+
+from __future__ import annotations
+
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from fastapi.testclient import TestClient
+from peft import PeftModel
+from transformers import AutoModelForCausalLM
+
+from lorarl.api.validation import load_job_file
+from lorarl.local import LocalRun
+from lorarl.server.app import create_app
+from lorarl.server.stores.local import LocalStore
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[2]
+QUICKSTART = ROOT / "examples" / "quickstart.yaml"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def quickstart_assets():
+    subprocess.run([sys.executable, "-m", "lorarl.cli", "prepare", "quickstart"], cwd=ROOT,
+                   check=True, capture_output=True, timeout=300)  # fmt: skip
+
+
+@pytest.fixture(autouse=True)
+def in_repo_root(monkeypatch):
+    monkeypatch.chdir(ROOT)  # the quickstart's paths are relative to the repository
+
+
+def quickstart(sync_mode: str, steps: int = 30):
+    job = load_job_file(QUICKSTART)
+    job.spec.rollout.sync_mode = sync_mode
+    job.spec.training.total_steps = steps
+    return job
+
+
+def gone(pid: int) -> bool:
+    try:
+        os.killpg(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def check_finished_run(run: LocalRun, result, steps: int = 30) -> None:
+    assert result.progress.phase == "Succeeded" and result.progress.step == steps
+    store = LocalStore()
+    store.add(run.job, run.progress_url, run_dir=run.run_dir)  # trainer gone: read its files
+    metrics = TestClient(create_app(store)).get("/v1/jobs/local/quickstart/metrics").json()
+    steps = metrics["steps"]
+    assert len(steps) == result.progress.step
+    assert [s["step"] for s in steps] == list(range(1, len(steps) + 1))
+    rewards = [s["rewardMean"] for s in steps]
+    assert statistics.mean(rewards[-10:]) > statistics.mean(rewards[:3]) + 0.1, rewards
+    base = AutoModelForCausalLM.from_pretrained(run.job.spec.model.path)
+    PeftModel.from_pretrained(base, run.run_dir / "adapter")
+
+
+def test_quickstart_merged_survives_an_engine_kill(tmp_path: Path, engine_python: str):
+    # Long enough for a killed vLLM to restart (~30-50 s here) while training goes on.
+    job = quickstart("merged", steps=60)
+    with LocalRun(job, tmp_path / "run", engine_python=engine_python) as run:
+        run.start()
+        engine = next(c for c in run.children if c.name == "quickstart-rollout-0-engine")
+        deadline = time.monotonic() + 600
+        while (p := run.progress()) is None or p.step < 3:
+            assert run.trainer.poll() is None, run.trainer.tail()
+            assert time.monotonic() < deadline
+            time.sleep(0.5)
+        first_pid = engine.pid
+        os.killpg(first_pid, signal.SIGKILL)
+        result = run.wait(timeout_s=900)
+        children = [c.pid for c in run.children]
+    assert engine.restarts == 1 and engine.pid != first_pid
+    sidecar_log = (run.run_dir / "logs" / "quickstart-rollout-0-sidecar.log").read_text()
+    assert "engine down: v" in sidecar_log  # updates while it was down were kept...
+    assert "engine restarted; re-applied" in sidecar_log  # ...and delivered when it came back
+    trainer_log = (run.run_dir / "logs" / "quickstart-trainer-0-trainer.log").read_text()
+    assert "generating on 1 of 2 engines" in trainer_log
+    check_finished_run(run, result, steps=60)
+    assert all(gone(pid) for pid in [*children, first_pid]), "a child outlived the run"
+
+
+def test_quickstart_adapter_mode(tmp_path: Path, engine_python: str):
+    with LocalRun(quickstart("adapter"), tmp_path / "run", engine_python=engine_python) as run:
+        run.start()
+        result = run.wait(timeout_s=900)
+        children = [c.pid for c in run.children]
+    check_finished_run(run, result)
+    assert all(gone(pid) for pid in children)
+
+
+def test_cli_runs_a_short_job_end_to_end(tmp_path: Path, engine_python: str):
+    doc = yaml.safe_load(QUICKSTART.read_text())
+    doc["spec"]["training"]["totalSteps"] = 3
+    doc["spec"]["rollout"]["replicas"] = 1
+    job_file = tmp_path / "short.yaml"
+    job_file.write_text(yaml.safe_dump(doc))
+    result = subprocess.run(
+        [sys.executable, "-m", "lorarl.cli", "run", str(job_file), "--local",
+         "--run-dir", str(tmp_path / "run"), "--status-port", "0"],
+        cwd=ROOT, capture_output=True, text=True, timeout=600,
+        env={**os.environ, "LORARL_ENGINE_PYTHON": engine_python, "COLUMNS": "120"},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "status API and dashboard: http://127.0.0.1:" in result.stdout
+    assert "reward" in result.stdout and "adapter:" in result.stdout
+    assert (tmp_path / "run" / "adapter" / "adapter_model.safetensors").is_file()
