@@ -32,8 +32,12 @@ from tests.support.kube_emulator import kube_api
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results" / "operator_scale.json"
 LRJ = "lorarl.dev/v1alpha1/lorarljobs"
-CHILDREN = (("v1/services", ""), ("v1/configmaps", "-config"), ("v1/secrets", "-engine-key"),
-            ("networking.k8s.io/v1/networkpolicies", ""))
+CHILDREN = (
+    ("v1/services", ""),
+    ("v1/configmaps", "-config"),
+    ("v1/secrets", "-engine-key"),
+    ("networking.k8s.io/v1/networkpolicies", ""),
+)
 PODS = ("-trainer-0", "-rollout-0", "-rollout-1")
 
 
@@ -54,7 +58,8 @@ def _peak_rss_mb(pid: int) -> float:
 
 def _expected(name: str) -> set[tuple[str, str]]:
     return {(res.rsplit("/", 1)[-1], name + sfx) for res, sfx in CHILDREN} | {
-        ("pods", name + sfx) for sfx in PODS}
+        ("pods", name + sfx) for sfx in PODS
+    }
 
 
 def main() -> None:
@@ -67,14 +72,25 @@ def main() -> None:
     names = [f"bench-{i:04d}" for i in range(args.jobs)]
     with kube_api(crds=[crd]) as kube, tempfile.TemporaryDirectory() as tmp:
         health = _free_port()
-        env = {**os.environ, "KUBECONFIG": str(kube.kubeconfig_path), "LORARL_WEBHOOK_PORT": "0",
-               "LORARL_HEALTH_PORT": str(health), "LORARL_METRICS_PORT": "0",
-               "LORARL_TIMER_SECONDS": "30", "LORARL_PROGRESS_URL": "http://127.0.0.1:9",
-               "HOME": tmp}
+        env = {
+            **os.environ,
+            "KUBECONFIG": str(kube.kubeconfig_path),
+            "LORARL_WEBHOOK_PORT": "0",
+            "LORARL_HEALTH_PORT": str(health),
+            "LORARL_METRICS_PORT": "0",
+            "LORARL_TIMER_SECONDS": "30",
+            "LORARL_PROGRESS_URL": "http://127.0.0.1:9",
+            "HOME": tmp,
+        }
         log = Path(tmp) / "operator.log"
         with log.open("wb") as out:
-            proc = subprocess.Popen([sys.executable, "-m", "lorarl.operator"], env=env,
-                                    stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "lorarl.operator"],
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                cwd=ROOT,
+            )
         try:
             deadline = time.monotonic() + 60
             while True:
@@ -125,9 +141,12 @@ def main() -> None:
         "peak_rss_mb": rss,
         "create_all_s": round(create_s, 3),
         "children_per_job": len(CHILDREN) + len(PODS),
-        "machine": {"cpu_count": os.cpu_count(), "python": platform.python_version(),
-                    "load_avg_1m_at_start": round(load, 2),
-                    "note": "emulator and operator share the machine's cores"},
+        "machine": {
+            "cpu_count": os.cpu_count(),
+            "python": platform.python_version(),
+            "load_avg_1m_at_start": round(load, 2),
+            "note": "emulator and operator share the machine's cores",
+        },
     }
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(result, indent=2) + "\n")

@@ -110,8 +110,9 @@ def main() -> None:
     assert ctx.world_size == 2 and ctx.backend == "gloo", ctx
     torch.manual_seed(INIT_SEED if args.mode == "train" else INIT_SEED + 1)
     peft_model = apply_lora(load_base_model(args.model), LORA)
-    base_before = {n: p.detach().clone() for n, p in peft_model.named_parameters()
-                   if ".lora_" not in n}
+    base_before = {
+        n: p.detach().clone() for n, p in peft_model.named_parameters() if ".lora_" not in n
+    }
     model = shard_model(peft_model, ctx, mixed_precision=True)
     assert all(hasattr(p, "device_mesh") for p in model.parameters()), "not sharded"
     optimizer = make_optimizer(model)
@@ -124,12 +125,11 @@ def main() -> None:
         norms = [train_step(model, optimizer, s, ctx.rank) for s in range(STEPS_BEFORE_SAVE)]
         result["norms"] = norms
         trained = lora_state_dict(model)
-        result["lora_changed"] = {
-            k: not torch.equal(trained[k], lora_init[k]) for k in trained
-        }
+        result["lora_changed"] = {k: not torch.equal(trained[k], lora_init[k]) for k in trained}
         base_after = full_base_params(model)
-        result["base_unchanged"] = all(torch.equal(base_after[k], base_before[k])
-                                       for k in base_before)
+        result["base_unchanged"] = all(
+            torch.equal(base_after[k], base_before[k]) for k in base_before
+        )
         manager.save(STEPS_BEFORE_SAVE, model, optimizer, {"data_position": 123})
         export_adapter(model, out / "exported")
         result["rand_after_ckpt"] = torch.rand(3).tolist()

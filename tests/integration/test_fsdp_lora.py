@@ -37,11 +37,23 @@ def _free_port() -> int:
 
 def _torchrun(mode: str, model: Path, ckpt: Path, out: Path) -> None:
     cmd = [
-        sys.executable, "-m", "torch.distributed.run",
-        "--nproc_per_node", str(WORLD), "--master_addr", "127.0.0.1",
-        "--master_port", str(_free_port()),
-        str(REPO / "tests/integration/fsdp_worker.py"), mode,
-        "--model", str(model), "--ckpt", str(ckpt), "--out", str(out),
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        str(WORLD),
+        "--master_addr",
+        "127.0.0.1",
+        "--master_port",
+        str(_free_port()),
+        str(REPO / "tests/integration/fsdp_worker.py"),
+        mode,
+        "--model",
+        str(model),
+        "--ckpt",
+        str(ckpt),
+        "--out",
+        str(out),
     ]
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=120)
@@ -101,8 +113,14 @@ def test_training_changes_only_lora_and_matches_unsharded_replay(run):
 
 def test_checkpoint_layout_and_resume_is_exact(run):
     ckpt = run["ckpt"] / f"step-{W.STEPS_BEFORE_SAVE:06d}"
-    for name in ("adapter/adapter_model.safetensors", "adapter/adapter_config.json",
-                 "optimizer.pt", "state.json", "rng.pt", "COMPLETE"):
+    for name in (
+        "adapter/adapter_model.safetensors",
+        "adapter/adapter_config.json",
+        "optimizer.pt",
+        "state.json",
+        "rng.pt",
+        "COMPLETE",
+    ):
         assert (ckpt / name).is_file(), name
     trained = load_file(str(run["out"] / "trained.safetensors"))
     restored = load_file(str(run["out"] / "restored.safetensors"))
@@ -122,8 +140,11 @@ def test_checkpoint_layout_and_resume_is_exact(run):
 
 @pytest.mark.parametrize("adapter", ["exported", "checkpoint"])
 def test_saved_adapter_loads_in_plain_peft_with_same_logits(run, adapter):
-    folder = (run["out"] / "exported" if adapter == "exported"
-              else run["ckpt"] / f"step-{W.STEPS_BEFORE_SAVE:06d}" / "adapter")
+    folder = (
+        run["out"] / "exported"
+        if adapter == "exported"
+        else run["ckpt"] / f"step-{W.STEPS_BEFORE_SAVE:06d}" / "adapter"
+    )
     model = PeftModel.from_pretrained(load_base_model(run["model"]), str(folder))
     ids, attn = W.probe_batch()
     with torch.no_grad():

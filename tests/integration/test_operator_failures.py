@@ -24,8 +24,11 @@ def _uids(c: Cluster, name: str) -> dict[str, str]:
 
 def _start(c: Cluster, name: str, trainers: int = 1, **overrides: object) -> dict[str, str]:
     c.create(quickstart(name, trainer__replicas=trainers, **overrides))
-    c.wait_pods(name, {f"{name}-trainer-{i}" for i in range(trainers)}
-                | {f"{name}-rollout-0", f"{name}-rollout-1"})
+    c.wait_pods(
+        name,
+        {f"{name}-trainer-{i}" for i in range(trainers)}
+        | {f"{name}-rollout-0", f"{name}-rollout-1"},
+    )
     c.run_all(name)
     c.wait_phase(name, "Running")
     return _uids(c, name)
@@ -33,15 +36,19 @@ def _start(c: Cluster, name: str, trainers: int = 1, **overrides: object) -> dic
 
 def test_failed_rollout_pod_is_recreated_alone(shared: Cluster) -> None:
     before = _start(shared, "rf")
-    shared.kube.set_pod_phase("default", "rf-rollout-1", "Failed", exit_code=1,
-                              reason="Error", message="engine crashed")
+    shared.kube.set_pod_phase(
+        "default", "rf-rollout-1", "Failed", exit_code=1, reason="Error", message="engine crashed"
+    )
     wait_for(lambda: _uids(shared, "rf").get("rf-rollout-1") not in (None, before["rf-rollout-1"]))
     after = _uids(shared, "rf")
     assert after["rf-trainer-0"] == before["rf-trainer-0"]
     assert after["rf-rollout-0"] == before["rf-rollout-0"]
     assert shared.status("rf")["restarts"] == 0
-    shared.wait_event("rf", "RolloutRestart", "rf-rollout-1 ended (Error, exit code 1): "
-                      "engine crashed; recreating it alone")
+    shared.wait_event(
+        "rf",
+        "RolloutRestart",
+        "rf-rollout-1 ended (Error, exit code 1): engine crashed; recreating it alone",
+    )
     # A rollout pod that disappears comes back too.
     shared.kube.emulator.delete("v1/pods", "default", "rf-rollout-0")
     wait_for(lambda: "rf-rollout-0" in shared.pods("rf"))
@@ -51,21 +58,33 @@ def test_failed_rollout_pod_is_recreated_alone(shared: Cluster) -> None:
 def test_trainer_failure_restarts_the_group_until_backoff_limit(shared: Cluster) -> None:
     before = _start(shared, "tf", trainers=2, runPolicy={"backoffLimit": 1})
     assert set(before) >= {"tf-trainer-0", "tf-trainer-1"}
-    shared.kube.set_pod_phase("default", "tf-trainer-1", "Failed", exit_code=137,
-                              reason="OOMKilled", message="out of memory")
+    shared.kube.set_pod_phase(
+        "default",
+        "tf-trainer-1",
+        "Failed",
+        exit_code=137,
+        reason="OOMKilled",
+        message="out of memory",
+    )
     wait_for(lambda: shared.status("tf").get("restarts") == 1)
-    wait_for(lambda: all(_uids(shared, "tf").get(f"tf-trainer-{i}") not in
-                         (None, before[f"tf-trainer-{i}"]) for i in (0, 1)))
+    wait_for(
+        lambda: all(
+            _uids(shared, "tf").get(f"tf-trainer-{i}") not in (None, before[f"tf-trainer-{i}"])
+            for i in (0, 1)
+        )
+    )
     pods = shared.pods("tf")
-    assert {pods[f"tf-trainer-{i}"]["metadata"]["labels"]["lorarl.dev/attempt"]
-            for i in (0, 1)} == {"1"}
+    assert {
+        pods[f"tf-trainer-{i}"]["metadata"]["labels"]["lorarl.dev/attempt"] for i in (0, 1)
+    } == {"1"}
     assert _uids(shared, "tf")["tf-rollout-0"] == before["tf-rollout-0"]  # rollouts untouched
     assert shared.status("tf")["phase"] == "Restarting"
     shared.run_all("tf")
     shared.wait_phase("tf", "Running")
 
-    shared.kube.set_pod_phase("default", "tf-trainer-0", "Failed", exit_code=1,
-                              reason="Error", message="loss is NaN")
+    shared.kube.set_pod_phase(
+        "default", "tf-trainer-0", "Failed", exit_code=1, reason="Error", message="loss is NaN"
+    )
     status = shared.wait_phase("tf", "Failed")
     failed = next(c for c in status["conditions"] if c["type"] == "Failed")
     assert failed["reason"] == "Error"
@@ -73,8 +92,12 @@ def test_trainer_failure_restarts_the_group_until_backoff_limit(shared: Cluster)
     assert "backoffLimit (1) reached after 1 restarts" in failed["message"]
     assert status["restarts"] == 1 and status["completionTime"]
     wait_for(lambda: shared.pods("tf") == {}, what="pods cleaned (cleanPodPolicy All)")
-    shared.wait_event("tf", "TrainerRestart", "tf-trainer-1 failed (OOMKilled, exit code 137): "
-                      "out of memory; restarting the trainer group")
+    shared.wait_event(
+        "tf",
+        "TrainerRestart",
+        "tf-trainer-1 failed (OOMKilled, exit code 137): "
+        "out of memory; restarting the trainer group",
+    )
     assert shared.wait_event("tf", "Failed")[0] == "Warning"
     assert "lorarl_trainer_restarts_total" in shared.operator.metrics()
 
@@ -130,8 +153,9 @@ def test_operator_killed_mid_reconcile_creates_nothing_twice(tmp_path: Path) -> 
                 killed.wait(10)
             return {"response": {"uid": review["request"]["uid"], "allowed": True}}
 
-        c.kube.emulator.add_admission_hook(slow_second_pod, name="slow", resource="pods",
-                                           operations=("CREATE",))
+        c.kube.emulator.add_admission_hook(
+            slow_second_pod, name="slow", resource="pods", operations=("CREATE",)
+        )
         c.create(quickstart("crash"))
         assert reached.wait(15), "the operator never created a second pod"
         c.operator.kill()

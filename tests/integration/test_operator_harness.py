@@ -35,18 +35,34 @@ TIMER_SECONDS = "0.3"
 
 def _podgroup_crd(group: str, version: str) -> dict[str, Any]:
     return {
-        "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
         "metadata": {"name": f"podgroups.{group}"},
-        "spec": {"group": group, "scope": "Namespaced",
-                 "names": {"plural": "podgroups", "singular": "podgroup", "kind": "PodGroup"},
-                 "versions": [{"name": version, "served": True, "storage": True, "schema": {
-                     "openAPIV3Schema": {"type": "object",
-                                         "x-kubernetes-preserve-unknown-fields": True}}}]},
+        "spec": {
+            "group": group,
+            "scope": "Namespaced",
+            "names": {"plural": "podgroups", "singular": "podgroup", "kind": "PodGroup"},
+            "versions": [
+                {
+                    "name": version,
+                    "served": True,
+                    "storage": True,
+                    "schema": {
+                        "openAPIV3Schema": {
+                            "type": "object",
+                            "x-kubernetes-preserve-unknown-fields": True,
+                        }
+                    },
+                }
+            ],
+        },
     }
 
 
-PODGROUP_CRDS = [_podgroup_crd("scheduling.x-k8s.io", "v1alpha1"),
-                 _podgroup_crd("scheduling.volcano.sh", "v1beta1")]
+PODGROUP_CRDS = [
+    _podgroup_crd("scheduling.x-k8s.io", "v1alpha1"),
+    _podgroup_crd("scheduling.volcano.sh", "v1beta1"),
+]
 
 
 def free_port() -> int:
@@ -78,19 +94,31 @@ def write_certs(folder: Path) -> None:
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "lorarl-webhook")])
     now = dt.datetime.now(dt.timezone.utc)
-    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
-            .public_key(key.public_key()).serial_number(x509.random_serial_number())
-            .not_valid_before(now - dt.timedelta(minutes=1))
-            .not_valid_after(now + dt.timedelta(days=1))
-            .add_extension(x509.SubjectAlternativeName([
-                x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
-                critical=False)
-            .sign(key, hashes.SHA256()))
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=1))
+        .not_valid_after(now + dt.timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName(
+                [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+            ),
+            critical=False,
+        )
+        .sign(key, hashes.SHA256())
+    )
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "tls.crt").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    (folder / "tls.key").write_bytes(key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption()))
+    (folder / "tls.key").write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
 
 
 @dataclass
@@ -107,12 +135,20 @@ class Operator:
 
     def start(self) -> Operator:
         self.health_port, self.metrics_port = free_port(), free_port()
-        env = {**self.env, "LORARL_HEALTH_PORT": str(self.health_port),
-               "LORARL_METRICS_PORT": str(self.metrics_port),
-               "LORARL_WEBHOOK_PORT": str(self.webhook_port)}
+        env = {
+            **self.env,
+            "LORARL_HEALTH_PORT": str(self.health_port),
+            "LORARL_METRICS_PORT": str(self.metrics_port),
+            "LORARL_WEBHOOK_PORT": str(self.webhook_port),
+        }
         with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen([sys.executable, "-m", "lorarl.operator"], env=env,
-                                         stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "lorarl.operator"],
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=ROOT,
+            )
         wait_for(self._healthy, 30, "operator /healthz")
         if self.webhook_port:
             wait_for(self._webhook_up, 15, "webhook port")
@@ -123,8 +159,10 @@ class Operator:
         if self.proc.poll() is not None:
             raise AssertionError(f"operator exited {self.proc.returncode}:\n{self.logs()}")
         try:
-            return httpx.get(f"http://127.0.0.1:{self.health_port}/healthz",
-                             timeout=1).status_code == 200
+            return (
+                httpx.get(f"http://127.0.0.1:{self.health_port}/healthz", timeout=1).status_code
+                == 200
+            )
         except httpx.HTTPError:
             return False
 
@@ -170,8 +208,12 @@ class Cluster:
         return (self.job(name) or {}).get("status") or {}
 
     def pods(self, name: str) -> dict[str, dict[str, Any]]:
-        return {p["metadata"]["name"]: p for p in self.kube.emulator.list_objects(
-            "v1/pods", "default", label_selector=f"lorarl.dev/job={name}")}
+        return {
+            p["metadata"]["name"]: p
+            for p in self.kube.emulator.list_objects(
+                "v1/pods", "default", label_selector=f"lorarl.dev/job={name}"
+            )
+        }
 
     def create(self, manifest: dict[str, Any]) -> dict[str, Any]:
         return self.kube.emulator.create(LRJ, manifest)
@@ -183,25 +225,34 @@ class Cluster:
                 self.kube.set_pod_phase("default", pod_name, "Running")
 
     def wait_phase(self, name: str, phase: str, timeout: float = 15.0) -> dict[str, Any]:
-        wait_for(lambda: self.status(name).get("phase") == phase, timeout,
-                 f"{name} phase {phase} (now {self.status(name).get('phase')})")
+        wait_for(
+            lambda: self.status(name).get("phase") == phase,
+            timeout,
+            f"{name} phase {phase} (now {self.status(name).get('phase')})",
+        )
         return self.status(name)
 
     def wait_pods(self, name: str, expected: set[str], timeout: float = 15.0) -> None:
-        wait_for(lambda: set(self.pods(name)) == expected, timeout,
-                 f"{name} pods == {sorted(expected)}")
+        wait_for(
+            lambda: set(self.pods(name)) == expected, timeout, f"{name} pods == {sorted(expected)}"
+        )
 
-    def wait_event(self, name: str, reason: str, text: str = "",
-                   timeout: float = 10.0) -> tuple[str, str, str]:
+    def wait_event(
+        self, name: str, reason: str, text: str = "", timeout: float = 10.0
+    ) -> tuple[str, str, str]:
         """Events are posted asynchronously (kopf's posting queue): wait for one."""
-        return wait_for(lambda: next((e for e in self.events(name)
-                                      if e[1] == reason and text in e[2]), None),
-                        timeout, f"event {reason} {text!r} on {name}")
+        return wait_for(
+            lambda: next((e for e in self.events(name) if e[1] == reason and text in e[2]), None),
+            timeout,
+            f"event {reason} {text!r} on {name}",
+        )
 
     def events(self, name: str) -> list[tuple[str, str, str]]:
-        return [(e.get("type", ""), e["reason"], e.get("message", ""))
-                for e in self.kube.emulator.events("default")
-                if e["involvedObject"].get("name") == name]
+        return [
+            (e.get("type", ""), e["reason"], e.get("message", ""))
+            for e in self.kube.emulator.events("default")
+            if e["involvedObject"].get("name") == name
+        ]
 
 
 def quickstart(name: str, **spec_overrides: Any) -> dict[str, Any]:
@@ -217,25 +268,39 @@ def quickstart(name: str, **spec_overrides: Any) -> dict[str, Any]:
 
 
 def operator_env(kube: KubeApi, trainer_url: str, cert_dir: Path, **extra: str) -> dict[str, str]:
-    return {**os.environ, "KUBECONFIG": str(kube.kubeconfig_path),
-            "LORARL_TIMER_SECONDS": TIMER_SECONDS, "LORARL_PROGRESS_URL": trainer_url,
-            "LORARL_PROGRESS_TIMEOUT": "0.5", "LORARL_WEBHOOK_CERT_DIR": str(cert_dir),
-            "LORARL_OPERATOR_NAMESPACE": OPERATOR_NAMESPACE, "LORARL_NAMESPACE": "",
-            "HOME": str(kube.workdir), **extra}
+    return {
+        **os.environ,
+        "KUBECONFIG": str(kube.kubeconfig_path),
+        "LORARL_TIMER_SECONDS": TIMER_SECONDS,
+        "LORARL_PROGRESS_URL": trainer_url,
+        "LORARL_PROGRESS_TIMEOUT": "0.5",
+        "LORARL_WEBHOOK_CERT_DIR": str(cert_dir),
+        "LORARL_OPERATOR_NAMESPACE": OPERATOR_NAMESPACE,
+        "LORARL_NAMESPACE": "",
+        "HOME": str(kube.workdir),
+        **extra,
+    }
 
 
 @contextmanager
 def cluster(tmp: Path, *, webhook: bool = True) -> Iterator[Cluster]:
-    with kube_api(crds=[CRD, *PODGROUP_CRDS]) as kube, FakeTrainer(job="demo",
-                                                                    total_steps=20) as trainer:
+    with (
+        kube_api(crds=[CRD, *PODGROUP_CRDS]) as kube,
+        FakeTrainer(job="demo", total_steps=20) as trainer,
+    ):
         cert_dir = tmp / "certs"
         write_certs(cert_dir)
-        op = Operator(kube, operator_env(kube, trainer.url, cert_dir), tmp / "operator.log",
-                      webhook_port=free_port() if webhook else 0)
+        op = Operator(
+            kube,
+            operator_env(kube, trainer.url, cert_dir),
+            tmp / "operator.log",
+            webhook_port=free_port() if webhook else 0,
+        )
         url = f"https://127.0.0.1:{op.webhook_port}/validate-lorarljob"
         if webhook:
-            kube.emulator.add_admission_hook(http_hook(url), name="validate.lorarljobs.lorarl.dev",
-                                             resource="lrj")
+            kube.emulator.add_admission_hook(
+                http_hook(url), name="validate.lorarljobs.lorarl.dev", resource="lrj"
+            )
         op.start()
         try:
             yield Cluster(kube, op, trainer, url)

@@ -53,15 +53,17 @@ def test_kubectl_apply_get_scale_delete(shared: Cluster) -> None:
         "Service": kube.emulator.get("v1/services", "default", "quickstart"),
         "ConfigMap": kube.emulator.get("v1/configmaps", "default", "quickstart-config"),
         "Secret": kube.emulator.get("v1/secrets", "default", "quickstart-engine-key"),
-        "NetworkPolicy": kube.emulator.get("networking.k8s.io/v1/networkpolicies", "default",
-                                           "quickstart"),
+        "NetworkPolicy": kube.emulator.get(
+            "networking.k8s.io/v1/networkpolicies", "default", "quickstart"
+        ),
         **shared.pods("quickstart"),
     }
     for kind, obj in children.items():
         assert obj is not None, kind
         owners = obj["metadata"]["ownerReferences"]
         assert [(o["kind"], o["uid"], o["controller"]) for o in owners] == [
-            ("LoRARLJob", uid, True)], kind
+            ("LoRARLJob", uid, True)
+        ], kind
         _valid({k: v for k, v in obj.items() if k != "status"})
     svc = children["Service"]["spec"]
     assert (svc["clusterIP"], svc["publishNotReadyAddresses"]) == ("None", True)
@@ -74,13 +76,15 @@ def test_kubectl_apply_get_scale_delete(shared: Cluster) -> None:
     assert env["MASTER_ADDR"]["value"] == "quickstart-trainer-0.quickstart"
     assert env["LORARL_SYNC_WORLD_SIZE"]["value"] == "3"
     assert env["LORARL_ENGINE_API_KEY"]["valueFrom"] == {
-        "secretKeyRef": {"name": "quickstart-engine-key", "key": "api-key"}}
+        "secretKeyRef": {"name": "quickstart-engine-key", "key": "api-key"}
+    }
     rollout = children["quickstart-rollout-1"]["spec"]
     assert [c["name"] for c in rollout["containers"]] == ["engine", "sidecar"]
     shm = next(v for v in rollout["volumes"] if v["name"] == "shm")
     assert shm["emptyDir"] == {"medium": "Memory"}
-    assert all({"name": "shm", "mountPath": "/dev/shm"} in c["volumeMounts"]
-               for c in rollout["containers"])
+    assert all(
+        {"name": "shm", "mountPath": "/dev/shm"} in c["volumeMounts"] for c in rollout["containers"]
+    )
 
     scaled = kube.kubectl("scale", "lrj/quickstart", "--replicas=3")
     assert scaled.returncode == 0, scaled.stderr
@@ -89,40 +93,60 @@ def test_kubectl_apply_get_scale_delete(shared: Cluster) -> None:
     new = shared.pods("quickstart")["quickstart-rollout-2"]
     sidecar_env = {e["name"]: e.get("value") for e in new["spec"]["containers"][1]["env"]}
     assert (sidecar_env["LORARL_SYNC_RANK"], sidecar_env["LORARL_SYNC_WORLD_SIZE"]) == ("3", "4")
-    wait_for(lambda: "replicas: 3" in kube.emulator.get(
-        "v1/configmaps", "default", "quickstart-config")["data"]["job.yaml"])
-    scale = json.loads(kube.kubectl("get", "--raw",
-                                    "/apis/lorarl.dev/v1alpha1/namespaces/default/lorarljobs/"
-                                    "quickstart/scale").stdout)
-    assert scale["status"] == {"replicas": 3,
-                               "selector": "lorarl.dev/job=quickstart,lorarl.dev/role=rollout"}
-    shared.wait_event("quickstart", "Scaled",
-                      "rollout replicas 2 -> 3; the sync group world size becomes 4")
+    wait_for(
+        lambda: (
+            "replicas: 3"
+            in kube.emulator.get("v1/configmaps", "default", "quickstart-config")["data"][
+                "job.yaml"
+            ]
+        )
+    )
+    scale = json.loads(
+        kube.kubectl(
+            "get",
+            "--raw",
+            "/apis/lorarl.dev/v1alpha1/namespaces/default/lorarljobs/quickstart/scale",
+        ).stdout
+    )
+    assert scale["status"] == {
+        "replicas": 3,
+        "selector": "lorarl.dev/job=quickstart,lorarl.dev/role=rollout",
+    }
+    shared.wait_event(
+        "quickstart", "Scaled", "rollout replicas 2 -> 3; the sync group world size becomes 4"
+    )
 
     deleted = kube.kubectl("delete", "lrj", "quickstart", "--timeout=20s")
     assert deleted.returncode == 0, deleted.stderr
     assert shared.job("quickstart") is None
     removed = kube.collect_garbage()
     assert {(k, n) for k, _, n in removed} >= {
-        ("Service", "quickstart"), ("ConfigMap", "quickstart-config"),
-        ("Secret", "quickstart-engine-key"), ("NetworkPolicy", "quickstart"),
-        *(("Pod", p) for p in QUICKSTART_PODS | {"quickstart-rollout-2"})}
+        ("Service", "quickstart"),
+        ("ConfigMap", "quickstart-config"),
+        ("Secret", "quickstart-engine-key"),
+        ("NetworkPolicy", "quickstart"),
+        *(("Pod", p) for p in QUICKSTART_PODS | {"quickstart-rollout-2"}),
+    }
     assert shared.pods("quickstart") == {}
 
 
 def test_progress_lands_in_status_and_the_status_api_reads_it(shared: Cluster) -> None:
     shared.create(quickstart("progress"))
-    shared.wait_pods("progress", {"progress-trainer-0", "progress-rollout-0",
-                                  "progress-rollout-1"})
+    shared.wait_pods("progress", {"progress-trainer-0", "progress-rollout-0", "progress-rollout-1"})
     shared.run_all("progress")
     shared.trainer.step(3)
-    status = wait_for(lambda: (s := shared.status("progress")).get("step") == 3 and s, 10,
-                      "step 3 in status")
+    status = wait_for(
+        lambda: (s := shared.status("progress")).get("step") == 3 and s, 10, "step 3 in status"
+    )
     assert status["totalSteps"] == 20  # what the trainer reports wins over the spec
     assert status["metrics"]["rewardMean"] == pytest.approx(0.3)  # make_record: 0.1 * step
     assert status["metrics"]["kl"] == pytest.approx(0.009)  # 0.001 * step**2
-    assert status["lastSync"] == {"version": 3, "seconds": pytest.approx(0.23), "bytes": 3000,
-                                  "mode": "merged"}
+    assert status["lastSync"] == {
+        "version": 3,
+        "seconds": pytest.approx(0.23),
+        "bytes": 3000,
+        "mode": "merged",
+    }
     assert "/progress" in shared.trainer.requests
 
     got = shared.kube.kubectl("get", "lrj", "progress")
@@ -130,8 +154,9 @@ def test_progress_lands_in_status_and_the_status_api_reads_it(shared: Cluster) -
     assert row[:3] == ["progress", "Running", "3"]
     assert (float(row[3]), float(row[4])) == (pytest.approx(0.3), pytest.approx(0.23))
 
-    store = KubeStore(StatusKubeApi(shared.kube.url, token=shared.kube.token),
-                      progress_url=shared.trainer.url)
+    store = KubeStore(
+        StatusKubeApi(shared.kube.url, token=shared.kube.token), progress_url=shared.trainer.url
+    )
     detail = store.get_job("default", "progress")
     assert detail.detail is None  # the operator's status matches the API models exactly
     assert (detail.status.phase, detail.status.step) == ("Running", 3)
@@ -141,8 +166,9 @@ def test_progress_lands_in_status_and_the_status_api_reads_it(shared: Cluster) -
 
 
 def test_kueue_labels_and_scheduler_plugins_pod_group(shared: Cluster) -> None:
-    shared.create(quickstart("queued", scheduling={"queueName": "team-a",
-                                                   "gang": "scheduler-plugins"}))
+    shared.create(
+        quickstart("queued", scheduling={"queueName": "team-a", "gang": "scheduler-plugins"})
+    )
     shared.wait_pods("queued", {"queued-trainer-0", "queued-rollout-0", "queued-rollout-1"})
     for pod in shared.pods("queued").values():
         labels, notes = pod["metadata"]["labels"], pod["metadata"].get("annotations", {})
@@ -150,8 +176,7 @@ def test_kueue_labels_and_scheduler_plugins_pod_group(shared: Cluster) -> None:
         assert labels["kueue.x-k8s.io/pod-group-name"] == "queued"
         assert labels["scheduling.x-k8s.io/pod-group"] == "queued"
         assert notes["kueue.x-k8s.io/pod-group-total-count"] == "3"
-    group = shared.kube.emulator.get("scheduling.x-k8s.io/v1alpha1/podgroups", "default",
-                                     "queued")
+    group = shared.kube.emulator.get("scheduling.x-k8s.io/v1alpha1/podgroups", "default", "queued")
     assert group is not None and group["spec"] == {"minMember": 3}
 
 

@@ -13,8 +13,7 @@ __all__ = ["shared"]
 def test_bad_manifest_is_refused_with_the_field_named(shared: Cluster) -> None:
     refused = shared.kube.kubectl("apply", "-f", str(ROOT / "examples/bad/rank-zero.yaml"))
     assert refused.returncode == 1
-    assert 'admission webhook "validate.lorarljobs.lorarl.dev" denied the request' in \
-        refused.stderr
+    assert 'admission webhook "validate.lorarljobs.lorarl.dev" denied the request' in refused.stderr
     assert "spec.lora.rank: must be greater than 0 (got 0)" in refused.stderr
     name = yaml.safe_load((ROOT / "examples/bad/rank-zero.yaml").read_text())["metadata"]["name"]
     assert shared.job(name) is None
@@ -36,15 +35,18 @@ def test_running_job_rejects_spec_edits_but_allows_scale_and_suspend(shared: Clu
     assert "spec.lora.rank: cannot be changed on a running job" in refused.stderr
     assert shared.job("frozen")["spec"]["lora"]["rank"] == 8
 
-    scaled = shared.kube.kubectl("patch", "lrj", "frozen", "--type=merge",
-                                 "-p", '{"spec":{"rollout":{"replicas":1}}}')
+    scaled = shared.kube.kubectl(
+        "patch", "lrj", "frozen", "--type=merge", "-p", '{"spec":{"rollout":{"replicas":1}}}'
+    )
     assert scaled.returncode == 0, scaled.stderr
     shared.wait_pods("frozen", {"frozen-trainer-0", "frozen-rollout-0"})
 
     # Suspended, any field may change (Kueue does this); pods are rendered anew on resume.
-    for patch in ('{"spec":{"runPolicy":{"suspend":true}}}',
-                  '{"spec":{"lora":{"rank":16}}}',
-                  '{"spec":{"runPolicy":{"suspend":false}}}'):
+    for patch in (
+        '{"spec":{"runPolicy":{"suspend":true}}}',
+        '{"spec":{"lora":{"rank":16}}}',
+        '{"spec":{"runPolicy":{"suspend":false}}}',
+    ):
         done = shared.kube.kubectl("patch", "lrj", "frozen", "--type=merge", "-p", patch)
         assert done.returncode == 0, (patch, done.stderr)
     shared.wait_pods("frozen", {"frozen-trainer-0", "frozen-rollout-0"})

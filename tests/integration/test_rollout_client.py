@@ -97,14 +97,15 @@ def test_samples_have_ids_and_logprobs_of_the_model(engine: str, servers, refere
 @pytest.mark.parametrize("engine", ["vllm", "sglang"])
 def test_greedy_follows_the_argmax_on_every_endpoint(engine: str, servers, reference) -> None:
     params = SamplingParams(max_tokens=8, temperature=0.0)
-    per_endpoint = [client([url], engine).generate([PROMPTS[0]], 2, params,
-                                                    expected_version=0)[0]
-                    for url, _ in servers]
+    per_endpoint = [
+        client([url], engine).generate([PROMPTS[0]], 2, params, expected_version=0)[0]
+        for url, _ in servers
+    ]
     ids = list(PROMPTS[0])
     with torch.no_grad():
         for _ in range(8):
             ids.append(int(reference(input_ids=torch.tensor([ids])).logits[0, -1].argmax()))
-    greedy = ids[len(PROMPTS[0]):]
+    greedy = ids[len(PROMPTS[0]) :]
     for group in per_endpoint:
         assert [s.completion_ids for s in group] == [greedy, greedy]
 
@@ -114,8 +115,9 @@ def test_seed_reproduces_samples_and_duplicate_prompts_differ(servers) -> None:
     params = SamplingParams(max_tokens=12, seed=42)
     first = client([a]).generate([PROMPTS[1], PROMPTS[1]], 3, params, expected_version=0)
     again = client([b]).generate([PROMPTS[1], PROMPTS[1]], 3, params, expected_version=0)
-    assert [[s.completion_ids for s in g] for g in first] == \
-        [[s.completion_ids for s in g] for g in again]
+    assert [[s.completion_ids for s in g] for g in first] == [
+        [s.completion_ids for s in g] for g in again
+    ]
     assert [s.completion_ids for s in first[0]] != [s.completion_ids for s in first[1]]
 
 
@@ -133,8 +135,9 @@ def test_weight_version_comes_from_the_engine_when_it_reports_one(servers) -> No
 def test_load_spreads_over_both_endpoints(servers) -> None:
     urls = [url for url, _ in servers]
     rc = client(urls)
-    groups = rc.generate([[1, 10 + i] for i in range(8)], 2, SamplingParams(max_tokens=4),
-                         expected_version=0)
+    groups = rc.generate(
+        [[1, 10 + i] for i in range(8)], 2, SamplingParams(max_tokens=4), expected_version=0
+    )
     counts = [controls.requests["/v1/completions"] for _, controls in servers]
     assert counts == [4, 4]
     assert sorted(s.endpoint for g in groups for s in g) == sorted([urls[0]] * 8 + [urls[1]] * 8)
@@ -148,10 +151,13 @@ def test_busy_endpoint_gets_the_next_request_elsewhere(servers) -> None:
 
     async def run() -> tuple[list[list[Sample]], list[list[Sample]]]:
         async with client([slow, fast]) as rc:
-            busy = asyncio.create_task(rc.agenerate([[1, 2], [1, 3]], 1, params,
-                                                    expected_version=0))
-            while not (rc.endpoint_stats()[fast]["requests"] == 1
-                       and rc.endpoint_stats()[fast]["outstanding"] == 0):
+            busy = asyncio.create_task(
+                rc.agenerate([[1, 2], [1, 3]], 1, params, expected_version=0)
+            )
+            while not (
+                rc.endpoint_stats()[fast]["requests"] == 1
+                and rc.endpoint_stats()[fast]["outstanding"] == 0
+            ):
                 await asyncio.sleep(0.01)
             # round-robin would pick `slow` now; it still holds one request, `fast` holds none
             later = await rc.agenerate([[1, 4]], 1, params, expected_version=0)
@@ -168,8 +174,9 @@ def test_fails_over_when_one_endpoint_is_down(servers) -> None:
     live, controls = servers[0]
     dead = dead_endpoint()
     rc = client([dead, live])
-    groups = rc.generate([[1, 10 + i] for i in range(6)], 2, SamplingParams(max_tokens=4),
-                         expected_version=1)
+    groups = rc.generate(
+        [[1, 10 + i] for i in range(6)], 2, SamplingParams(max_tokens=4), expected_version=1
+    )
     assert all(len(g) == 2 and all(s.endpoint == live for s in g) for g in groups)
     assert controls.requests["/v1/completions"] == 6
     assert rc.endpoint_stats()[dead]["failures"] >= 1
@@ -179,8 +186,9 @@ def test_fails_over_when_one_endpoint_is_down(servers) -> None:
 def test_retries_transient_5xx(engine: str, servers) -> None:
     url, controls = servers[0]
     controls.fail_next = 2
-    groups = client([url], engine).generate([PROMPTS[0]], 2, SamplingParams(max_tokens=4),
-                                            expected_version=0)
+    groups = client([url], engine).generate(
+        [PROMPTS[0]], 2, SamplingParams(max_tokens=4), expected_version=0
+    )
     assert len(groups[0]) == 2
     assert controls.requests[PATHS[engine]] == 3  # two 503s, then the answer
 
@@ -189,8 +197,9 @@ def test_all_endpoints_down_raises_naming_them() -> None:
     dead = [dead_endpoint(), dead_endpoint()]
     started = time.monotonic()
     with pytest.raises(RolloutError) as info:
-        client(dead, max_retries=3).generate([[1, 2]], 1, SamplingParams(max_tokens=2),
-                                             expected_version=0)
+        client(dead, max_retries=3).generate(
+            [[1, 2]], 1, SamplingParams(max_tokens=2), expected_version=0
+        )
     assert time.monotonic() - started < 5
     assert all(url in str(info.value) for url in dead)
     assert set(info.value.endpoints) == set(dead)
@@ -203,11 +212,13 @@ def test_timeout_is_honored_and_fails_over(servers) -> None:
     started = time.monotonic()
     with pytest.raises(RolloutError, match=r"timed out after 0\.3s") as info:
         client([slow], timeout_s=0.3, max_retries=1).generate(
-            [[1, 2]], 1, SamplingParams(max_tokens=2), expected_version=0)
+            [[1, 2]], 1, SamplingParams(max_tokens=2), expected_version=0
+        )
     assert time.monotonic() - started < 2.0
     assert slow_controls.requests["/v1/completions"] == 2 and info.value.endpoints == [slow]
     groups = client([slow, fast], timeout_s=0.3).generate(
-        [[1, 2], [1, 3]], 1, SamplingParams(max_tokens=2), expected_version=0)
+        [[1, 2], [1, 3]], 1, SamplingParams(max_tokens=2), expected_version=0
+    )
     assert {g[0].endpoint for g in groups} == {fast}
 
 
@@ -216,12 +227,12 @@ def test_api_key_is_sent_as_bearer(model_dir: Path) -> None:
     url, stop = serve_in_thread(app)
     try:
         with pytest.raises(RolloutError, match="HTTP 401") as info:
-            client([url]).generate([[1, 2]], 1, SamplingParams(max_tokens=2),
-                                   expected_version=0)
+            client([url]).generate([[1, 2]], 1, SamplingParams(max_tokens=2), expected_version=0)
         assert info.value.endpoints == [url]
         assert app.state.controls.requests["/v1/completions"] == 1  # a 401 is not retried
         groups = client([url], "sglang", api_key="s3cret").generate(
-            [[1, 2]], 2, SamplingParams(max_tokens=2), expected_version=0)
+            [[1, 2]], 2, SamplingParams(max_tokens=2), expected_version=0
+        )
         assert len(groups[0]) == 2
         assert app.state.controls.auth_headers == [None, "Bearer s3cret"]
     finally:
@@ -233,8 +244,9 @@ def test_bad_request_is_reported_not_retried(servers) -> None:
     with pytest.raises(RolloutError, match=r"HTTP 400.*maximum context length"):
         client([url]).generate([[1] * 600], 1, SamplingParams(max_tokens=4), expected_version=0)
     with pytest.raises(RolloutError, match=r"HTTP 404.*does not exist"):
-        client([url]).generate([[1]], 1, SamplingParams(max_tokens=4), model="nope",
-                               expected_version=0)
+        client([url]).generate(
+            [[1]], 1, SamplingParams(max_tokens=4), model="nope", expected_version=0
+        )
     assert controls.requests["/v1/completions"] == 2
 
 
@@ -254,10 +266,12 @@ def test_async_context_shares_one_connection_pool(servers) -> None:
 
     async def run() -> tuple[list[list[Sample]], list[list[Sample]], dict[str, bool]]:
         async with client(urls) as rc:
-            first = await rc.agenerate([PROMPTS[0]], 1, SamplingParams(max_tokens=2),
-                                       expected_version=0)
-            second = await rc.agenerate([PROMPTS[1]], 1, SamplingParams(max_tokens=2),
-                                        expected_version=0)
+            first = await rc.agenerate(
+                [PROMPTS[0]], 1, SamplingParams(max_tokens=2), expected_version=0
+            )
+            second = await rc.agenerate(
+                [PROMPTS[1]], 1, SamplingParams(max_tokens=2), expected_version=0
+            )
             return first, second, await rc.ahealth()
 
     first, second, health = asyncio.run(run())

@@ -25,6 +25,14 @@ from tests.support.kube import (
 )
 
 __all__ = [
-    'AdmissionHook', 'AdmissionRule', 'ApiError', 'KubeApi', 'KubeEmulator', 'http_hook',
-    'kube_api', 'kubectl_binary', 'parse_crd', 'write_kubeconfig',
+    "AdmissionHook",
+    "AdmissionRule",
+    "ApiError",
+    "KubeApi",
+    "KubeEmulator",
+    "http_hook",
+    "kube_api",
+    "kubectl_binary",
+    "parse_crd",
+    "write_kubeconfig",
 ]

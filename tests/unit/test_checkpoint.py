@@ -59,9 +59,12 @@ def test_save_layout_and_contents(model_dir, tmp_path):
     path = mgr.save(10, model, opt, {"data_position": 42, "metrics": {"reward": 0.5}})
     assert path == tmp_path / "step-000010"
     assert sorted(p.name for p in path.iterdir()) == sorted(
-        ["adapter", "optimizer.pt", "state.json", "rng.pt", COMPLETE])
+        ["adapter", "optimizer.pt", "state.json", "rng.pt", COMPLETE]
+    )
     assert sorted(p.name for p in (path / "adapter").iterdir()) == [
-        "adapter_config.json", "adapter_model.safetensors"]
+        "adapter_config.json",
+        "adapter_model.safetensors",
+    ]
     state = json.loads((path / "state.json").read_text())
     assert state["step"] == 10 and state["world_size"] == 1
     assert state["trainer_state"] == {"data_position": 42, "metrics": {"reward": 0.5}}

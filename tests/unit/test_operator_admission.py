@@ -48,9 +48,10 @@ def test_the_same_problems_as_lorarl_validate() -> None:
 
 def test_changed_paths_name_leaves() -> None:
     assert changed_paths({"a": {"b": 1, "c": [1]}}, {"a": {"b": 2, "c": [1, 2]}}, "spec") == [
-        "spec.a.b", "spec.a.c"]
-    assert changed_paths({}, {"runPolicy": {"suspend": True}}, "spec") == [
-        "spec.runPolicy.suspend"]
+        "spec.a.b",
+        "spec.a.c",
+    ]
+    assert changed_paths({}, {"runPolicy": {"suspend": True}}, "spec") == ["spec.runPolicy.suspend"]
     assert changed_paths({"x": {"y": 1}}, {}, "spec") == ["spec.x.y"]
 
 
@@ -59,10 +60,13 @@ def test_running_job_may_change_only_scale_and_policy() -> None:
     assert immutable_changes(JOB, edited(runPolicy__suspend=True)) == []
     assert immutable_changes(JOB, edited(runPolicy__backoffLimit=9)) == []
     assert immutable_changes(JOB, edited(lora__rank=16, rollout__engine="sglang")) == [
-        "spec.lora.rank", "spec.rollout.engine"]
+        "spec.lora.rank",
+        "spec.rollout.engine",
+    ]
     message = update_refusal(JOB, edited(lora__rank=16))
     assert message is not None and message.startswith(
-        "spec.lora.rank: cannot be changed on a running job (only spec.rollout.replicas")
+        "spec.lora.rank: cannot be changed on a running job (only spec.rollout.replicas"
+    )
     assert update_refusal(JOB, copy.deepcopy(JOB)) is None
 
 

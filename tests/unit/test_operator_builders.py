@@ -17,8 +17,11 @@ from lorarl.plan import plan
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = yaml.safe_load((ROOT / "examples" / "quickstart.yaml").read_text())
-OWNER = {"apiVersion": "lorarl.dev/v1alpha1", "kind": "LoRARLJob",
-         "metadata": {"name": "quickstart", "namespace": "team", "uid": "u-1"}}
+OWNER = {
+    "apiVersion": "lorarl.dev/v1alpha1",
+    "kind": "LoRARLJob",
+    "metadata": {"name": "quickstart", "namespace": "team", "uid": "u-1"},
+}
 
 
 def job(**spec: Any):
@@ -31,8 +34,12 @@ def job(**spec: Any):
 
 
 def everything(j, p) -> list[dict[str, Any]]:
-    objs = [builders.service(p), builders.config_map(p), builders.engine_key_secret(p, "k"),
-            builders.network_policy(p, "lorarl-system")]
+    objs = [
+        builders.service(p),
+        builders.config_map(p),
+        builders.engine_key_secret(p, "k"),
+        builders.network_policy(p, "lorarl-system"),
+    ]
     objs += [builders.pod(p, j, role.role, r.index) for role in p.roles for r in role.replicas]
     group = builders.pod_group(p, j)
     return objs + ([group] if group else [])
@@ -40,20 +47,32 @@ def everything(j, p) -> list[dict[str, Any]]:
 
 @pytest.mark.parametrize("version", ["1.30", "1.34"])
 def test_every_object_passes_the_official_schema_after_adoption(version: str) -> None:
-    j, p = job(scheduling={"queueName": "q", "priorityClassName": "high"},
-               trainer={"env": [{"name": "HF_TOKEN", "valueFrom": {
-                   "secretKeyRef": {"name": "hf", "key": "token"}}}],
-                        "tolerations": [{"key": "gpu", "operator": "Exists"}],
-                        "nodeSelector": {"pool": "a"}},
-               model={"volume": {"claimName": "models", "mountPath": "/models"}})
+    j, p = job(
+        scheduling={"queueName": "q", "priorityClassName": "high"},
+        trainer={
+            "env": [
+                {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}}
+            ],
+            "tolerations": [{"key": "gpu", "operator": "Exists"}],
+            "nodeSelector": {"pool": "a"},
+        },
+        model={"volume": {"claimName": "models", "mountPath": "/models"}},
+    )
     objs = [o for o in everything(j, p) if o["kind"] != "PodGroup"]
     kopf.adopt(objs, owner=OWNER)
     assert len(objs) == 4 + 3
     for obj in objs:
         kubernetes_validate.validate(obj, version, strict=True)
-        assert obj["metadata"]["ownerReferences"] == [{
-            "apiVersion": "lorarl.dev/v1alpha1", "kind": "LoRARLJob", "name": "quickstart",
-            "uid": "u-1", "controller": True, "blockOwnerDeletion": True}]
+        assert obj["metadata"]["ownerReferences"] == [
+            {
+                "apiVersion": "lorarl.dev/v1alpha1",
+                "kind": "LoRARLJob",
+                "name": "quickstart",
+                "uid": "u-1",
+                "controller": True,
+                "blockOwnerDeletion": True,
+            }
+        ]
         assert obj["metadata"]["namespace"] == "team"
 
 
@@ -62,39 +81,63 @@ def test_pods_are_hardened_and_addressable() -> None:
     pod = builders.pod(p, j, "trainer", 0)
     spec = pod["spec"]
     assert (pod["metadata"]["name"], spec["hostname"], spec["subdomain"]) == (
-        "quickstart-trainer-0", "quickstart-trainer-0", "quickstart")
-    assert spec["securityContext"] == {"runAsNonRoot": True, "runAsUser": 10001,
-                                       "runAsGroup": 10001, "fsGroup": 10001,
-                                       "seccompProfile": {"type": "RuntimeDefault"}}
+        "quickstart-trainer-0",
+        "quickstart-trainer-0",
+        "quickstart",
+    )
+    assert spec["securityContext"] == {
+        "runAsNonRoot": True,
+        "runAsUser": 10001,
+        "runAsGroup": 10001,
+        "fsGroup": 10001,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
     assert spec["restartPolicy"] == "Never" and spec["automountServiceAccountToken"] is False
     for c in [*spec["containers"], *builders.pod(p, j, "rollout", 1)["spec"]["containers"]]:
         assert c["securityContext"] == {
-            "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
-            "runAsNonRoot": True, "runAsUser": 10001, "capabilities": {"drop": ["ALL"]},
-            "seccompProfile": {"type": "RuntimeDefault"}}
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "runAsNonRoot": True,
+            "runAsUser": 10001,
+            "capabilities": {"drop": ["ALL"]},
+            "seccompProfile": {"type": "RuntimeDefault"},
+        }
         assert {"name": "tmp", "mountPath": "/tmp"} in c["volumeMounts"]
     labels = pod["metadata"]["labels"]
-    assert {k: labels[k] for k in ("lorarl.dev/job", "lorarl.dev/role",
-                                   "lorarl.dev/replica-index", "lorarl.dev/attempt")} == {
-        "lorarl.dev/job": "quickstart", "lorarl.dev/role": "trainer",
-        "lorarl.dev/replica-index": "0", "lorarl.dev/attempt": "0"}
-    assert builders.pod(p, j, "trainer", 0, attempt=2)["metadata"]["labels"][
-        "lorarl.dev/attempt"] == "2"
+    assert {
+        k: labels[k]
+        for k in (
+            "lorarl.dev/job",
+            "lorarl.dev/role",
+            "lorarl.dev/replica-index",
+            "lorarl.dev/attempt",
+        )
+    } == {
+        "lorarl.dev/job": "quickstart",
+        "lorarl.dev/role": "trainer",
+        "lorarl.dev/replica-index": "0",
+        "lorarl.dev/attempt": "0",
+    }
+    assert (
+        builders.pod(p, j, "trainer", 0, attempt=2)["metadata"]["labels"]["lorarl.dev/attempt"]
+        == "2"
+    )
 
 
 def test_env_is_rendered_then_user_env_verbatim() -> None:
-    secret_ref = {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf",
-                                                                     "key": "token"}}}
+    secret_ref = {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}}
     j, p = job(trainer={"env": [{"name": "LOG", "value": "debug"}, secret_ref]})
     env = builders.pod(p, j, "trainer", 0)["spec"]["containers"][0]["env"]
     names = [e["name"] for e in env]
     rendered = p.role("trainer").replicas[0].containers[0].env
-    assert names[:len(rendered)] == list(rendered)  # plan order, then ours, then the user's
+    assert names[: len(rendered)] == list(rendered)  # plan order, then ours, then the user's
     assert env[-2:] == [{"name": "LOG", "value": "debug"}, secret_ref]
     by_name = {e["name"]: e for e in env}
     assert by_name["WORLD_SIZE"]["value"] == "2"  # 1 node x processesPerReplica 2
-    assert by_name["LORARL_ENGINE_API_KEY"] == {"name": "LORARL_ENGINE_API_KEY", "valueFrom": {
-        "secretKeyRef": {"name": "quickstart-engine-key", "key": "api-key"}}}
+    assert by_name["LORARL_ENGINE_API_KEY"] == {
+        "name": "LORARL_ENGINE_API_KEY",
+        "valueFrom": {"secretKeyRef": {"name": "quickstart-engine-key", "key": "api-key"}},
+    }
     assert by_name["HOME"]["value"] == "/tmp"
     user_home = job(trainer={"env": [{"name": "HOME", "value": "/work"}]})
     env = builders.pod(user_home[1], user_home[0], "trainer", 0)["spec"]["containers"][0]["env"]
@@ -110,18 +153,20 @@ def test_rollout_pod_shares_memory_volume_between_engine_and_sidecar() -> None:
     assert volumes["config"] == {"name": "config", "configMap": {"name": "quickstart-config"}}
     for c in spec["containers"]:
         assert {"name": "shm", "mountPath": "/dev/shm"} in c["volumeMounts"]
-        assert {"name": "config", "mountPath": "/etc/lorarl", "readOnly": True} in \
-            c["volumeMounts"]
+        assert {"name": "config", "mountPath": "/etc/lorarl", "readOnly": True} in c["volumeMounts"]
         assert any(e["name"] == "LORARL_ENGINE_API_KEY" for e in c["env"])
     sidecar = {e["name"]: e.get("value") for e in spec["containers"][1]["env"]}
     assert (sidecar["LORARL_SYNC_RANK"], sidecar["LORARL_SYNC_WORLD_SIZE"]) == ("2", "3")
-    assert spec["containers"][0]["ports"] == [{"name": "engine", "containerPort": 30000,
-                                               "protocol": "TCP"}]
+    assert spec["containers"][0]["ports"] == [
+        {"name": "engine", "containerPort": 30000, "protocol": "TCP"}
+    ]
 
 
 def test_gpus_become_limits() -> None:
-    j, p = job(trainer={"gpusPerReplica": 4, "processesPerReplica": None},
-               rollout={"gpusPerReplica": 2, "tensorParallelSize": 2, "engine": "sglang"})
+    j, p = job(
+        trainer={"gpusPerReplica": 4, "processesPerReplica": None},
+        rollout={"gpusPerReplica": 2, "tensorParallelSize": 2, "engine": "sglang"},
+    )
     trainer = builders.pod(p, j, "trainer", 0)["spec"]["containers"][0]
     assert trainer["resources"] == {"limits": {"nvidia.com/gpu": "4"}}
     engine = builders.pod(p, j, "rollout", 0)["spec"]["containers"][0]
@@ -139,8 +184,10 @@ def test_service_config_and_secret() -> None:
     assert yaml.safe_load(cm["data"]["job.yaml"]) == p.config
     assert parse_job(yaml.safe_load(cm["data"]["job.yaml"])).spec == j.spec
     secret = builders.engine_key_secret(p, "s3cr3t")
-    assert (secret["metadata"]["name"], secret["stringData"]) == ("quickstart-engine-key",
-                                                                  {"api-key": "s3cr3t"})
+    assert (secret["metadata"]["name"], secret["stringData"]) == (
+        "quickstart-engine-key",
+        {"api-key": "s3cr3t"},
+    )
     with pytest.raises(ValueError, match="must not be empty"):
         builders.engine_key_secret(p, "")
 
@@ -148,9 +195,10 @@ def test_service_config_and_secret() -> None:
 def test_network_policy_admits_job_ports_from_the_job_and_progress_from_the_operator() -> None:
     _, p = job()
     ingress = builders.network_policy(p, "ops")["spec"]["ingress"]
-    assert ingress[0] == {"from": [{"podSelector": {"matchLabels": {
-        "lorarl.dev/job": "quickstart"}}}], "ports": [
-        {"port": port, "protocol": "TCP"} for port in (29500, 29600, 30000, 8001, 8000)]}
+    assert ingress[0] == {
+        "from": [{"podSelector": {"matchLabels": {"lorarl.dev/job": "quickstart"}}}],
+        "ports": [{"port": port, "protocol": "TCP"} for port in (29500, 29600, 30000, 8001, 8000)],
+    }
     peer = ingress[1]["from"][0]
     assert peer["namespaceSelector"] == {"matchLabels": {"kubernetes.io/metadata.name": "ops"}}
     assert peer["podSelector"]["matchExpressions"][0]["values"] == ["operator", "status-api"]
@@ -169,8 +217,7 @@ def test_queue_and_gang_scheduling() -> None:
     assert group["spec"] == {"minMember": 3}
     j, p = job(scheduling={"gang": "volcano"}, trainer={"replicas": 2})
     group = builders.pod_group(p, j)
-    assert (group["apiVersion"], group["spec"]["minMember"]) == (
-        "scheduling.volcano.sh/v1beta1", 4)
+    assert (group["apiVersion"], group["spec"]["minMember"]) == ("scheduling.volcano.sh/v1beta1", 4)
     pod = builders.pod(p, j, "trainer", 1)
     assert pod["spec"]["schedulerName"] == "volcano"
     assert pod["metadata"]["annotations"] == {"scheduling.k8s.io/group-name": "quickstart"}

@@ -26,17 +26,33 @@ def job(**policy: object):
 
 
 def pod(role: str, i: int, phase: str = "Running", attempt: int = 0, **kw: object) -> PodView:
-    return PodView(name=f"quickstart-{role}-{i}", job="quickstart", role=role, index=i,
-                   attempt=attempt, phase=phase, uid=f"{role}{i}a{attempt}", **kw)
+    return PodView(
+        name=f"quickstart-{role}-{i}",
+        job="quickstart",
+        role=role,
+        index=i,
+        attempt=attempt,
+        phase=phase,
+        uid=f"{role}{i}a{attempt}",
+        **kw,
+    )
 
 
 ALL_RUNNING = [pod("trainer", 0), pod("rollout", 0), pod("rollout", 1)]
 
 
 def observe(pods, status=None, now=T0, replicas=None, progress=None, **policy):
-    return decide(Observed(job=job(**policy), generation=3, status=status or LoRARLJobStatus(),
-                           replicas=replicas or {"trainer": 1, "rollout": 2}, pods=pods,
-                           now=now, progress=progress))
+    return decide(
+        Observed(
+            job=job(**policy),
+            generation=3,
+            status=status or LoRARLJobStatus(),
+            replicas=replicas or {"trainer": 1, "rollout": 2},
+            pods=pods,
+            now=now,
+            progress=progress,
+        )
+    )
 
 
 def cond(status: LoRARLJobStatus, type_: str) -> Condition:
@@ -49,18 +65,22 @@ def test_fresh_job_creates_every_pod_and_is_pending() -> None:
     assert d.delete == [] and d.attempt == 0
     st = d.status
     assert (st.phase, st.start_time, st.total_steps, st.rollout_replicas) == (
-        "Pending", "2026-01-01T12:00:00Z", BASE["spec"]["training"]["totalSteps"], 2)
+        "Pending",
+        "2026-01-01T12:00:00Z",
+        BASE["spec"]["training"]["totalSteps"],
+        2,
+    )
     assert st.rollout_selector == "lorarl.dev/job=quickstart,lorarl.dev/role=rollout"
     assert st.observed_generation == 3
     created = cond(st, "Created")
     assert (created.status, created.observed_generation) == ("True", 3)
-    assert [(e.reason, e.message) for e in d.events] == [("Pending",
-                                                          "waiting for 3 pods to start")]
+    assert [(e.reason, e.message) for e in d.events] == [("Pending", "waiting for 3 pods to start")]
 
 
 def test_phase_follows_pods_and_conditions_keep_their_transition_time() -> None:
-    starting = observe([pod("trainer", 0), pod("rollout", 0, "Pending"),
-                        pod("rollout", 1, "Pending")])
+    starting = observe(
+        [pod("trainer", 0), pod("rollout", 0, "Pending"), pod("rollout", 1, "Pending")]
+    )
     assert starting.status.phase == "Starting" and starting.create == []
     assert cond(starting.status, "TrainerReady").status == "True"
     assert cond(starting.status, "RolloutReady").message == "0/2 rollout pods running"
@@ -75,8 +95,11 @@ def test_phase_follows_pods_and_conditions_keep_their_transition_time() -> None:
 
 
 def test_failed_rollout_is_recreated_alone() -> None:
-    pods = [pod("trainer", 0), pod("rollout", 0),
-            pod("rollout", 1, "Failed", reason="Error", message="boom", exit_code=2)]
+    pods = [
+        pod("trainer", 0),
+        pod("rollout", 0),
+        pod("rollout", 1, "Failed", reason="Error", message="boom", exit_code=2),
+    ]
     d = observe(pods, status=observe(ALL_RUNNING).status)
     assert d.delete == ["quickstart-rollout-1"]
     assert d.create == [("rollout", 1)]
@@ -84,12 +107,17 @@ def test_failed_rollout_is_recreated_alone() -> None:
     assert d.status.phase == "Starting"
     assert [e.message for e in d.events if e.reason == "RolloutRestart"] == [
         "rollout pod quickstart-rollout-1 ended (Error, exit code 2): boom; recreating it alone, "
-        "the trainer keeps going"]
+        "the trainer keeps going"
+    ]
 
 
 def test_trainer_failure_restarts_the_group_once_and_counts_it() -> None:
-    pods = [pod("trainer", 0), pod("trainer", 1, "Failed", reason="OOMKilled", exit_code=137),
-            pod("rollout", 0), pod("rollout", 1)]
+    pods = [
+        pod("trainer", 0),
+        pod("trainer", 1, "Failed", reason="OOMKilled", exit_code=137),
+        pod("rollout", 0),
+        pod("rollout", 1),
+    ]
     d = observe(pods, replicas={"trainer": 2, "rollout": 2})
     assert d.restarted and d.status.restarts == 1 and d.attempt == 1
     assert d.delete == ["quickstart-trainer-0", "quickstart-trainer-1"]
@@ -100,24 +128,45 @@ def test_trainer_failure_restarts_the_group_once_and_counts_it() -> None:
     assert again.status.restarts == 1 and not again.restarted
     assert set(again.delete) == {"quickstart-trainer-0", "quickstart-trainer-1"}
     # New pods come up: Restarting until the whole group runs, then Running.
-    fresh = [pod("trainer", 0, attempt=1), pod("trainer", 1, "Pending", attempt=1),
-             pod("rollout", 0), pod("rollout", 1)]
-    assert observe(fresh, status=d.status, replicas={"trainer": 2, "rollout": 2}
-                   ).status.phase == "Restarting"
+    fresh = [
+        pod("trainer", 0, attempt=1),
+        pod("trainer", 1, "Pending", attempt=1),
+        pod("rollout", 0),
+        pod("rollout", 1),
+    ]
+    assert (
+        observe(fresh, status=d.status, replicas={"trainer": 2, "rollout": 2}).status.phase
+        == "Restarting"
+    )
     fresh[1] = pod("trainer", 1, attempt=1)
-    assert observe(fresh, status=d.status, replicas={"trainer": 2, "rollout": 2}
-                   ).status.phase == "Running"
+    assert (
+        observe(fresh, status=d.status, replicas={"trainer": 2, "rollout": 2}).status.phase
+        == "Running"
+    )
 
 
 def test_backoff_limit_fails_with_the_pods_reason_and_message() -> None:
     status = LoRARLJobStatus(phase="Running", restarts=2, start_time=rfc3339(T0))
-    pods = [pod("trainer", 0, "Failed", attempt=2, reason="OOMKilled", message="out of memory",
-                exit_code=137), pod("rollout", 0), pod("rollout", 1)]
+    pods = [
+        pod(
+            "trainer",
+            0,
+            "Failed",
+            attempt=2,
+            reason="OOMKilled",
+            message="out of memory",
+            exit_code=137,
+        ),
+        pod("rollout", 0),
+        pod("rollout", 1),
+    ]
     d = observe(pods, status=status, backoffLimit=2)
     failed = cond(d.status, "Failed")
     assert (d.status.phase, failed.reason) == ("Failed", "OOMKilled")
-    assert failed.message == ("trainer pod quickstart-trainer-0 failed (OOMKilled, exit code "
-                              "137): out of memory; backoffLimit (2) reached after 2 restarts")
+    assert failed.message == (
+        "trainer pod quickstart-trainer-0 failed (OOMKilled, exit code "
+        "137): out of memory; backoffLimit (2) reached after 2 restarts"
+    )
     assert d.status.completion_time == rfc3339(T0)
     assert set(d.delete) == {p.name for p in pods}  # cleanPodPolicy All
     assert [e.type for e in d.events if e.reason == "Failed"] == ["Warning"]
@@ -127,11 +176,20 @@ def test_backoff_limit_fails_with_the_pods_reason_and_message() -> None:
 
 def test_deadline_counts_from_start_and_stops_running_pods() -> None:
     status = observe(ALL_RUNNING).status
-    assert observe(ALL_RUNNING, status=status, now=T0 + dt.timedelta(seconds=59),
-                   activeDeadlineSeconds=60).status.phase == "Running"
+    assert (
+        observe(
+            ALL_RUNNING, status=status, now=T0 + dt.timedelta(seconds=59), activeDeadlineSeconds=60
+        ).status.phase
+        == "Running"
+    )
     pods = [*ALL_RUNNING[:2], pod("rollout", 1, "Succeeded")]
-    d = observe(pods, status=status, now=T0 + dt.timedelta(seconds=60),
-                activeDeadlineSeconds=60, cleanPodPolicy="None")
+    d = observe(
+        pods,
+        status=status,
+        now=T0 + dt.timedelta(seconds=60),
+        activeDeadlineSeconds=60,
+        cleanPodPolicy="None",
+    )
     assert (d.status.phase, cond(d.status, "Failed").reason) == ("Failed", "DeadlineExceeded")
     assert d.delete == ["quickstart-trainer-0", "quickstart-rollout-0"]  # finished one kept
 
@@ -139,15 +197,19 @@ def test_deadline_counts_from_start_and_stops_running_pods() -> None:
 def test_success_cleans_by_policy_and_ttl_deletes_the_job() -> None:
     pods = [pod("trainer", 0, "Succeeded"), pod("rollout", 0), pod("rollout", 1)]
     by_policy = {p: observe(pods, cleanPodPolicy=p).delete for p in ("All", "Running", "None")}
-    assert by_policy == {"All": [p.name for p in pods],
-                         "Running": ["quickstart-rollout-0", "quickstart-rollout-1"],
-                         "None": []}
+    assert by_policy == {
+        "All": [p.name for p in pods],
+        "Running": ["quickstart-rollout-0", "quickstart-rollout-1"],
+        "None": [],
+    }
     done = observe(pods, ttlSecondsAfterFinished=30)
     assert done.status.phase == "Succeeded" and cond(done.status, "Succeeded").status == "True"
-    assert not observe([], status=done.status, now=T0 + dt.timedelta(seconds=29),
-                       ttlSecondsAfterFinished=30).delete_job
-    assert observe([], status=done.status, now=T0 + dt.timedelta(seconds=30),
-                   ttlSecondsAfterFinished=30).delete_job
+    assert not observe(
+        [], status=done.status, now=T0 + dt.timedelta(seconds=29), ttlSecondsAfterFinished=30
+    ).delete_job
+    assert observe(
+        [], status=done.status, now=T0 + dt.timedelta(seconds=30), ttlSecondsAfterFinished=30
+    ).delete_job
     assert not observe([], status=done.status, now=T0 + dt.timedelta(days=9)).delete_job
 
 
@@ -161,8 +223,10 @@ def test_suspend_then_resume() -> None:
     resumed = observe([], status=d.status, now=later)
     assert resumed.create == [("trainer", 0), ("rollout", 0), ("rollout", 1)]
     assert (resumed.status.phase, resumed.status.start_time) == ("Pending", rfc3339(later))
-    assert (cond(resumed.status, "Suspended").status,
-            cond(resumed.status, "Suspended").reason) == ("False", "Resumed")
+    assert (cond(resumed.status, "Suspended").status, cond(resumed.status, "Suspended").reason) == (
+        "False",
+        "Resumed",
+    )
     assert resumed.status.restarts == 0
 
 

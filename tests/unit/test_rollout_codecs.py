@@ -71,13 +71,15 @@ PROMPT = [1, 7, 8, 9]
 
 
 def _vllm(body: object, n: int = 2, expected: int = 3) -> list[Sample]:
-    return parse_vllm_completion_response(body, prompt_ids=PROMPT, n=n, endpoint=EP,
-                                          expected_version=expected)
+    return parse_vllm_completion_response(
+        body, prompt_ids=PROMPT, n=n, endpoint=EP, expected_version=expected
+    )
 
 
 def _sglang(body: object, n: int = 2, expected: int = 3, lora: str | None = None) -> list[Sample]:
-    return parse_sglang_generate_response(body, prompt_ids=PROMPT, n=n, endpoint=EP,
-                                          expected_version=expected, lora_name=lora)
+    return parse_sglang_generate_response(
+        body, prompt_ids=PROMPT, n=n, endpoint=EP, expected_version=expected, lora_name=lora
+    )
 
 
 def _copy(obj: object) -> object:
@@ -88,14 +90,24 @@ def _copy(obj: object) -> object:
 
 
 def test_build_vllm_request_is_exact_json() -> None:
-    params = SamplingParams(max_tokens=32, temperature=0.7, top_p=0.9, top_k=20, seed=11,
-                            stop_token_ids=(2, 3))
+    params = SamplingParams(
+        max_tokens=32, temperature=0.7, top_p=0.9, top_k=20, seed=11, stop_token_ids=(2, 3)
+    )
     body = build_vllm_completion_request([1, 7, 8], 4, params, model="policy-v3")
     assert json.loads(json.dumps(body)) == {
-        "model": "policy-v3", "prompt": [1, 7, 8], "n": 4, "max_tokens": 32,
-        "temperature": 0.7, "top_p": 0.9, "top_k": 20, "seed": 11, "logprobs": 0,
-        "return_tokens_as_token_ids": True, "skip_special_tokens": True,
-        "stop_token_ids": [2, 3], "include_stop_str_in_output": False,
+        "model": "policy-v3",
+        "prompt": [1, 7, 8],
+        "n": 4,
+        "max_tokens": 32,
+        "temperature": 0.7,
+        "top_p": 0.9,
+        "top_k": 20,
+        "seed": 11,
+        "logprobs": 0,
+        "return_tokens_as_token_ids": True,
+        "skip_special_tokens": True,
+        "stop_token_ids": [2, 3],
+        "include_stop_str_in_output": False,
     }
 
 
@@ -122,17 +134,23 @@ def test_parse_vllm_without_versioned_adapter_uses_expected_version() -> None:
     ("mutate", "message"),
     [
         (lambda b: b["choices"].pop(), "expected 2 choices, got 1"),
-        (lambda b: b["choices"][0]["logprobs"]["tokens"].__setitem__(1, "6"),
-         "return_tokens_as_token_ids"),
+        (
+            lambda b: b["choices"][0]["logprobs"]["tokens"].__setitem__(1, "6"),
+            "return_tokens_as_token_ids",
+        ),
         (lambda b: b["choices"][0].__setitem__("logprobs", None), "logprobs is missing"),
         (lambda b: b["choices"][1].__setitem__("finish_reason", "abort"), "aborted"),
         (lambda b: b["choices"][1].__setitem__("finish_reason", None), "finish_reason=None"),
         (lambda b: b["choices"][0]["logprobs"]["token_logprobs"].pop(), "equal length"),
         (lambda b: b["choices"][0].__setitem__("index", 0), "distinct index"),
-        (lambda b: b["choices"][0]["logprobs"]["token_logprobs"].__setitem__(0, 0.5),
-         "not a log-probability"),
-        (lambda b: b["choices"][0]["logprobs"]["token_logprobs"].__setitem__(0, None),
-         "is not a number"),
+        (
+            lambda b: b["choices"][0]["logprobs"]["token_logprobs"].__setitem__(0, 0.5),
+            "not a log-probability",
+        ),
+        (
+            lambda b: b["choices"][0]["logprobs"]["token_logprobs"].__setitem__(0, None),
+            "is not a number",
+        ),
     ],
 )
 def test_parse_vllm_rejects_malformed_bodies_naming_the_field(mutate, message: str) -> None:
@@ -156,15 +174,23 @@ def test_parse_vllm_checks_token_ids_field_when_present() -> None:
 
 
 def test_build_sglang_request_is_exact_json() -> None:
-    params = SamplingParams(max_tokens=16, temperature=1.0, top_p=0.95, seed=5,
-                            stop_token_ids=(2,))
+    params = SamplingParams(max_tokens=16, temperature=1.0, top_p=0.95, seed=5, stop_token_ids=(2,))
     body = build_sglang_generate_request([1, 7], 8, params, lora_name="policy-v2")
     assert json.loads(json.dumps(body)) == {
         "input_ids": [1, 7],
-        "sampling_params": {"max_new_tokens": 16, "temperature": 1.0, "top_p": 0.95,
-                            "top_k": -1, "n": 8, "stop_token_ids": [2],
-                            "skip_special_tokens": True, "sampling_seed": 5},
-        "return_logprob": True, "logprob_start_len": -1, "stream": False,
+        "sampling_params": {
+            "max_new_tokens": 16,
+            "temperature": 1.0,
+            "top_p": 0.95,
+            "top_k": -1,
+            "n": 8,
+            "stop_token_ids": [2],
+            "skip_special_tokens": True,
+            "sampling_seed": 5,
+        },
+        "return_logprob": True,
+        "logprob_start_len": -1,
+        "stream": False,
         "lora_path": "policy-v2",
     }
     plain = build_sglang_generate_request([1], 1, SamplingParams(max_tokens=4, top_k=3))
@@ -188,8 +214,7 @@ def test_parse_sglang_single_object_for_n1() -> None:
     ("label", "lora", "expected"),
     [("default", None, 3), ("v9", None, 9), ("default", "policy-v5", 5), ("2", "policy-v5", 2)],
 )
-def test_parse_sglang_weight_version_sources(label: str, lora: str | None,
-                                             expected: int) -> None:
+def test_parse_sglang_weight_version_sources(label: str, lora: str | None, expected: int) -> None:
     body = _copy(SGLANG_RESPONSE)
     for item in body:
         item["meta_info"]["weight_version"] = label
@@ -203,10 +228,14 @@ def test_parse_sglang_weight_version_sources(label: str, lora: str | None,
         (lambda b: b[0].__setitem__("output_ids", [5, 6]), "disagree"),
         (lambda b: b[0]["meta_info"].pop("output_token_logprobs"), "return_logprob"),
         (lambda b: b[1]["meta_info"].__setitem__("finish_reason", {"type": "abort"}), "aborted"),
-        (lambda b: b[1]["meta_info"]["output_token_logprobs"].__setitem__(0, [-1.0]),
-         r"\[logprob, token_id, text\]"),
-        (lambda b: b[1]["meta_info"]["output_token_logprobs"].__setitem__(0, [-1.0, "x", None]),
-         "not a non-negative integer"),
+        (
+            lambda b: b[1]["meta_info"]["output_token_logprobs"].__setitem__(0, [-1.0]),
+            r"\[logprob, token_id, text\]",
+        ),
+        (
+            lambda b: b[1]["meta_info"]["output_token_logprobs"].__setitem__(0, [-1.0, "x", None]),
+            "not a non-negative integer",
+        ),
         (lambda b: b[0].pop("meta_info"), "meta_info is missing"),
     ],
 )
@@ -219,16 +248,22 @@ def test_parse_sglang_rejects_malformed_bodies(mutate, message: str) -> None:
 
 @pytest.mark.parametrize(
     ("name", "version"),
-    [("policy-v7", 7), ("a-b-v120", 120), ("policy", None), ("policy-v", None),
-     ("v7", None), (None, None)],
+    [
+        ("policy-v7", 7),
+        ("a-b-v120", 120),
+        ("policy", None),
+        ("policy-v", None),
+        ("v7", None),
+        (None, None),
+    ],
 )
 def test_version_from_model_name(name: object, version: int | None) -> None:
     assert version_from_model_name(name) == version
 
 
 @pytest.mark.parametrize(
-    ("label", "version"), [("7", 7), ("v7", 7), (7, 7), ("default", None), (None, None),
-                           (True, None), ("7a", None)],
+    ("label", "version"),
+    [("7", 7), ("v7", 7), (7, 7), ("default", None), (None, None), (True, None), ("7a", None)],
 )
 def test_version_from_label(label: object, version: int | None) -> None:
     assert version_from_label(label) == version
@@ -260,8 +295,12 @@ def test_sample_requires_one_logprob_per_token() -> None:
 
 @pytest.mark.parametrize(
     ("prompts", "message"),
-    [("abc", "list of token-id lists"), ([[1], []], r"prompts\[1\] must be a non-empty"),
-     ([[1, -2]], r"prompts\[0\]\[1\]"), ([[1, 2.5]], r"prompts\[0\]\[1\]")],
+    [
+        ("abc", "list of token-id lists"),
+        ([[1], []], r"prompts\[1\] must be a non-empty"),
+        ([[1, -2]], r"prompts\[0\]\[1\]"),
+        ([[1, 2.5]], r"prompts\[0\]\[1\]"),
+    ],
 )
 def test_check_prompts_names_the_bad_prompt(prompts: object, message: str) -> None:
     with pytest.raises(ValueError, match=message):

@@ -57,5 +57,7 @@ def update_refusal(old: Mapping[str, Any], new: Mapping[str, Any]) -> str | None
         return None
     fields = ", ".join(bad)
     allowed = ", ".join(MUTABLE)
-    return (f"{fields}: cannot be changed on a running job (only {allowed} can); suspend the job "
-            "(spec.runPolicy.suspend: true) to edit it, or create a new job")
+    return (
+        f"{fields}: cannot be changed on a running job (only {allowed} can); suspend the job "
+        "(spec.runPolicy.suspend: true) to edit it, or create a new job"
+    )

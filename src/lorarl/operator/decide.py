@@ -146,8 +146,12 @@ def decide(obs: Observed) -> Decision:
         return p.d
 
     if not is_true(st, "Created"):
-        p.cond("Created", True, "ChildrenCreated", "service, config, engine key, network policy "
-               "and pods created")
+        p.cond(
+            "Created",
+            True,
+            "ChildrenCreated",
+            "service, config, engine key, network policy and pods created",
+        )
 
     if spec.run_policy.suspend:
         p.delete(p.live)
@@ -169,8 +173,12 @@ def decide(obs: Observed) -> Decision:
     deadline = spec.run_policy.active_deadline_seconds
     started = parse_time(st.start_time)
     if deadline and started and obs.now >= started + dt.timedelta(seconds=deadline):
-        p.finish("Failed", "DeadlineExceeded",
-                 f"the job ran longer than activeDeadlineSeconds ({deadline}s)", stop_running=True)
+        p.finish(
+            "Failed",
+            "DeadlineExceeded",
+            f"the job ran longer than activeDeadlineSeconds ({deadline}s)",
+            stop_running=True,
+        )
         return p.d
 
     restarting = st.phase == "Restarting"
@@ -189,15 +197,22 @@ def decide(obs: Observed) -> Decision:
         detail = _failure_detail(bad)
         limit = spec.run_policy.backoff_limit
         if st.restarts >= limit:
-            p.finish("Failed", reason_word(bad.reason, "TrainerFailed"),
-                     f"{detail}; backoffLimit ({limit}) reached after {st.restarts} restarts")
+            p.finish(
+                "Failed",
+                reason_word(bad.reason, "TrainerFailed"),
+                f"{detail}; backoffLimit ({limit}) reached after {st.restarts} restarts",
+            )
             return p.d
         st.restarts += 1
         p.d.restarted = restarting = True
         p.delete(current)
         current = []
-        p.event("Warning", "TrainerRestart", f"{detail}; restarting the trainer group from its "
-                f"last checkpoint (restart {st.restarts} of backoffLimit {limit})")
+        p.event(
+            "Warning",
+            "TrainerRestart",
+            f"{detail}; restarting the trainer group from its "
+            f"last checkpoint (restart {st.restarts} of backoffLimit {limit})",
+        )
 
     for x in p.live:
         if x.role not in RECREATED_ALONE:
@@ -206,8 +221,11 @@ def decide(obs: Observed) -> Decision:
             p.delete([x])  # scaled down
         elif x.phase in FINISHED_POD:
             p.delete([x])
-            p.event("Warning", "RolloutRestart", f"{_failure_detail(x, 'ended')}; recreating "
-                    "it alone, the trainer keeps going")
+            p.event(
+                "Warning",
+                "RolloutRestart",
+                f"{_failure_detail(x, 'ended')}; recreating it alone, the trainer keeps going",
+            )
 
     occupied = {x.name for x in obs.pods if x.name not in p.d.delete}
     by_role: dict[str, list[PodView]] = {}
@@ -223,17 +241,30 @@ def decide(obs: Observed) -> Decision:
     n_trainer = obs.replicas.get("trainer", 0)
     trainer_running = sum(x.running for x in kept if x.role == "trainer")
     others = {r: c for r, c in obs.replicas.items() if r != "trainer"}
-    other_running = {r: sum(x.running and x.index < c for x in kept if x.role == r)
-                     for r, c in others.items()}
+    other_running = {
+        r: sum(x.running and x.index < c for x in kept if x.role == r) for r, c in others.items()
+    }
     trainer_ready = trainer_running == n_trainer
     rollout_ready = all(other_running[r] == c for r, c in others.items())
-    p.cond("TrainerReady", trainer_ready, "AllRunning" if trainer_ready else "NotRunning",
-           f"{trainer_running}/{n_trainer} trainer pods running")
+    p.cond(
+        "TrainerReady",
+        trainer_ready,
+        "AllRunning" if trainer_ready else "NotRunning",
+        f"{trainer_running}/{n_trainer} trainer pods running",
+    )
     n_rollout = others.get("rollout", 0)
-    p.cond("RolloutReady", rollout_ready, "AllRunning" if rollout_ready else "NotRunning",
-           f"{other_running.get('rollout', 0)}/{n_rollout} rollout pods running")
-    phase = phase_of(trainer_ready=trainer_ready, rollout_ready=rollout_ready,
-                     any_running=any(x.running for x in kept), restarting=restarting)
+    p.cond(
+        "RolloutReady",
+        rollout_ready,
+        "AllRunning" if rollout_ready else "NotRunning",
+        f"{other_running.get('rollout', 0)}/{n_rollout} rollout pods running",
+    )
+    phase = phase_of(
+        trainer_ready=trainer_ready,
+        rollout_ready=rollout_ready,
+        any_running=any(x.running for x in kept),
+        restarting=restarting,
+    )
     total = n_trainer + sum(others.values())
     messages = {
         "Running": f"all {total} pods running",
@@ -241,8 +272,12 @@ def decide(obs: Observed) -> Decision:
         "Pending": f"waiting for {total} pods to start",
         "Restarting": f"restarting the trainer group (restart {st.restarts})",
     }
-    p.cond("Running", phase == "Running", "AllPodsRunning" if phase == "Running" else phase,
-           messages[phase])
+    p.cond(
+        "Running",
+        phase == "Running",
+        "AllPodsRunning" if phase == "Running" else phase,
+        messages[phase],
+    )
     p.set_phase(phase, messages[phase])
     p.count_rollouts(extra=sum(r == "rollout" for r, _ in p.d.create))
     return p.d
@@ -251,8 +286,11 @@ def decide(obs: Observed) -> Decision:
 def _failure_detail(pod: PodView, verb: str = "failed") -> str:
     parts = [f"{pod.role} pod {pod.name} {verb}"]
     if pod.reason or pod.exit_code is not None:
-        bits = [b for b in (pod.reason, f"exit code {pod.exit_code}"
-                            if pod.exit_code is not None else "") if b]
+        bits = [
+            b
+            for b in (pod.reason, f"exit code {pod.exit_code}" if pod.exit_code is not None else "")
+            if b
+        ]
         parts.append(f" ({', '.join(bits)})")
     if pod.message:
         parts.append(f": {pod.message}")

@@ -28,8 +28,13 @@ class KubeError(RuntimeError):
         self.status, self.reason = status, reason
 
 
-def path(api_version: str, plural: str, namespace: str | None, name: str | None = None,
-         subresource: str | None = None) -> str:
+def path(
+    api_version: str,
+    plural: str,
+    namespace: str | None,
+    name: str | None = None,
+    subresource: str | None = None,
+) -> str:
     base = f"/api/{api_version}" if "/" not in api_version else f"/apis/{api_version}"
     if namespace is not None:
         base += f"/namespaces/{quote(namespace, safe='')}"
@@ -57,8 +62,7 @@ def object_path(obj: dict[str, Any], *, named: bool = False) -> str:
     if key not in PLURALS:
         raise ValueError(f"{obj['apiVersion']} {obj['kind']}: not a kind the operator creates")
     meta = obj["metadata"]
-    return path(obj["apiVersion"], PLURALS[key], meta["namespace"],
-                meta["name"] if named else None)
+    return path(obj["apiVersion"], PLURALS[key], meta["namespace"], meta["name"] if named else None)
 
 
 def job_path(namespace: str, name: str, subresource: str | None = None) -> str:
@@ -99,15 +103,20 @@ class Kube:
     def __init__(self, creds: Credentials, *, timeout: float = 15.0) -> None:
         self._creds = creds
         self._client = httpx.AsyncClient(
-            base_url=creds.server, verify=creds.verify, cert=creds.cert, timeout=timeout,
-            trust_env=False, limits=httpx.Limits(max_connections=32, max_keepalive_connections=32),
+            base_url=creds.server,
+            verify=creds.verify,
+            cert=creds.cert,
+            timeout=timeout,
+            trust_env=False,
+            limits=httpx.Limits(max_connections=32, max_keepalive_connections=32),
         )
 
     async def close(self) -> None:
         await self._client.aclose()
 
-    async def _call(self, method: str, url: str, body: Any = None,
-                    content_type: str = "application/json") -> httpx.Response:
+    async def _call(
+        self, method: str, url: str, body: Any = None, content_type: str = "application/json"
+    ) -> httpx.Response:
         headers = {**self._creds.headers(), "Accept": "application/json"}
         content = None
         if body is not None:
@@ -124,8 +133,11 @@ class Kube:
             doc = reply.json()
         except ValueError:
             doc = {}
-        return KubeError(reply.status_code, doc.get("reason", ""),
-                         f"{what}: {doc.get('message') or reply.text[:300]}")
+        return KubeError(
+            reply.status_code,
+            doc.get("reason", ""),
+            f"{what}: {doc.get('message') or reply.text[:300]}",
+        )
 
     async def create(self, obj: dict[str, Any]) -> dict[str, Any] | None:
         """The created object, or None when one of that name exists already (409)."""
@@ -139,8 +151,11 @@ class Kube:
 
     async def delete(self, url: str, *, what: str) -> bool:
         """True if deleted (or marked), False when already gone (404)."""
-        reply = await self._call("DELETE", url, {"kind": "DeleteOptions", "apiVersion": "v1",
-                                                 "propagationPolicy": "Background"})
+        reply = await self._call(
+            "DELETE",
+            url,
+            {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Background"},
+        )
         if reply.status_code == 404:
             return False
         if reply.status_code >= 300:

@@ -34,16 +34,22 @@ class OperatorMetrics:
     def __init__(self, phases: Callable[[], Mapping[object, str | None]]) -> None:
         self.registry = CollectorRegistry()
         self.reconcile_seconds = Histogram(
-            "lorarl_reconcile_seconds", "Time of one reconcile pass of a job.",
-            ["trigger"], registry=self.registry,
+            "lorarl_reconcile_seconds",
+            "Time of one reconcile pass of a job.",
+            ["trigger"],
+            registry=self.registry,
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
         )
         self.restarts = Counter(
-            "lorarl_trainer_restarts", "Trainer group restarts.", ["namespace"],
+            "lorarl_trainer_restarts",
+            "Trainer group restarts.",
+            ["namespace"],
             registry=self.registry,
         )
         self.reconcile_errors = Counter(
-            "lorarl_reconcile_errors", "Reconcile passes that failed (retried).", ["trigger"],
+            "lorarl_reconcile_errors",
+            "Reconcile passes that failed (retried).",
+            ["trigger"],
             registry=self.registry,
         )
         self.registry.register(_JobsByPhase(phases))
@@ -52,11 +58,13 @@ class OperatorMetrics:
         return generate_latest(self.registry)
 
 
-async def serve(routes: Mapping[str, Callable[[], tuple[bytes, str]]], host: str,
-                port: int) -> aiohttp.web.AppRunner:
+async def serve(
+    routes: Mapping[str, Callable[[], tuple[bytes, str]]], host: str, port: int
+) -> aiohttp.web.AppRunner:
     """One tiny aiohttp app per port; each route returns (body, content type)."""
     app = aiohttp.web.Application()
     for route, render in routes.items():
+
         async def handle(_: aiohttp.web.Request, render=render) -> aiohttp.web.Response:
             body, ctype = render()
             return aiohttp.web.Response(body=body, headers={"Content-Type": ctype})

@@ -61,8 +61,9 @@ class JobState:
         self.deleted = {u: t for u, t in self.deleted.items() if u in uids and now - t < LAG}
         out = [p for p in pods if p.uid not in self.deleted]
         names = {p.name for p in out}
-        self.created = {n: (v, t) for n, (v, t) in self.created.items()
-                        if n not in names and now - t < LAG}
+        self.created = {
+            n: (v, t) for n, (v, t) in self.created.items() if n not in names and now - t < LAG
+        }
         return out + [v for v, _ in self.created.values()]
 
 
@@ -79,13 +80,18 @@ def job_from_body(body: Mapping[str, Any]) -> LoRARLJob:
     """The job as every process sees it: only name, namespace and labels of the metadata (so
     kopf's bookkeeping annotations never change the rendered config)."""
     meta = body.get("metadata") or {}
-    return parse_job({
-        "apiVersion": body.get("apiVersion"),
-        "kind": body.get("kind"),
-        "metadata": {"name": meta.get("name"), "namespace": meta.get("namespace"),
-                     "labels": dict(meta.get("labels") or {})},
-        "spec": plain(body.get("spec") or {}),
-    })
+    return parse_job(
+        {
+            "apiVersion": body.get("apiVersion"),
+            "kind": body.get("kind"),
+            "metadata": {
+                "name": meta.get("name"),
+                "namespace": meta.get("namespace"),
+                "labels": dict(meta.get("labels") or {}),
+            },
+            "spec": plain(body.get("spec") or {}),
+        }
+    )
 
 
 def _hash(data: Mapping[str, str]) -> str:
@@ -93,13 +99,19 @@ def _hash(data: Mapping[str, str]) -> str:
 
 
 class Reconciler:
-    def __init__(self, kube: Kube, config: OperatorConfig, metrics: OperatorMetrics | None = None,
-                 progress_client: httpx.AsyncClient | None = None) -> None:
+    def __init__(
+        self,
+        kube: Kube,
+        config: OperatorConfig,
+        metrics: OperatorMetrics | None = None,
+        progress_client: httpx.AsyncClient | None = None,
+    ) -> None:
         self.kube, self.config, self.metrics = kube, config, metrics
         self.jobs: dict[Key, JobState] = {}
         self.closed = False  # at shutdown, handlers still in flight must not touch the clients
         self._progress = progress_client or httpx.AsyncClient(
-            timeout=config.progress_timeout, trust_env=False)
+            timeout=config.progress_timeout, trust_env=False
+        )
 
     async def close(self) -> None:
         self.closed = True
@@ -129,8 +141,9 @@ class Reconciler:
         if state is not None:
             await self.reconcile(state.body, pods, trigger=trigger)
 
-    async def reconcile(self, body: Mapping[str, Any], pods: Iterable[PodView], *, trigger: str,
-                        poll: bool = False) -> Decision | None:
+    async def reconcile(
+        self, body: Mapping[str, Any], pods: Iterable[PodView], *, trigger: str, poll: bool = False
+    ) -> Decision | None:
         state = self.remember(body)
         async with state.lock:
             if self.closed:
@@ -146,10 +159,12 @@ class Reconciler:
             finally:
                 if self.metrics:
                     self.metrics.reconcile_seconds.labels(trigger).observe(
-                        time.monotonic() - started)
+                        time.monotonic() - started
+                    )
 
-    async def _pass(self, state: JobState, pods: list[PodView], trigger: str,
-                    poll: bool) -> Decision | None:
+    async def _pass(
+        self, state: JobState, pods: list[PodView], trigger: str, poll: bool
+    ) -> Decision | None:
         body = state.body
         meta = body["metadata"]
         if meta.get("deletionTimestamp"):
@@ -165,11 +180,17 @@ class Reconciler:
             await self._ensure_children(state, job, job_plan)
         if poll and previous.phase not in (*TERMINAL, "Suspended"):
             state.progress = await self._poll(job) or state.progress
-        decision = decide(Observed(
-            job=job, generation=int(meta.get("generation") or 1), status=previous,
-            replicas={r.role: len(r.replicas) for r in job_plan.roles}, pods=pods,
-            now=dt.datetime.now(dt.timezone.utc), progress=state.progress,
-        ))
+        decision = decide(
+            Observed(
+                job=job,
+                generation=int(meta.get("generation") or 1),
+                status=previous,
+                replicas={r.role: len(r.replicas) for r in job_plan.roles},
+                pods=pods,
+                now=dt.datetime.now(dt.timezone.utc),
+                progress=state.progress,
+            )
+        )
         await self._act(state, job, job_plan, decision, pods)
         if decision.status != previous:
             await self._write_status(state, decision.status)
@@ -179,8 +200,13 @@ class Reconciler:
             self.metrics.restarts.labels(job.namespace).inc()
         if decision.delete_job:
             await self.kube.delete(job_path(job.namespace, job.name), what=f"job {job.name}")
-        log.debug("reconciled %s/%s (%s): phase %s", job.namespace, job.name, trigger,
-                  decision.status.phase)
+        log.debug(
+            "reconciled %s/%s (%s): phase %s",
+            job.namespace,
+            job.name,
+            trigger,
+            decision.status.phase,
+        )
         return decision
 
     async def _ensure_children(self, state: JobState, job: LoRARLJob, job_plan: JobPlan) -> None:
@@ -209,8 +235,14 @@ class Reconciler:
         url = path("v1", "configmaps", job_plan.namespace, builders.config_map_name(job_plan.name))
         await self.kube.merge_patch(url, {"data": data}, what=f"config of {job_plan.name}")
 
-    async def _act(self, state: JobState, job: LoRARLJob, job_plan: JobPlan,
-                   decision: Decision, pods: list[PodView]) -> None:
+    async def _act(
+        self,
+        state: JobState,
+        job: LoRARLJob,
+        job_plan: JobPlan,
+        decision: Decision,
+        pods: list[PodView],
+    ) -> None:
         uids = {p.name: p.uid for p in pods}
         for name in decision.delete:
             await self.kube.delete(path("v1", "pods", job.namespace, name), what=f"pod {name}")
@@ -231,14 +263,20 @@ class Reconciler:
                 made.append(view.name)
                 state.created[view.name] = (view, time.monotonic())
         if made:
-            kopf.event(state.body, type="Normal", reason="CreatedPods",
-                       message=f"created {', '.join(made)}")
+            kopf.event(
+                state.body,
+                type="Normal",
+                reason="CreatedPods",
+                message=f"created {', '.join(made)}",
+            )
 
     async def _write_status(self, state: JobState, status: LoRARLJobStatus) -> None:
         meta = state.body["metadata"]
         await self.kube.merge_patch(
             job_path(meta.get("namespace") or "default", meta["name"], "status"),
-            {"status": status.wire()}, what=f"status of {meta['name']}")
+            {"status": status.wire()},
+            what=f"status of {meta['name']}",
+        )
         state.status, state.phase = status, status.phase
 
     async def _invalid(self, state: JobState, previous: LoRARLJobStatus, problem: str) -> None:
@@ -247,12 +285,16 @@ class Reconciler:
             return
         now = rfc3339(dt.datetime.now(dt.timezone.utc))
         gen = int(state.body["metadata"].get("generation") or 1)
-        status = previous.model_copy(update={
-            "phase": "Failed", "completion_time": previous.completion_time or now,
-            "observed_generation": gen,
-            "conditions": set_condition(previous.conditions, "Failed", True, "InvalidSpec",
-                                        problem, now, gen),
-        })
+        status = previous.model_copy(
+            update={
+                "phase": "Failed",
+                "completion_time": previous.completion_time or now,
+                "observed_generation": gen,
+                "conditions": set_condition(
+                    previous.conditions, "Failed", True, "InvalidSpec", problem, now, gen
+                ),
+            }
+        )
         await self._write_status(state, status)
         kopf.event(state.body, type="Warning", reason="InvalidSpec", message=problem)
 
@@ -272,4 +314,3 @@ def _stored_status(body: Mapping[str, Any]) -> LoRARLJobStatus:
         return LoRARLJobStatus.model_validate(body.get("status") or {})
     except ValidationError:
         return LoRARLJobStatus()  # written by another version: start over, keep nothing
-

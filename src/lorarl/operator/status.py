@@ -108,8 +108,9 @@ def set_condition(
                 status=value,
                 reason=reason,
                 message=message[:MAX_MESSAGE],
-                last_transition_time=now if moved or not cond.last_transition_time else
-                cond.last_transition_time,
+                last_transition_time=now
+                if moved or not cond.last_transition_time
+                else cond.last_transition_time,
                 observed_generation=generation,
             )
         )

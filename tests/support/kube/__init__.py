@@ -7,7 +7,17 @@ from .errors import ApiError
 from .harness import KubeApi, kube_api, kubectl_binary, write_kubeconfig
 
 __all__ = [
-    'AdmissionHook', 'AdmissionRule', 'ApiError', 'KubeApi', 'KubeEmulator', 'PrinterColumn',
-    'ScalePaths', 'VersionInfo', 'http_hook', 'kube_api', 'kubectl_binary', 'parse_crd',
-    'write_kubeconfig',
+    "AdmissionHook",
+    "AdmissionRule",
+    "ApiError",
+    "KubeApi",
+    "KubeEmulator",
+    "PrinterColumn",
+    "ScalePaths",
+    "VersionInfo",
+    "http_hook",
+    "kube_api",
+    "kubectl_binary",
+    "parse_crd",
+    "write_kubeconfig",
 ]

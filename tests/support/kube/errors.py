@@ -17,56 +17,76 @@ class ApiError(Exception):
 
     def status(self) -> dict[str, Any]:
         return {
-            'apiVersion': 'v1',
-            'kind': 'Status',
-            'metadata': {},
-            'status': 'Failure',
-            'message': self.message,
-            'reason': self.reason,
-            'details': self.details,
-            'code': self.code,
+            "apiVersion": "v1",
+            "kind": "Status",
+            "metadata": {},
+            "status": "Failure",
+            "message": self.message,
+            "reason": self.reason,
+            "details": self.details,
+            "code": self.code,
         }
 
 
 def qualified(group: str, plural: str) -> str:
     """`lorarljobs.lorarl.dev` / `pods`: how the API server names a resource in messages."""
-    return f'{plural}.{group}' if group else plural
+    return f"{plural}.{group}" if group else plural
 
 
 def not_found(group: str, plural: str, name: str) -> ApiError:
-    return ApiError(404, 'NotFound', f'{qualified(group, plural)} "{name}" not found',
-                    {'name': name, 'group': group, 'kind': plural})
+    return ApiError(
+        404,
+        "NotFound",
+        f'{qualified(group, plural)} "{name}" not found',
+        {"name": name, "group": group, "kind": plural},
+    )
 
 
 def already_exists(group: str, plural: str, name: str) -> ApiError:
-    return ApiError(409, 'AlreadyExists', f'{qualified(group, plural)} "{name}" already exists',
-                    {'name': name, 'group': group, 'kind': plural})
+    return ApiError(
+        409,
+        "AlreadyExists",
+        f'{qualified(group, plural)} "{name}" already exists',
+        {"name": name, "group": group, "kind": plural},
+    )
 
 
 def conflict(group: str, plural: str, name: str, why: str) -> ApiError:
     return ApiError(
-        409, 'Conflict',
+        409,
+        "Conflict",
         f'Operation cannot be fulfilled on {qualified(group, plural)} "{name}": {why}',
-        {'name': name, 'group': group, 'kind': plural},
+        {"name": name, "group": group, "kind": plural},
     )
 
 
 def stale(group: str, plural: str, name: str) -> ApiError:
-    return conflict(group, plural, name, 'the object has been modified; please apply your '
-                    'changes to the latest version and try again')
+    return conflict(
+        group,
+        plural,
+        name,
+        "the object has been modified; please apply your "
+        "changes to the latest version and try again",
+    )
 
 
 def invalid(group: str, plural: str, name: str, field: str, why: str) -> ApiError:
     return ApiError(
-        422, 'Invalid', f'{qualified(group, plural)} "{name}" is invalid: {field}: {why}',
-        {'name': name, 'group': group, 'kind': plural,
-         'causes': [{'field': field, 'message': why}]},
+        422,
+        "Invalid",
+        f'{qualified(group, plural)} "{name}" is invalid: {field}: {why}',
+        {
+            "name": name,
+            "group": group,
+            "kind": plural,
+            "causes": [{"field": field, "message": why}],
+        },
     )
 
 
 def bad_request(message: str) -> ApiError:
-    return ApiError(400, 'BadRequest', message)
+    return ApiError(400, "BadRequest", message)
 
 
 def method_not_allowed(message: str) -> ApiError:
-    return ApiError(405, 'MethodNotAllowed', message)
+    return ApiError(405, "MethodNotAllowed", message)

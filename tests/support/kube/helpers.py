@@ -21,11 +21,15 @@ class TestHelpers:
     __slots__ = ()
     __test__ = False  # not a pytest test class
 
-    def create(self: KubeEmulator, ref: ResourceRef, body: Mapping[str, Any],
-               namespace: str | None = None) -> Obj:
+    def create(
+        self: KubeEmulator, ref: ResourceRef, body: Mapping[str, Any], namespace: str | None = None
+    ) -> Obj:
         info = self.resolve(ref)
-        ns = namespace or (body.get('metadata') or {}).get('namespace') or (
-            'default' if info.namespaced else None)
+        ns = (
+            namespace
+            or (body.get("metadata") or {}).get("namespace")
+            or ("default" if info.namespaced else None)
+        )
         return self._present(info, self._after_write(info, self.store.create(info, ns, body)))
 
     def get(self: KubeEmulator, ref: ResourceRef, namespace: str | None, name: str) -> Obj | None:
@@ -33,19 +37,33 @@ class TestHelpers:
         obj = self.store.find(info, namespace, name)
         return self._present(info, obj) if obj is not None else None
 
-    def list_objects(self: KubeEmulator, ref: ResourceRef, namespace: str | None = None,
-             label_selector: str | None = None) -> list[Obj]:
+    def list_objects(
+        self: KubeEmulator,
+        ref: ResourceRef,
+        namespace: str | None = None,
+        label_selector: str | None = None,
+    ) -> list[Obj]:
         info = self.resolve(ref)
         match = selectors.make_filter(label_selector, None, info.group, info.plural)
         return [self._present(info, o) for o in self.store.list(info, namespace, match)[0]]
 
-    def patch(self: KubeEmulator, ref: ResourceRef, namespace: str | None, name: str,
-              patch: Mapping[str, Any], subresource: str | None = None) -> Obj:
+    def patch(
+        self: KubeEmulator,
+        ref: ResourceRef,
+        namespace: str | None,
+        name: str,
+        patch: Mapping[str, Any],
+        subresource: str | None = None,
+    ) -> Obj:
         """A JSON merge patch, as a controller would send it."""
         info = self.resolve(ref)
-        obj = self.store.update(info, namespace, name,
-                                lambda old: patches.merge_patch(old, patch),
-                                subresource=subresource)
+        obj = self.store.update(
+            info,
+            namespace,
+            name,
+            lambda old: patches.merge_patch(old, patch),
+            subresource=subresource,
+        )
         return self._present(info, obj)
 
     def delete(self: KubeEmulator, ref: ResourceRef, namespace: str | None, name: str) -> Obj:
@@ -54,17 +72,30 @@ class TestHelpers:
 
     def events(self: KubeEmulator, namespace: str | None = None) -> list[Obj]:
         """Core v1 Events (what operators post for every transition)."""
-        return self.list_objects('v1/events', namespace)
+        return self.list_objects("v1/events", namespace)
 
-    def set_pod_phase(self: KubeEmulator, namespace: str, name: str, phase: str,
-                      exit_code: int | None = None, reason: str | None = None,
-                      message: str | None = None) -> Obj:
+    def set_pod_phase(
+        self: KubeEmulator,
+        namespace: str,
+        name: str,
+        phase: str,
+        exit_code: int | None = None,
+        reason: str | None = None,
+        message: str | None = None,
+    ) -> Obj:
         """Play the kubelet: move every container of the pod to `phase` (through /status)."""
-        info = self.resolve('v1/pods')
+        info = self.resolve("v1/pods")
         now = now_rfc3339()
-        obj = self.store.update(info, namespace, name, lambda pod: {
-            **pod, 'status': actors.pod_status(pod, phase, now, exit_code, reason, message),
-        }, subresource='status')
+        obj = self.store.update(
+            info,
+            namespace,
+            name,
+            lambda pod: {
+                **pod,
+                "status": actors.pod_status(pod, phase, now, exit_code, reason, message),
+            },
+            subresource="status",
+        )
         return self._present(info, obj)
 
     def collect_garbage(self: KubeEmulator) -> list[tuple[str, str | None, str]]:
@@ -78,11 +109,17 @@ class TestHelpers:
                 return removed
             for (group, plural, ns, name), refs in to_trim.items():
                 with contextlib.suppress(errors.ApiError):
-                    self.store.update(self._info_for(group, plural), ns, name, lambda old, r=refs: {
-                        **old, 'metadata': {**old['metadata'], 'ownerReferences': r}})
+                    self.store.update(
+                        self._info_for(group, plural),
+                        ns,
+                        name,
+                        lambda old, r=refs: {
+                            **old,
+                            "metadata": {**old["metadata"], "ownerReferences": r},
+                        },
+                    )
             for group, plural, ns, name in to_delete:
                 info = self._info_for(group, plural)
                 with contextlib.suppress(errors.ApiError):
                     self.store.delete(info, ns, name)
                     removed.append((info.kind, ns, name))
-

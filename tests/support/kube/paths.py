@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 # Subresources of a Namespace object: `/api/v1/namespaces/{name}/status` is not a resource named
 # "status" inside namespace {name}.
-_NAMESPACE_SUBRESOURCES = frozenset({'status', 'finalize'})
+_NAMESPACE_SUBRESOURCES = frozenset({"status", "finalize"})
 
 
 @dataclass(frozen=True)
@@ -36,13 +36,13 @@ class DiscoveryPath:
 
 def parse(path: str) -> ApiPath | DiscoveryPath | None:
     """Classify a URL path; None when it is not part of the resource API (e.g. /version)."""
-    segs = [s for s in path.split('/') if s]
-    if not segs or segs[0] not in ('api', 'apis'):
+    segs = [s for s in path.split("/") if s]
+    if not segs or segs[0] not in ("api", "apis"):
         return None
-    if segs[0] == 'api':
+    if segs[0] == "api":
         if len(segs) == 1:
             return DiscoveryPath(None, None, legacy=True)
-        group, version, rest = '', segs[1], segs[2:]
+        group, version, rest = "", segs[1], segs[2:]
     else:
         if len(segs) == 1:
             return DiscoveryPath(None, None, legacy=False)
@@ -50,17 +50,19 @@ def parse(path: str) -> ApiPath | DiscoveryPath | None:
             return DiscoveryPath(segs[1], None, legacy=False)
         group, version, rest = segs[1], segs[2], segs[3:]
     if not rest:
-        return DiscoveryPath(group, version, legacy=group == '')
+        return DiscoveryPath(group, version, legacy=group == "")
     return _parse_resource(group, version, rest)
 
 
 def _parse_resource(group: str, version: str, rest: list[str]) -> ApiPath:
     namespace: str | None = None
-    if rest[0] == 'namespaces' and len(rest) >= 3 and not (
-        group == '' and len(rest) == 3 and rest[2] in _NAMESPACE_SUBRESOURCES
+    if (
+        rest[0] == "namespaces"
+        and len(rest) >= 3
+        and not (group == "" and len(rest) == 3 and rest[2] in _NAMESPACE_SUBRESOURCES)
     ):
         namespace, rest = rest[1], rest[2:]
     plural = rest[0]
     name = rest[1] if len(rest) > 1 else None
-    subresource = '/'.join(rest[2:]) or None
+    subresource = "/".join(rest[2:]) or None
     return ApiPath(group, version, plural, namespace, name, subresource)

@@ -27,13 +27,13 @@ Key = tuple[str, str, str | None, str]  # group, plural, namespace, name
 Admit = Callable[[str, Obj | None, Obj | None], None]
 
 # What the API server fills in on create for built-ins whose status is otherwise the kubelet's.
-_INITIAL_STATUS: dict[tuple[str, str], Obj] = {('', 'pods'): {'phase': 'Pending'}}
-_GENERATE_ALPHABET = 'bcdfghjklmnpqrstvwxz2456789'  # the API server's generateName alphabet
+_INITIAL_STATUS: dict[tuple[str, str], Obj] = {("", "pods"): {"phase": "Pending"}}
+_GENERATE_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"  # the API server's generateName alphabet
 LOG_SIZE = 20_000
 
 
 def now_rfc3339() -> str:
-    return dt.datetime.now(dt.timezone.utc).strftime('%Y-%m-%dT%H:%M:%SZ')
+    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 @dataclass(frozen=True)
@@ -49,13 +49,13 @@ class Event:
 
 def translate(event: Event, matches: Callable[[Obj], bool]) -> tuple[str, Obj] | None:
     """How a filtered watch sees an event: objects entering/leaving the filter are ADDED/DELETED."""
-    if event.type == 'DELETED':
-        return ('DELETED', event.obj) if matches(event.obj) else None
+    if event.type == "DELETED":
+        return ("DELETED", event.obj) if matches(event.obj) else None
     new_in = matches(event.obj)
     old_in = event.old is not None and matches(event.old)
     if new_in:
-        return ('MODIFIED' if old_in else 'ADDED', event.obj)
-    return ('DELETED', event.obj) if old_in else None
+        return ("MODIFIED" if old_in else "ADDED", event.obj)
+    return ("DELETED", event.obj) if old_in else None
 
 
 @dataclass
@@ -67,9 +67,9 @@ class _Watcher:
 
 
 def _meta(obj: Obj) -> Obj:
-    meta = obj.get('metadata')
+    meta = obj.get("metadata")
     if not isinstance(meta, dict):
-        meta = obj['metadata'] = {}
+        meta = obj["metadata"] = {}
     return meta
 
 
@@ -102,15 +102,23 @@ class Store:
             return copy.deepcopy(obj) if obj is not None else None
 
     def list(
-        self, res: VersionInfo, namespace: str | None, matches: Callable[[Obj], bool] = bool,
+        self,
+        res: VersionInfo,
+        namespace: str | None,
+        matches: Callable[[Obj], bool] = bool,
     ) -> tuple[list[Obj], str]:
         """Matching objects (all namespaces when `namespace` is None) and the list's RV."""
         with self._lock:
-            items = [copy.deepcopy(obj) for key, obj in self._objects.items()
-                     if key[:2] == (res.group, res.plural)
-                     and (namespace is None or key[2] == namespace) and matches(obj)]
-            return sorted(items, key=lambda o: (o['metadata'].get('namespace') or '',
-                                                o['metadata']['name'])), str(self._rv)
+            items = [
+                copy.deepcopy(obj)
+                for key, obj in self._objects.items()
+                if key[:2] == (res.group, res.plural)
+                and (namespace is None or key[2] == namespace)
+                and matches(obj)
+            ]
+            return sorted(
+                items, key=lambda o: (o["metadata"].get("namespace") or "", o["metadata"]["name"])
+            ), str(self._rv)
 
     def all_objects(self) -> list[tuple[Key, Obj]]:
         with self._lock:
@@ -118,41 +126,57 @@ class Store:
 
     # -- writing -------------------------------------------------------------------------------
     def create(
-        self, res: VersionInfo, namespace: str | None, body: Any, admit: Admit | None = None,
+        self,
+        res: VersionInfo,
+        namespace: str | None,
+        body: Any,
+        admit: Admit | None = None,
     ) -> Obj:
         if not isinstance(body, dict):
-            raise errors.bad_request(f'the body of a {res.kind} create must be a JSON object')
+            raise errors.bad_request(f"the body of a {res.kind} create must be a JSON object")
         obj = copy.deepcopy(body)
         meta = _meta(obj)
         self._check_kind(res, obj)
-        namespace = self._check_namespace(res, namespace, meta.get('namespace'))
+        namespace = self._check_namespace(res, namespace, meta.get("namespace"))
         with self._lock:
-            name = meta.get('name') or self._generate_name(res, namespace, meta.get('generateName'))
+            name = meta.get("name") or self._generate_name(res, namespace, meta.get("generateName"))
             if self._key(res, namespace, name) in self._objects:
                 raise errors.already_exists(res.group, res.plural, name)
-            for field in ('deletionTimestamp', 'deletionGracePeriodSeconds', 'selfLink',
-                          'managedFields', 'resourceVersion'):
+            for field in (
+                "deletionTimestamp",
+                "deletionGracePeriodSeconds",
+                "selfLink",
+                "managedFields",
+                "resourceVersion",
+            ):
                 meta.pop(field, None)
-            meta.update(name=name, uid=str(uuid.uuid4()), generation=1,
-                        creationTimestamp=now_rfc3339())
+            meta.update(
+                name=name, uid=str(uuid.uuid4()), generation=1, creationTimestamp=now_rfc3339()
+            )
             if namespace is not None:
-                meta['namespace'] = namespace
+                meta["namespace"] = namespace
             else:
-                meta.pop('namespace', None)
-            obj['apiVersion'] = f'{res.group}/{res.version}' if res.group else res.version
-            obj['kind'] = res.kind
+                meta.pop("namespace", None)
+            obj["apiVersion"] = f"{res.group}/{res.version}" if res.group else res.version
+            obj["kind"] = res.kind
             if res.status_subresource:
-                obj.pop('status', None)  # status is written through /status only
+                obj.pop("status", None)  # status is written through /status only
                 initial = _INITIAL_STATUS.get((res.group, res.plural))
                 if initial is not None:
-                    obj['status'] = copy.deepcopy(initial)
+                    obj["status"] = copy.deepcopy(initial)
             if admit is not None:
-                admit('CREATE', copy.deepcopy(obj), None)
-            return self._commit('ADDED', self._key(res, namespace, name), obj, None)
+                admit("CREATE", copy.deepcopy(obj), None)
+            return self._commit("ADDED", self._key(res, namespace, name), obj, None)
 
     def update(
-        self, res: VersionInfo, namespace: str | None, name: str, mutate: Callable[[Obj], Any],
-        *, subresource: str | None = None, admit: Admit | None = None,
+        self,
+        res: VersionInfo,
+        namespace: str | None,
+        name: str,
+        mutate: Callable[[Obj], Any],
+        *,
+        subresource: str | None = None,
+        admit: Admit | None = None,
     ) -> Obj:
         """Read-modify-write: `mutate` gets a copy of the stored object and returns the new one.
 
@@ -164,61 +188,75 @@ class Store:
             old = self._require(res, namespace, name)
             cand = mutate(copy.deepcopy(old))
             if not isinstance(cand, dict):
-                raise errors.bad_request(f'the updated {res.kind} must be a JSON object')
+                raise errors.bad_request(f"the updated {res.kind} must be a JSON object")
             cand_meta = _meta(cand)
-            wanted_rv = cand_meta.get('resourceVersion')
-            if wanted_rv not in (None, '') and str(wanted_rv) != old['metadata']['resourceVersion']:
+            wanted_rv = cand_meta.get("resourceVersion")
+            if wanted_rv not in (None, "") and str(wanted_rv) != old["metadata"]["resourceVersion"]:
                 raise errors.stale(res.group, res.plural, name)
-            for field, actual in (('name', name), ('namespace', namespace)):
+            for field, actual in (("name", name), ("namespace", namespace)):
                 given = cand_meta.get(field)
-                checked = field == 'name' or res.namespaced
-                if checked and given not in (None, '') and given != actual:
-                    raise errors.bad_request(f'the {field} of the object ({given}) does not match '
-                                             f'the {field} on the URL ({actual})')
+                checked = field == "name" or res.namespaced
+                if checked and given not in (None, "") and given != actual:
+                    raise errors.bad_request(
+                        f"the {field} of the object ({given}) does not match "
+                        f"the {field} on the URL ({actual})"
+                    )
             new = self._split(res, old, cand, subresource)
             self._check_finalizers(res, old, new)
-            if _without(new, 'metadata') == _without(old, 'metadata') and \
-                    _without(new['metadata'], 'resourceVersion') == \
-                    _without(old['metadata'], 'resourceVersion'):
+            if _without(new, "metadata") == _without(old, "metadata") and _without(
+                new["metadata"], "resourceVersion"
+            ) == _without(old["metadata"], "resourceVersion"):
                 return copy.deepcopy(old)  # a no-op write: no new resourceVersion, no event
-            if _without(new, 'metadata', 'status') != _without(old, 'metadata', 'status'):
-                new['metadata']['generation'] = old['metadata'].get('generation', 1) + 1
+            if _without(new, "metadata", "status") != _without(old, "metadata", "status"):
+                new["metadata"]["generation"] = old["metadata"].get("generation", 1) + 1
             if admit is not None:
-                admit('UPDATE', copy.deepcopy(new), copy.deepcopy(old))
-            released = new['metadata'].get('deletionTimestamp') and \
-                not new['metadata'].get('finalizers')
-            return self._commit('DELETED' if released else 'MODIFIED', key, new, old)
+                admit("UPDATE", copy.deepcopy(new), copy.deepcopy(old))
+            released = new["metadata"].get("deletionTimestamp") and not new["metadata"].get(
+                "finalizers"
+            )
+            return self._commit("DELETED" if released else "MODIFIED", key, new, old)
 
     def delete(
-        self, res: VersionInfo, namespace: str | None, name: str,
-        preconditions: Mapping[str, Any] | None = None, admit: Admit | None = None,
+        self,
+        res: VersionInfo,
+        namespace: str | None,
+        name: str,
+        preconditions: Mapping[str, Any] | None = None,
+        admit: Admit | None = None,
     ) -> Obj:
         """Remove the object, or only mark it (deletionTimestamp) while finalizers remain."""
         with self._lock:
             key = self._key(res, namespace, name)
             old = self._require(res, namespace, name)
-            meta = old['metadata']
-            for field in ('uid', 'resourceVersion'):
+            meta = old["metadata"]
+            for field in ("uid", "resourceVersion"):
                 want = (preconditions or {}).get(field)
                 if want and want != meta.get(field):
                     raise errors.conflict(
-                        res.group, res.plural, name,
-                        f'Precondition failed: {field} in precondition: {want}, '
-                        f'{field} in object meta: {meta.get(field)}')
+                        res.group,
+                        res.plural,
+                        name,
+                        f"Precondition failed: {field} in precondition: {want}, "
+                        f"{field} in object meta: {meta.get(field)}",
+                    )
             if admit is not None:
-                admit('DELETE', None, copy.deepcopy(old))
-            if meta.get('finalizers'):
-                if meta.get('deletionTimestamp'):
+                admit("DELETE", None, copy.deepcopy(old))
+            if meta.get("finalizers"):
+                if meta.get("deletionTimestamp"):
                     return copy.deepcopy(old)
                 new = copy.deepcopy(old)
-                new['metadata'].update(deletionTimestamp=now_rfc3339(),
-                                       deletionGracePeriodSeconds=0)
-                return self._commit('MODIFIED', key, new, old)
-            return self._commit('DELETED', key, copy.deepcopy(old), old)
+                new["metadata"].update(
+                    deletionTimestamp=now_rfc3339(), deletionGracePeriodSeconds=0
+                )
+                return self._commit("MODIFIED", key, new, old)
+            return self._commit("DELETED", key, copy.deepcopy(old), old)
 
     # -- watching ------------------------------------------------------------------------------
     def watch(
-        self, res: VersionInfo, namespace: str | None, since: int | None,
+        self,
+        res: VersionInfo,
+        namespace: str | None,
+        since: int | None,
         notify: Callable[[Event], None],
     ) -> tuple[list[Obj] | None, list[Event], str, Callable[[], None]]:
         """Subscribe atomically with a replay, so no event is lost or seen twice.
@@ -231,14 +269,17 @@ class Store:
             initial: list[Obj] | None = None
             backlog: list[Event] = []
             if since is None:
-                initial = [copy.deepcopy(o) for k, o in self._objects.items()
-                           if k[:2] == (res.group, res.plural)
-                           and (namespace is None or k[2] == namespace)]
+                initial = [
+                    copy.deepcopy(o)
+                    for k, o in self._objects.items()
+                    if k[:2] == (res.group, res.plural) and (namespace is None or k[2] == namespace)
+                ]
             else:
                 floor = self._log[0].rv - 1 if len(self._log) == self._log.maxlen else 0
                 if since < floor:
-                    raise errors.ApiError(410, 'Expired', f'too old resource version: {since} '
-                                          f'({floor})')
+                    raise errors.ApiError(
+                        410, "Expired", f"too old resource version: {since} ({floor})"
+                    )
                 backlog = [e for e in self._log if e.rv > since and self._concerns(watcher, e)]
             self._watchers.append(watcher)
             rv = self._rv
@@ -265,12 +306,13 @@ class Store:
     def _concerns(watcher: _Watcher, event: Event) -> bool:
         group, plural, namespace, _ = event.key
         return (group, plural) == (watcher.group, watcher.plural) and (
-            watcher.namespace is None or namespace == watcher.namespace)
+            watcher.namespace is None or namespace == watcher.namespace
+        )
 
     def _commit(self, kind: str, key: Key, new: Obj, old: Obj | None) -> Obj:
         self._rv += 1
-        new['metadata']['resourceVersion'] = str(self._rv)
-        if kind == 'DELETED':
+        new["metadata"]["resourceVersion"] = str(self._rv)
+        if kind == "DELETED":
             del self._objects[key]
         else:
             self._objects[key] = new
@@ -285,70 +327,94 @@ class Store:
 
     def _generate_name(self, res: VersionInfo, namespace: str | None, prefix: Any) -> str:
         if not prefix:
-            raise errors.invalid(res.group, res.plural, '', 'metadata.name',
-                                 'Required value: name or generateName is required')
+            raise errors.invalid(
+                res.group,
+                res.plural,
+                "",
+                "metadata.name",
+                "Required value: name or generateName is required",
+            )
         while True:
-            name = str(prefix) + ''.join(random.choices(_GENERATE_ALPHABET, k=5))
+            name = str(prefix) + "".join(random.choices(_GENERATE_ALPHABET, k=5))
             if self._key(res, namespace, name) not in self._objects:
                 return name
 
     @staticmethod
     def _check_kind(res: VersionInfo, obj: Obj) -> None:
-        kind = obj.get('kind')
-        if kind not in (None, '', res.kind):
-            raise errors.bad_request(f'the kind of the object ({kind}) does not match the '
-                                     f'resource {errors.qualified(res.group, res.plural)} '
-                                     f'({res.kind})')
+        kind = obj.get("kind")
+        if kind not in (None, "", res.kind):
+            raise errors.bad_request(
+                f"the kind of the object ({kind}) does not match the "
+                f"resource {errors.qualified(res.group, res.plural)} "
+                f"({res.kind})"
+            )
 
     @staticmethod
     def _check_namespace(res: VersionInfo, url_ns: str | None, body_ns: Any) -> str | None:
         if not res.namespaced:
             return None
         if url_ns is None:
-            raise errors.bad_request(f'{res.kind} is namespaced: create it under '
-                                     f'/namespaces/<namespace>/{res.plural}')
-        if body_ns not in (None, '') and body_ns != url_ns:
-            raise errors.bad_request('the namespace of the provided object does not match the '
-                                     'namespace sent on the request')
+            raise errors.bad_request(
+                f"{res.kind} is namespaced: create it under /namespaces/<namespace>/{res.plural}"
+            )
+        if body_ns not in (None, "") and body_ns != url_ns:
+            raise errors.bad_request(
+                "the namespace of the provided object does not match the "
+                "namespace sent on the request"
+            )
         return url_ns
 
     @staticmethod
     def _split(res: VersionInfo, old: Obj, cand: Obj, subresource: str | None) -> Obj:
         """Keep what this endpoint may not change: other parts of the object, server metadata."""
-        if subresource == 'status':
+        if subresource == "status":
             new = copy.deepcopy(old)
-            if 'status' in cand:
-                new['status'] = cand['status']
+            if "status" in cand:
+                new["status"] = cand["status"]
             else:
-                new.pop('status', None)
+                new.pop("status", None)
             return new
         new = cand
         if res.status_subresource:
-            if 'status' in old:
-                new['status'] = copy.deepcopy(old['status'])
+            if "status" in old:
+                new["status"] = copy.deepcopy(old["status"])
             else:
-                new.pop('status', None)
-        old_meta, meta = old['metadata'], new['metadata']
-        for field in ('name', 'namespace', 'uid', 'creationTimestamp', 'generation',
-                      'deletionTimestamp', 'deletionGracePeriodSeconds', 'resourceVersion'):
+                new.pop("status", None)
+        old_meta, meta = old["metadata"], new["metadata"]
+        for field in (
+            "name",
+            "namespace",
+            "uid",
+            "creationTimestamp",
+            "generation",
+            "deletionTimestamp",
+            "deletionGracePeriodSeconds",
+            "resourceVersion",
+        ):
             if field in old_meta:
                 meta[field] = old_meta[field]
             else:
                 meta.pop(field, None)
-        new['apiVersion'], new['kind'] = old['apiVersion'], old['kind']
-        for field in ('labels', 'annotations', 'finalizers', 'ownerReferences'):
+        new["apiVersion"], new["kind"] = old["apiVersion"], old["kind"]
+        for field in ("labels", "annotations", "finalizers", "ownerReferences"):
             if field in meta and meta[field] in (None, {}, []):
                 del meta[field]
         return new
 
     @staticmethod
     def _check_finalizers(res: VersionInfo, old: Obj, new: Obj) -> None:
-        if not old['metadata'].get('deletionTimestamp'):
+        if not old["metadata"].get("deletionTimestamp"):
             return
-        added = set(new['metadata'].get('finalizers') or ()) - \
-            set(old['metadata'].get('finalizers') or ())
+        added = set(new["metadata"].get("finalizers") or ()) - set(
+            old["metadata"].get("finalizers") or ()
+        )
         if added:
-            raise errors.invalid(res.group, res.plural, old['metadata']['name'],
-                                 'metadata.finalizers', f'Forbidden: no new finalizers can be '
-                                 f'added if the object is being deleted, found new finalizers '
-                                 f'{sorted(added)}')
+            raise errors.invalid(
+                res.group,
+                res.plural,
+                old["metadata"]["name"],
+                "metadata.finalizers",
+                f"Forbidden: no new finalizers can be "
+                f"added if the object is being deleted, found new finalizers "
+                f"{sorted(added)}",
+            )

@@ -30,8 +30,9 @@ def pods_of(index: Any, namespace: str, name: str) -> list[PodView]:
     return list(store) if store is not None else []
 
 
-async def run(memo: Any, body: Mapping[str, Any], index: Any, trigger: str,
-              poll: bool = False) -> None:
+async def run(
+    memo: Any, body: Mapping[str, Any], index: Any, trigger: str, poll: bool = False
+) -> None:
     meta = body["metadata"]
     pods = pods_of(index, meta.get("namespace") or "default", meta["name"])
     try:

@@ -21,8 +21,14 @@ def job_pods(body: kopf.Body, namespace: str, **_: Any) -> dict[tuple[str, str],
 
 
 @kopf.on.event("", "v1", "pods", labels=POD_LABELS)
-async def pod_changed(namespace: str, labels: kopf.Labels, memo: kopf.Memo, job_pods: Any,
-                      logger: logging.Logger, **_: Any) -> None:
+async def pod_changed(
+    namespace: str,
+    labels: kopf.Labels,
+    memo: kopf.Memo,
+    job_pods: Any,
+    logger: logging.Logger,
+    **_: Any,
+) -> None:
     job = labels[JOB_LABEL]
     try:
         await reconciler(memo).poke(namespace, job, pods_of(job_pods, namespace, job), "pod")

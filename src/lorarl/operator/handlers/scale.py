@@ -18,10 +18,16 @@ from lorarl.operator.handlers.common import JOBS, run
 
 
 @kopf.on.field(*JOBS, id="scale", field="spec.rollout.replicas")
-async def scaled(old: Any, new: Any, body: kopf.Body, memo: kopf.Memo, job_pods: Any,
-                 **_: Any) -> None:
+async def scaled(
+    old: Any, new: Any, body: kopf.Body, memo: kopf.Memo, job_pods: Any, **_: Any
+) -> None:
     if old is None or old == new:
         return  # creation: the create handler materializes the job
-    kopf.event(body, type="Normal", reason="Scaled", message=f"rollout replicas {old} -> {new}; "
-               f"the sync group world size becomes {1 + int(new)}")
+    kopf.event(
+        body,
+        type="Normal",
+        reason="Scaled",
+        message=f"rollout replicas {old} -> {new}; "
+        f"the sync group world size becomes {1 + int(new)}",
+    )
     await run(memo, body, job_pods, "scale")

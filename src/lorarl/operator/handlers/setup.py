@@ -17,8 +17,9 @@ PREFIX = "lorarl.dev"
 
 
 @kopf.on.startup()
-async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: logging.Logger,
-                    **_: Any) -> None:
+async def configure(
+    settings: kopf.OperatorSettings, memo: kopf.Memo, logger: logging.Logger, **_: Any
+) -> None:
     settings.peering.standalone = True  # one replica; no peering objects (RBAC has none)
     settings.peering.mandatory = False
     settings.scanning.disabled = True  # the chart grants no CRD or namespace reads
@@ -26,7 +27,8 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: lo
     # Annotations, not status: the status must stay exactly what the API models allow.
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=PREFIX)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix=PREFIX, key="last-handled-configuration")
+        prefix=PREFIX, key="last-handled-configuration"
+    )
     # Only warnings from kopf's own logs become Events; ours are posted with kopf.event().
     settings.posting.level = logging.WARNING
     settings.admission.managed = None  # the Helm chart owns the webhook configuration
@@ -34,10 +36,14 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: lo
         if not (CONFIG.cert_file.is_file() and CONFIG.key_file.is_file()):
             raise kopf.PermanentError(
                 f"LORARL_WEBHOOK_PORT={CONFIG.webhook_port} but {CONFIG.cert_file} or "
-                f"{CONFIG.key_file} is missing (set LORARL_WEBHOOK_PORT=0 to run without it)")
+                f"{CONFIG.key_file} is missing (set LORARL_WEBHOOK_PORT=0 to run without it)"
+            )
         settings.admission.server = kopf.WebhookServer(
-            addr=CONFIG.webhook_addr, port=CONFIG.webhook_port,
-            certfile=str(CONFIG.cert_file), pkeyfile=str(CONFIG.key_file))
+            addr=CONFIG.webhook_addr,
+            port=CONFIG.webhook_port,
+            certfile=str(CONFIG.cert_file),
+            pkeyfile=str(CONFIG.key_file),
+        )
 
     kube = Kube(load_credentials(), timeout=CONFIG.request_timeout)
     reconciler = Reconciler(kube, CONFIG)
@@ -45,14 +51,19 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: lo
     reconciler.metrics = metrics
     memo["reconciler"], memo["kube"], memo["servers"] = reconciler, kube, []
     if CONFIG.metrics_port:
-        memo["servers"].append(await serve({"/metrics": metrics_route(metrics)}, "0.0.0.0",
-                                           CONFIG.metrics_port))
+        memo["servers"].append(
+            await serve({"/metrics": metrics_route(metrics)}, "0.0.0.0", CONFIG.metrics_port)
+        )
     if CONFIG.health_port:
-        memo["servers"].append(await serve({"/healthz": health_route()}, "0.0.0.0",
-                                           CONFIG.health_port))
-    logger.info("lorarl operator: namespace %s, webhook port %s, metrics port %s",
-                CONFIG.namespace or "(all)", CONFIG.webhook_port or "off",
-                CONFIG.metrics_port or "off")
+        memo["servers"].append(
+            await serve({"/healthz": health_route()}, "0.0.0.0", CONFIG.health_port)
+        )
+    logger.info(
+        "lorarl operator: namespace %s, webhook port %s, metrics port %s",
+        CONFIG.namespace or "(all)",
+        CONFIG.webhook_port or "off",
+        CONFIG.metrics_port or "off",
+    )
 
 
 @kopf.on.cleanup()

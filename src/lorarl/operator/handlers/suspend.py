@@ -11,8 +11,9 @@ from lorarl.operator.handlers.common import JOBS, run
 
 
 @kopf.on.field(*JOBS, id="suspend", field="spec.runPolicy.suspend")
-async def suspend_changed(old: Any, new: Any, body: kopf.Body, memo: kopf.Memo, job_pods: Any,
-                          **_: Any) -> None:
+async def suspend_changed(
+    old: Any, new: Any, body: kopf.Body, memo: kopf.Memo, job_pods: Any, **_: Any
+) -> None:
     if bool(old) == bool(new):
         return
     await run(memo, body, job_pods, "suspend")

@@ -12,8 +12,9 @@ from lorarl.operator.handlers.common import CONFIG, JOBS
 from lorarl.operator.reconciler import plain
 
 
-def validate_lorarljob(body: kopf.Body, old: Any, operation: str, subresource: str | None = None,
-                       **_: Any) -> None:
+def validate_lorarljob(
+    body: kopf.Body, old: Any, operation: str, subresource: str | None = None, **_: Any
+) -> None:
     if subresource:
         return  # status and scale writes carry no user spec to validate
     new = plain(body)
@@ -30,5 +31,6 @@ def validate_lorarljob(body: kopf.Body, old: Any, operation: str, subresource: s
 # subresource="*": API servers omit `subResource` for the main resource, but some send "", which
 # kopf would not match to None.
 if CONFIG.webhook_port:
-    kopf.on.validate(*JOBS, id="validate-lorarljob", operations=["CREATE", "UPDATE"],
-                     subresource="*")(validate_lorarljob)
+    kopf.on.validate(
+        *JOBS, id="validate-lorarljob", operations=["CREATE", "UPDATE"], subresource="*"
+    )(validate_lorarljob)
