@@ -10,10 +10,11 @@ EXTRAS ?= trainer,rollout,operator,server,reward,dev
 TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: setup test test-fast lint crds crds-check chart-test images clean help
+.PHONY: setup test test-fast demo lint crds crds-check chart-test images clean help
 
 help:
 	@echo "make setup   - create $(VENV) (torch first, then lorarl[$(EXTRAS)])"
+	@echo "make demo    - install, then train SmolLM2-135M with GRPO + LoRA locally (reward rises)"
 	@echo "make test    - install and run the whole test suite (slow end-to-end tests included)"
 	@echo "make lint    - ruff"
 	@echo "make crds    - regenerate crds/ from the API models"
@@ -42,6 +43,12 @@ TEST_ENV = LORARL_ENGINE_PYTHON=$(abspath $(ENGINE_VENV))/bin/python \
 # pytest exits 5 when it collects nothing; that is a failure here, like any other non-zero code.
 test: setup engine-venv sglang-venv
 	$(TEST_ENV) $(PY) -m pytest $(PYTEST_ARGS)
+
+# A real LoRA RL job on this machine: SmolLM2-135M-Instruct learns "which is larger" (~10 min).
+demo: setup engine-venv
+	$(VENV)/bin/lorarl prepare smollm2
+	$(VENV)/bin/lorarl prepare task larger -n 512 -o .cache/lorarl/data/larger.jsonl
+	$(TEST_ENV) $(VENV)/bin/lorarl run examples/demo.yaml --local
 
 test-fast: setup
 	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
