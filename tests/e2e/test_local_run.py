@@ -22,6 +22,8 @@ from lorarl.api.validation import load_job_file
 from lorarl.local import LocalRun
 from lorarl.server.app import create_app
 from lorarl.server.stores.local import LocalStore
+from tests.support.browser import ARGS, CHROMIUM, SCREENSHOT, point_steps
+from tests.support.server_live import live_server
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
@@ -100,6 +102,24 @@ def test_quickstart_adapter_mode(tmp_path: Path, engine_python: str):
         children = [c.pid for c in run.children]
     check_finished_run(run, result)
     assert all(gone(pid) for pid in children)
+    check_dashboard_of_finished_run(run, steps=30)
+
+
+def check_dashboard_of_finished_run(run: LocalRun, steps: int) -> None:
+    """Headless Chromium on the finished run's dashboard: one reward point per step."""
+    sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright")
+    if not Path(CHROMIUM).exists():
+        pytest.skip("chromium not installed: apt-get install -y chromium")
+    store = LocalStore()
+    store.add_finished(run.job, run.run_dir)
+    with live_server(create_app(store)) as url, sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
+        page = browser.new_page(viewport={"width": 1400, "height": 900})
+        page.goto(f"{url}/?job=local/quickstart")
+        page.wait_for_selector(f"#chart-reward circle[data-step='{steps}']")
+        assert point_steps(page, "chart-reward") == list(range(1, steps + 1))
+        page.screenshot(path=str(SCREENSHOT), full_page=True)
+        browser.close()
 
 
 def test_cli_runs_a_short_job_end_to_end(tmp_path: Path, engine_python: str):

@@ -6,29 +6,18 @@ own browser download is never used.
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from urllib.parse import urlparse
 
 import pytest
 
 from lorarl.server import KubeApi, KubeAuth, KubeStore, LocalStore, create_app
+from tests.support.browser import ARGS, CHROMIUM, point_steps
 from tests.support.fake_kube_auth import FakeKubeApi
 from tests.support.fake_trainer import FakeTrainer
 from tests.support.server_live import live_server
 from tests.unit.test_server_local import make_job, write_run
 
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
-SCREENSHOT = Path(__file__).resolve().parents[2] / "bench" / "results" / "dashboard.png"
 STEPS = 12
 
 sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright")
@@ -66,16 +55,7 @@ def page(browser):
     assert errors == [], f"JavaScript errors: {errors}"
 
 
-def point_steps(page, chart: str) -> list[int]:
-    return [
-        int(s)
-        for s in page.eval_on_selector_all(
-            f"#{chart} circle[data-step]", "els => els.map(e => e.dataset.step)"
-        )
-    ]
-
-
-def test_finished_run_shows_every_step(page, finished_run: str) -> None:
+def test_finished_run_shows_every_step(page, finished_run: str, tmp_path) -> None:
     page.goto(f"{finished_run}/?job=local/quickstart")
     page.wait_for_selector(f"#chart-reward circle[data-step='{STEPS}']")
     assert point_steps(page, "chart-reward") == list(range(1, STEPS + 1))
@@ -90,9 +70,9 @@ def test_finished_run_shows_every_step(page, finished_run: str) -> None:
     assert "Succeeded" in page.text_content("#detail-facts")
     assert page.locator("#jobs tbody tr").count() == 1
     assert page.is_hidden("#login")  # no auth locally
-    SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(SCREENSHOT), full_page=True)
-    assert SCREENSHOT.stat().st_size > 10_000
+    shot = tmp_path / "dashboard.png"  # the README's picture comes from a real run (e2e test)
+    page.screenshot(path=str(shot), full_page=True)
+    assert shot.stat().st_size > 10_000
     own = urlparse(finished_run).netloc
     assert set(page.hosts) == {own}, "the dashboard must load nothing from elsewhere"
 
