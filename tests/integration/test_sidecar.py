@@ -152,8 +152,12 @@ class Rollout:
         self.http.close()
 
 
-def start_rollout(job_path: Path, run_dir: Path, model_dir: Path) -> Rollout:
-    """Start every engine and sidecar of the plan's rollout role with the env the plan renders."""
+def start_rollout(
+    job_path: Path, run_dir: Path, model_dir: Path, engine_python: str | None = None
+) -> Rollout:
+    """Start every engine and sidecar of the plan's rollout role with the env the plan renders.
+
+    The engine is the test engine, or with `engine_python` the plan's real vLLM command."""
     job = load_job_file(str(job_path))
     base = free_port_block(LocalAddressing.ports_needed(job.spec.rollout.replicas))
     jp = plan(job, LocalAddressing(base), config_path=str(job_path))
@@ -167,20 +171,13 @@ def start_rollout(job_path: Path, run_dir: Path, model_dir: Path) -> Rollout:
             "LORARL_ADAPTER_DIR": str(run_dir / "adapters" / replica.name),
         }
         port = engine.ports["engine"]
+        test_engine = [sys.executable, "-m", "tests.support.hf_engine_server"]
+        test_engine += ["--model", str(model_dir), "--port", str(port)]
+        test_engine += ["--served-model-name", "base"]
         engines.append(
             Child(
                 name=f"{replica.name}-engine",
-                argv=[
-                    sys.executable,
-                    "-m",
-                    "tests.support.hf_engine_server",
-                    "--model",
-                    str(model_dir),
-                    "--port",
-                    str(port),
-                    "--served-model-name",
-                    "base",
-                ],
+                argv=[engine_python, *engine.command[1:]] if engine_python else test_engine,
                 env={**env, **engine.env},
                 log_path=run_dir / "logs" / f"{replica.name}-engine.log",
             )
