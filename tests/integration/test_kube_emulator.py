@@ -657,6 +657,38 @@ def test_admission_hook_can_deny_writes(kube: KubeApi, custom: client.CustomObje
     }
 
 
+def test_admission_review_omits_sub_resource_for_the_main_resource(
+    kube: KubeApi, http: httpx.Client
+) -> None:
+    """A real API server leaves `subResource` out (omitempty) unless a subresource is written;
+    kopf matches handlers on it, so an empty string here would hide a webhook bug."""
+    requests: list[dict[str, Any]] = []
+
+    def record(review: dict[str, Any]) -> dict[str, Any]:
+        requests.append(review["request"])
+        return {"uid": review["request"]["uid"], "allowed": True}
+
+    kube.emulator.add_admission_hook(
+        record, name="record.lorarl.dev", resource="lrj", subresources=(None, "status")
+    )
+    assert http.post(BASE, json=job("sub")).status_code == 201
+    assert merge_patch(http, f"{BASE}/sub", {"spec": {"rollout": {"replicas": 2}}}).is_success
+    assert merge_patch(http, f"{BASE}/sub/status", {"status": {"phase": "Running"}}).is_success
+
+    assert [(r["operation"], r.get("subResource")) for r in requests] == [
+        ("CREATE", None),
+        ("UPDATE", None),
+        ("UPDATE", "status"),
+    ]
+    create, update, status = requests
+    for main in (create, update):
+        assert "subResource" not in main and "requestSubResource" not in main
+    assert status["requestSubResource"] == "status"
+    assert status["object"]["status"] == {"phase": "Running"}
+    assert update["object"]["spec"]["rollout"]["replicas"] == 2
+    assert update["oldObject"]["spec"]["rollout"]["replicas"] == 1
+
+
 def test_kmock_reactions_and_object_history_still_work(kube: KubeApi, http: httpx.Client) -> None:
     kube.emulator.create(LRJ, job("h"))
     kube.emulator.patch(LRJ, "default", "h", {"spec": {"rollout": {"replicas": 2}}})

@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+import httpx
 import yaml
 
 from tests.integration.test_operator_harness import ROOT, Cluster, quickstart, shared
@@ -52,3 +55,39 @@ def test_running_job_rejects_spec_edits_but_allows_scale_and_suspend(shared: Clu
     shared.wait_pods("frozen", {"frozen-trainer-0", "frozen-rollout-0"})
     config = shared.kube.emulator.get("v1/configmaps", "default", "frozen-config")
     assert "rank: 16" in config["data"]["job.yaml"]
+
+
+def _review(obj: dict[str, Any], subresource: str | None) -> dict[str, Any]:
+    """A review as the API server sends it: `subResource` only for a subresource write."""
+    request: dict[str, Any] = {
+        "uid": "review-1",
+        "kind": {"group": "lorarl.dev", "version": "v1alpha1", "kind": "LoRARLJob"},
+        "resource": {"group": "lorarl.dev", "version": "v1alpha1", "resource": "lorarljobs"},
+        "name": obj["metadata"]["name"],
+        "namespace": "default",
+        "operation": "UPDATE",
+        "userInfo": {"username": "someone"},
+        "object": obj,
+        "oldObject": obj,
+    }
+    if subresource:
+        request["subResource"] = subresource
+    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": request}
+
+
+def test_webhook_validates_the_main_resource_and_lets_status_writes_through(
+    shared: Cluster,
+) -> None:
+    """Registered without `subresource`, the validator sees main-resource reviews (no
+    `subResource` field) and is skipped for status/scale writes, which carry no user spec."""
+    bad = yaml.safe_load((ROOT / "examples/bad/rank-zero.yaml").read_text())
+    answers = {
+        sub: httpx.post(shared.webhook_url, json=_review(bad, sub), verify=False, timeout=10)
+        .raise_for_status()
+        .json()["response"]
+        for sub in (None, "status", "scale")
+    }
+    assert answers[None]["allowed"] is False
+    assert "spec.lora.rank: must be greater than 0 (got 0)" in answers[None]["status"]["message"]
+    assert answers["status"]["allowed"] is True
+    assert answers["scale"]["allowed"] is True

@@ -96,7 +96,8 @@ SCENARIOS = {
 
 # Least privilege: exactly these (apiGroup, resource, verb) triples, per role, nothing more.
 OPERATOR_RULES = {
-    ("lorarl.dev", "lorarljobs"): {"get", "list", "watch", "patch"},
+    # delete: a finished job is removed after spec.runPolicy.ttlSecondsAfterFinished.
+    ("lorarl.dev", "lorarljobs"): {"get", "list", "watch", "patch", "delete"},
     ("lorarl.dev", "lorarljobs/status"): {"get", "patch"},
     ("lorarl.dev", "lorarljobs/finalizers"): {"update"},
     ("", "pods"): {"get", "list", "watch", "create", "delete"},

@@ -79,7 +79,10 @@ class Credentials:
 
     def headers(self) -> dict[str, str]:
         if self.refresh is not None:
-            value = self.refresh.get_api_key_with_prefix("authorization")
+            # The `kubernetes` package stores tokens (kubeconfig and in-cluster alike) under
+            # "BearerToken"; "authorization" is only its legacy alias. Asking for the alias alone
+            # sent every write unauthenticated (401 on a real API server).
+            value = self.refresh.get_api_key_with_prefix("BearerToken", alias="authorization")
             if value:
                 return {"Authorization": value}
         return {"Authorization": f"Bearer {self.token}"} if self.token else {}

@@ -45,7 +45,11 @@ def review(
     old: dict[str, Any] | None,
     subresource: str | None,
 ) -> dict[str, Any]:
+    """The review a real API server sends: `subResource`/`requestSubResource` are `omitempty`,
+    so a write to the main resource carries neither (webhooks tell the two apart by absence)."""
     gvk = {"group": res.group, "version": res.version, "kind": res.kind}
+    gvr = {"group": res.group, "version": res.version, "resource": res.plural}
+    sub = {"subResource": subresource, "requestSubResource": subresource} if subresource else {}
     return {
         "apiVersion": "admission.k8s.io/v1",
         "kind": "AdmissionReview",
@@ -53,8 +57,9 @@ def review(
             "uid": str(uuid.uuid4()),
             "kind": gvk,
             "requestKind": gvk,
-            "resource": {"group": res.group, "version": res.version, "resource": res.plural},
-            "subResource": subresource or "",
+            "resource": gvr,
+            "requestResource": gvr,
+            **sub,
             "name": name or (new or old or {}).get("metadata", {}).get("name", ""),
             "namespace": namespace or "",
             "operation": operation,

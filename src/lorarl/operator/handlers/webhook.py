@@ -12,11 +12,7 @@ from lorarl.operator.handlers.common import CONFIG, JOBS
 from lorarl.operator.reconciler import plain
 
 
-def validate_lorarljob(
-    body: kopf.Body, old: Any, operation: str, subresource: str | None = None, **_: Any
-) -> None:
-    if subresource:
-        return  # status and scale writes carry no user spec to validate
+def validate_lorarljob(body: kopf.Body, old: Any, operation: str, **_: Any) -> None:
     new = plain(body)
     problems = manifest_problems(new)
     if problems:
@@ -28,9 +24,9 @@ def validate_lorarljob(
 
 
 # kopf refuses to start with admission handlers but no server: register only when it is on.
-# subresource="*": API servers omit `subResource` for the main resource, but some send "", which
-# kopf would not match to None.
+# No `subresource`: kopf then matches only reviews without `subResource` (the main resource), so
+# status and scale writes, which carry no user spec, are allowed without being validated.
 if CONFIG.webhook_port:
-    kopf.on.validate(
-        *JOBS, id="validate-lorarljob", operations=["CREATE", "UPDATE"], subresource="*"
-    )(validate_lorarljob)
+    kopf.on.validate(*JOBS, id="validate-lorarljob", operations=["CREATE", "UPDATE"])(
+        validate_lorarljob
+    )
