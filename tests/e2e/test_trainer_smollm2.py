@@ -3,6 +3,7 @@ adapter reproduces the trainer's logits exactly when loaded by PEFT."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,12 @@ from tests.support.hf_engine_server import create_app, serve_in_thread
 from tests.support.models import smollm2
 
 pytestmark = pytest.mark.slow
+
+
+def test_converted_model_is_plain_safetensors():
+    config = json.loads((smollm2() / "config.json").read_text())
+    assert "quantization_config" not in config  # vLLM refuses `quant_method: gguf`
+    assert config["tie_word_embeddings"] is True  # SmolLM2's head shares the embedding
 
 
 def test_two_grpo_steps_and_a_faithful_adapter(tmp_path: Path):

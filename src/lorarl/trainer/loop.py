@@ -22,6 +22,7 @@ from lorarl.api.progress import StepRecord
 from lorarl.api.status import SyncStatus
 from lorarl.plan.engines import SERVED_MODEL_NAME
 from lorarl.rewards import get_reward, score_batch
+from lorarl.rewards.client import RewardServiceClient, RewardServiceError, ScoreSample
 from lorarl.sync.adapter_files import adapter_fingerprint
 from lorarl.sync.protocol import adapter_name
 from lorarl.trainer.batch import TrainSample, collate, shard_for_rank
@@ -46,6 +47,30 @@ from lorarl.trainer.update import UpdateConfig, update_policy
 from lorarl.trainer.weight_sync import WeightPublisher, gather_adapter
 
 log = logging.getLogger(__name__)
+
+REWARD_READY_TIMEOUT_S = 600.0
+
+
+def wait_for_reward_service(
+    client: RewardServiceClient, timeout_s: float, poll_s: float = 0.5
+) -> None:
+    """Block until the service's /healthz answers 200; fail the run with its URL otherwise."""
+    deadline = time.monotonic() + timeout_s
+    while not client.healthy():
+        if time.monotonic() > deadline:
+            raise RewardServiceError(
+                f"reward service {client.url} was not healthy (GET /healthz) within {timeout_s:g} s"
+            )
+        time.sleep(poll_s)
+
+
+def _score_remote(client: RewardServiceClient, prompts, completions, truths, metadatas):
+    """The in-process scorer's signature over the reward service."""
+    samples = [
+        ScoreSample(prompt=p, completion=c, ground_truth=t, metadata=m or {})
+        for p, c, t, m in zip(prompts, completions, truths, metadatas, strict=True)
+    ]
+    return client.score(samples)
 
 
 def lr_at(step: int, base_lr: float, warmup: int, total: int, schedule: str) -> float:
@@ -122,6 +147,8 @@ class Trainer:
         self.server: ProgressServer | None = None
         self.publisher: WeightPublisher | None = None
         self.worker: RolloutWorker | None = None
+        self.reward_client: RewardServiceClient | None = None
+        self._reward_ready = False
         self._http = httpx.Client(timeout=2.0)
         if ctx.is_main:
             self._setup_main()
@@ -168,15 +195,14 @@ class Trainer:
     def _scorer(self):
         reward = self.job.spec.reward
         if reward.service is not None:
-            from lorarl.rewards.client import RewardServiceClient
-
             url = self.endpoints.reward or reward.service.url
-            client = RewardServiceClient(
-                url,
-                timeout_s=reward.service.timeout_seconds,
-                max_retries=reward.service.max_retries,
-            )
-            return client.score_texts
+            if not url:
+                raise ConfigError(
+                    "spec.reward.service is set but no url is known "
+                    "(LORARL_REWARD_ENDPOINT is empty and spec.reward.service.url is unset)"
+                )
+            self.reward_client = RewardServiceClient.from_spec(url, reward.service)
+            return partial(_score_remote, self.reward_client)
         try:
             fn = get_reward(reward.function or reward.entrypoint, **reward.params)
         except ValueError as exc:
@@ -218,6 +244,8 @@ class Trainer:
 
     def close(self) -> None:
         self._http.close()
+        if self.reward_client is not None:
+            self.reward_client.close()
         if self.publisher:
             self.publisher.close()
             self.publisher = None
@@ -262,6 +290,11 @@ class Trainer:
             if ep.sidecars:
                 ready = wait_for_synced_engines(ep.rollout, ep.sidecars, self._http)
                 self.worker.client.set_serving(ready)
+            if self.reward_client is not None and not self._reward_ready:
+                # A reward service started beside the trainer needs seconds to come up (Ray, then
+                # Serve); the client's retries are for blips, not for start-up.
+                wait_for_reward_service(self.reward_client, REWARD_READY_TIMEOUT_S)
+                self._reward_ready = True
             mode = self.job.spec.rollout.sync_mode
             name = adapter_name(self.state.version) if mode == "adapter" else SERVED_MODEL_NAME
             box[0] = self.worker.collect(
