@@ -122,8 +122,7 @@ def _stop(proc: subprocess.Popen) -> None:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory):
-    pytest.importorskip("vllm")
+def server(tmp_path_factory: pytest.TempPathFactory, engine_python: str):
     from tests.support.tiny_models import make_tiny_model
 
     root = tmp_path_factory.mktemp("vllm")
@@ -132,6 +131,7 @@ def server(tmp_path_factory: pytest.TempPathFactory):
     argv, env = vllm_launch_command(
         model_dir, port, served_model_name=MODEL_NAME, run_dir=root / "run", dtype="float32",
         enable_lora=True, max_lora_rank=8, max_loras=2, kv_cache_gib=1, max_model_len=256,
+        python=engine_python,
     )  # fmt: skip
     Path(env["TMPDIR"]).mkdir(parents=True)
     log = open(root / "vllm.log", "w")  # noqa: SIM115 - closed at teardown
