@@ -8,18 +8,17 @@ engine restarts. `/healthz` and `/status` report what it did.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import sys
 import threading
 import time
 from dataclasses import asdict, dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 from lorarl.api.job import LoRARLJob
+from lorarl.jsonhttp import JsonHttpServer
 from lorarl.rollout.applier import UpdateApplier
 from lorarl.rollout.engine import EngineError, RolloutEngine
 from lorarl.sync.errors import SyncClosed, SyncTransportError
@@ -164,36 +163,17 @@ def _fmt(seconds: dict[str, float]) -> str:
     return " ".join(f"{k}={v * 1000:.0f}ms" for k, v in seconds.items())
 
 
-class StatusServer:
+class StatusServer(JsonHttpServer):
     def __init__(self, sidecar: Sidecar, port: int, host: str = "0.0.0.0"):
         status = sidecar.status
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                path = self.path.split("?", 1)[0]
-                if path == "/status":
-                    code, body = 200, status.to_json()
-                elif path == "/healthz":  # ready to generate from: up and on the newest weights
-                    ok = status.in_sync
-                    code, body = (200 if ok else 503), {"ok": ok, "version": status.version}
-                else:
-                    code, body = 404, {"detail": "unknown path"}
-                data = json.dumps(body).encode()
-                self.send_response(code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+        def healthz() -> tuple[int, dict]:  # ready to generate from: up and on the newest weights
+            body = {"ok": status.in_sync, "version": status.version}
+            return (200 if status.in_sync else 503), body
 
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self._server = ThreadingHTTPServer((host, port), Handler)
-        threading.Thread(target=self._server.serve_forever, daemon=True).start()
-
-    def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
+        routes = {"/status": lambda: (200, status.to_json()), "/healthz": healthz}
+        super().__init__(routes, port, host)
+        self.start()
 
 
 def make_engine(job: LoRARLJob, url: str, adapter_root: Path) -> RolloutEngine:

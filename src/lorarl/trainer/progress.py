@@ -12,13 +12,13 @@ import json
 import logging
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 from lorarl.api.progress import Progress, StepRecord
 from lorarl.api.run_files import append_history, read_history, write_history, write_progress
 from lorarl.api.status import CheckpointStatus, SyncStatus
+from lorarl.jsonhttp import JsonHttpServer
 
 log = logging.getLogger(__name__)
 
@@ -83,46 +83,14 @@ class ProgressTracker:
             append_history(self.output_dir, append)
 
 
-class ProgressServer:
+class ProgressServer(JsonHttpServer):
     def __init__(self, tracker: ProgressTracker, port: int, host: str = "0.0.0.0"):
-        tracker_ref = tracker
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                progress, history = tracker_ref.snapshot()
-                routes = {
-                    "/progress": progress,
-                    "/progress/history": history,
-                    "/healthz": {"ok": True},
-                }
-                body = routes.get(self.path.split("?", 1)[0])
-                if body is None:
-                    self.send_error(404, "unknown path")
-                    return
-                data = json.dumps(body).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self._server = ThreadingHTTPServer((host, port), Handler)
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
-
-    @property
-    def port(self) -> int:
-        return self._server.server_address[1]
-
-    def start(self) -> ProgressServer:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
+        routes = {
+            "/progress": lambda: (200, tracker.snapshot()[0]),
+            "/progress/history": lambda: (200, tracker.snapshot()[1]),
+            "/healthz": lambda: (200, {"ok": True}),
+        }
+        super().__init__(routes, port, host)
 
 
 def _rfc3339(t: float) -> str:
