@@ -38,6 +38,9 @@ class RecordingEngine(RolloutEngine):
     def weight_version(self) -> int | None:
         return self._version
 
+    def close(self) -> None:
+        pass  # nothing to release: no connections
+
     def health(self) -> bool:
         return True
 

@@ -11,6 +11,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 from torch import Tensor
 
@@ -100,6 +101,9 @@ def validate_merged_update(
         )
 
 
+E = TypeVar("E", bound="RolloutEngine")
+
+
 class RolloutEngine(ABC):
     """One rollout engine server as seen by the sync sidecar."""
 
@@ -137,3 +141,13 @@ class RolloutEngine(ABC):
     @abstractmethod
     def flush_cache(self) -> None:
         """Drop cached KV blocks: they were computed with weights that no longer exist."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Release connections (and any update group); the engine process itself keeps running."""
+
+    def __enter__(self: E) -> E:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -189,12 +189,6 @@ class SGLangEngine(RolloutEngine):
         self.reset_update_group()
         self._http.close()
 
-    def __enter__(self) -> SGLangEngine:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
     # ------------------------------------------------------------------------------- HTTP
 
     def health(self) -> bool:

@@ -148,12 +148,6 @@ class VLLMEngine(RolloutEngine):
     def close(self) -> None:
         self._http.close()
 
-    def __enter__(self) -> VLLMEngine:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
     def health(self) -> bool:
         try:
             return self._http.get("/health", timeout=5.0).status_code == 200
