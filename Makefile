@@ -50,6 +50,12 @@ demo: setup engine-venv
 	$(VENV)/bin/lorarl prepare task larger -n 512 -o .cache/lorarl/data/larger.jsonl
 	$(TEST_ENV) $(VENV)/bin/lorarl run examples/demo.yaml --local
 
+# Every benchmark under bench/ (each writes bench/results/<name>.json), then the results table
+# bench/results/README.md; `python -m bench.render` re-renders without running anything.
+.PHONY: bench
+bench: setup engine-venv
+	$(TEST_ENV) $(PY) -m bench.run_all
+
 test-fast: setup
 	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
 

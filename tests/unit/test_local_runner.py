@@ -1,0 +1,44 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from lorarl.api.validation import load_job_file
+from lorarl.local import LocalRun
+from lorarl.plan import LocalAddressing, plan
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def trainer_threads(job_file: str, cpus: int, monkeypatch, tmp_path) -> dict[str, str]:
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr("os.cpu_count", lambda: cpus)
+    run = LocalRun(load_job_file(ROOT / "examples" / job_file), tmp_path)
+    run.plan = plan(run.job, LocalAddressing(30000))
+    return run._threads(run.plan.role("trainer").replicas[0].containers[0])
+
+
+@pytest.mark.parametrize(
+    ("job_file", "cpus", "threads"),
+    [
+        ("demo.yaml", 2, "1"),  # 1 rank + 1 engine on 2 cores
+        ("demo.yaml", 8, "4"),
+        ("quickstart.yaml", 8, "2"),  # 2 ranks + 2 engines
+        ("quickstart.yaml", 2, "1"),  # never zero
+    ],
+)
+def test_trainer_ranks_share_the_cores(job_file, cpus, threads, monkeypatch, tmp_path):
+    assert trainer_threads(job_file, cpus, monkeypatch, tmp_path) == {"OMP_NUM_THREADS": threads}
+
+
+def test_a_users_thread_setting_wins(monkeypatch, tmp_path):
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    run = LocalRun(load_job_file(ROOT / "examples" / "demo.yaml"), tmp_path)
+    run.plan = plan(run.job, LocalAddressing(30000))
+    assert run._threads(run.plan.role("trainer").replicas[0].containers[0]) == {}
+
+
+def test_local_outputs_stay_in_the_run_directory(tmp_path):
+    run = LocalRun(load_job_file(ROOT / "examples" / "quickstart.yaml"), tmp_path / "run")
+    assert run.job.spec.training.output_dir == str((tmp_path / "run").resolve())
