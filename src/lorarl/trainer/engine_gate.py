@@ -26,7 +26,7 @@ def synced_engines(engines: list[str], sidecars: list[str], http: httpx.Client) 
             if http.get(f"{sidecar}/healthz").status_code == 200:
                 ready.add(engine)
         except httpx.HTTPError:
-            pass
+            continue  # sidecar unreachable (pod restarting): not ready this step
     return ready
 
 
