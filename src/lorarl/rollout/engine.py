@@ -58,6 +58,16 @@ def missing_fused_siblings(
     return missing
 
 
+def collect_update(named_tensors: Iterable[tuple[str, Tensor]]) -> dict[str, Tensor]:
+    """One merged update as a dict; a name sent twice is a sender bug, not a last-one-wins."""
+    named: dict[str, Tensor] = {}
+    for name, tensor in named_tensors:
+        if name in named:
+            raise EngineError(f"merged weight {name!r} appears twice in one update")
+        named[name] = tensor
+    return named
+
+
 def validate_merged_update(
     named: Mapping[str, Tensor], known_shapes: Mapping[str, Sequence[int]] | None = None
 ) -> None:

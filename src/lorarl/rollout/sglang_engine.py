@@ -34,7 +34,7 @@ import httpx
 import torch
 from torch import Tensor
 
-from lorarl.rollout.engine import EngineError, RolloutEngine, validate_merged_update
+from lorarl.rollout.engine import EngineError, RolloutEngine, collect_update, validate_merged_update
 
 DEFAULT_BUCKET_BYTES = 512 * 1024 * 1024
 _ALREADY_LOADED = "already loaded"  # SGLang's LoRAManager error text for a duplicate name
@@ -291,11 +291,7 @@ class SGLangEngine(RolloutEngine):
     def push_merged_weights(
         self, named_tensors: Iterable[tuple[str, Tensor]], version: int
     ) -> None:
-        named: dict[str, Tensor] = {}
-        for name, tensor in named_tensors:
-            if name in named:
-                raise EngineError(f"merged weight {name!r} appears twice in one update")
-            named[name] = tensor
+        named = collect_update(named_tensors)
         validate_merged_update(named)
         buckets = plan_buckets(list(named.items()), self._bucket_bytes)
         t0 = time.perf_counter()

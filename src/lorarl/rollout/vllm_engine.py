@@ -25,7 +25,7 @@ import httpx
 from torch import Tensor
 
 from lorarl.plan.engines import VLLM_WORKER_EXTENSION, vllm_server_args, vllm_server_env
-from lorarl.rollout.engine import EngineError, RolloutEngine, validate_merged_update
+from lorarl.rollout.engine import EngineError, RolloutEngine, collect_update, validate_merged_update
 
 WORKER_EXTENSION = VLLM_WORKER_EXTENSION
 _DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -173,11 +173,7 @@ class VLLMEngine(RolloutEngine):
     def push_merged_weights(
         self, named_tensors: Iterable[tuple[str, Tensor]], version: int
     ) -> None:
-        named: dict[str, Tensor] = {}
-        for name, tensor in named_tensors:
-            if name in named:
-                raise EngineError(f"merged weight {name!r} appears twice in one update")
-            named[name] = tensor
+        named = collect_update(named_tensors)
         validate_merged_update(named, self._known)
         t0 = time.perf_counter()
         folder = write_partial_checkpoint(named, self._shm_dir / f"v{version}-{uuid.uuid4().hex}")
