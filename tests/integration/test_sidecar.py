@@ -27,23 +27,15 @@ from lorarl.local.processes import Child
 from lorarl.plan import JobPlan, LocalAddressing, plan
 from lorarl.sync.buckets import SyncHeader, pack
 from lorarl.sync.transport import SyncResult, SyncSender
-from tests.support.tiny_models import make_tiny_model
+from tests.support.tiny_models import LINEAR_PARENTS, linear_modules, make_tiny_model
 
 ROOT = Path(__file__).resolve().parents[2]
 HOST = "127.0.0.1"
 RANK, ALPHA = 4, 8.0
 PROMPT = [5, 17, 30, 42, 8, 61, 3]
 N_TOKENS = 8
-LEAVES = {
-    "q_proj": "self_attn",
-    "k_proj": "self_attn",
-    "v_proj": "self_attn",
-    "o_proj": "self_attn",
-    "gate_proj": "mlp",
-    "up_proj": "mlp",
-    "down_proj": "mlp",
-}
-MODULES = tuple(f"model.layers.{i}.{p}.{leaf}" for i in range(2) for leaf, p in LEAVES.items())
+LEAVES = LINEAR_PARENTS
+MODULES = tuple(linear_modules(LEAVES))
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 

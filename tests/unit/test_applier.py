@@ -16,7 +16,7 @@ from lorarl.rollout.applier import UpdateApplier
 from lorarl.rollout.engine import EngineError, RolloutEngine
 from lorarl.sync.buckets import SyncHeader, pack, unpack_all
 from lorarl.sync.errors import UpdateValidationError
-from tests.support.tiny_models import make_tiny_model
+from tests.support.tiny_models import linear_modules, make_tiny_model
 
 RANK, ALPHA = 4, 8.0
 SCALING = ALPHA / RANK
@@ -76,16 +76,7 @@ def base(model_dir) -> dict[str, torch.Tensor]:
 
 
 def modules_for(leaves) -> list[str]:
-    prefix = {
-        "q_proj": "self_attn",
-        "k_proj": "self_attn",
-        "v_proj": "self_attn",
-        "o_proj": "self_attn",
-        "gate_proj": "mlp",
-        "up_proj": "mlp",
-        "down_proj": "mlp",
-    }
-    return [f"model.layers.{i}.{prefix[leaf]}.{leaf}" for i in LAYERS for leaf in leaves]
+    return linear_modules(leaves, LAYERS)
 
 
 def lora_tensors(base, modules, seed, rank=RANK) -> dict[str, torch.Tensor]:
