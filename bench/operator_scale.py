@@ -26,6 +26,7 @@ from pathlib import Path
 import httpx
 import yaml
 
+from lorarl.local.ports import free_port
 from tests.support.kube.store import Event
 from tests.support.kube_emulator import kube_api
 
@@ -39,14 +40,6 @@ CHILDREN = (
     ("networking.k8s.io/v1/networkpolicies", ""),
 )
 PODS = ("-trainer-0", "-rollout-0", "-rollout-1")
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _peak_rss_mb(pid: int) -> float:
@@ -71,7 +64,7 @@ def main() -> None:
     base = yaml.safe_load((ROOT / "examples" / "quickstart.yaml").read_text())
     names = [f"bench-{i:04d}" for i in range(args.jobs)]
     with kube_api(crds=[crd]) as kube, tempfile.TemporaryDirectory() as tmp:
-        health = _free_port()
+        health = free_port()
         env = {
             **os.environ,
             "KUBECONFIG": str(kube.kubeconfig_path),

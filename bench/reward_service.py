@@ -15,7 +15,6 @@ import json
 import os
 import platform
 import shutil
-import socket
 import statistics
 import tempfile
 import time
@@ -24,6 +23,7 @@ from pathlib import Path
 import httpx
 
 from lorarl.api.spec import RewardServiceSpec
+from lorarl.local.ports import free_port
 from lorarl.rewards import get_reward, score_batch
 from lorarl.rewards.serve import APP_NAME, BatchSettings, RewardTarget, build_app
 
@@ -93,12 +93,6 @@ async def _drive(url: str, requests: int, batch: int, concurrency: int) -> dict:
     }
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _wait_healthy(url: str, timeout: float = 60) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -116,7 +110,7 @@ def bench_service(replica_counts: list[int], args: argparse.Namespace) -> list[d
     from ray import serve
 
     ray_dir = tempfile.mkdtemp(prefix="lr-bench-ray-")
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     out = []
     ray.init(

@@ -8,7 +8,6 @@ to build it.
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -19,6 +18,8 @@ from typing import Any
 import httpx
 import pytest
 
+from lorarl.local.ports import free_port
+
 ROOT = Path(__file__).resolve().parents[2]
 HARNESS = Path(__file__).resolve().parent / "sglang_harness.py"
 API_KEY = "contract-key"
@@ -28,12 +29,6 @@ START_TIMEOUT_S = 180.0
 def sglang_python() -> Path:
     """The SGLang env's interpreter; LORARL_SGLANG_PYTHON overrides `.venv-sglang/bin/python`."""
     return Path(os.environ.get("LORARL_SGLANG_PYTHON", ROOT / ".venv-sglang" / "bin" / "python"))
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass
@@ -79,7 +74,7 @@ def sglang(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Harness]:
     work = tmp_path_factory.mktemp("sglang-contract")
     model = work / "model"
     make_tiny_model(model, arch="llama")
-    port = _free_port()
+    port = free_port()
     log_path = work / "harness.log"
     with log_path.open("wb") as log:
         proc = subprocess.Popen(

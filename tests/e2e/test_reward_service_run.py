@@ -9,7 +9,6 @@ from __future__ import annotations
 import functools
 import os
 import signal
-import socket
 import statistics
 import time
 from pathlib import Path
@@ -17,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from lorarl.local import LocalRun, RunFailed
+from lorarl.local.ports import free_port
 from lorarl.local.runner import ray_temp_fits
 from lorarl.rewards.client import RewardServiceClient, RewardServiceError
 from lorarl.trainer.loop import _score_remote, wait_for_reward_service
@@ -130,9 +130,7 @@ def test_a_dead_reward_service_fails_scoring_instead_of_scoring_zero(unused_port
 
 @pytest.fixture()
 def unused_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_port()
 
 
 def test_ray_temp_dir_must_leave_room_for_rays_socket_paths():

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +18,7 @@ import torch
 from peft import PeftModel
 from safetensors.torch import load_file
 
+from lorarl.local.ports import free_port
 from lorarl.trainer.model import apply_lora, load_base_model, lora_state_dict
 from tests.integration import fsdp_worker as W
 from tests.support.tiny_models import make_tiny_model
@@ -27,12 +27,6 @@ pytestmark = pytest.mark.slow  # two torchrun launches, ~30-45 s on 2 shared cor
 
 REPO = Path(__file__).resolve().parents[2]
 WORLD = 2
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _torchrun(mode: str, model: Path, ckpt: Path, out: Path) -> None:
@@ -45,7 +39,7 @@ def _torchrun(mode: str, model: Path, ckpt: Path, out: Path) -> None:
         "--master_addr",
         "127.0.0.1",
         "--master_port",
-        str(_free_port()),
+        str(free_port()),
         str(REPO / "tests/integration/fsdp_worker.py"),
         mode,
         "--model",

@@ -22,6 +22,7 @@ import httpx
 import pytest
 import yaml
 
+from lorarl.local.ports import free_port
 from tests.support.fake_trainer import FakeTrainer
 from tests.support.kube_emulator import KubeApi, http_hook, kube_api
 
@@ -63,12 +64,6 @@ PODGROUP_CRDS = [
     _podgroup_crd("scheduling.x-k8s.io", "v1alpha1"),
     _podgroup_crd("scheduling.volcano.sh", "v1beta1"),
 ]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_for(condition: Callable[[], Any], timeout: float = 15.0, what: str = "condition") -> Any:

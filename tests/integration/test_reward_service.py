@@ -12,7 +12,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -28,6 +27,7 @@ import yaml
 from fastapi.testclient import TestClient
 
 from lorarl.api.spec import RewardServiceSpec, RewardSpec
+from lorarl.local.ports import free_port
 from lorarl.rewards import get_reward
 from lorarl.rewards.registry import BoundReward, RewardResult
 from lorarl.rewards.serve import (
@@ -291,12 +291,6 @@ class Service:
     log: Path
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _ray_pids(ray_dir: str, pgid: int) -> set[int]:
     """Processes in the service's group or whose command line names its Ray temp dir."""
     found = set()
@@ -328,7 +322,7 @@ def _job_yaml(path: Path, **params) -> Path:
 
 def _start(run: Path, job: Path, *extra: str) -> Service:
     ray_dir = tempfile.mkdtemp(prefix="lr-ray-")  # short: Ray's socket paths have a length cap
-    port = _free_port()
+    port = free_port()
     log = run / "service.log"
     cmd = [
         sys.executable, "-m", "lorarl.rewards.serve", "--config", str(job),

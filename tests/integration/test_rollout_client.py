@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,6 +11,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from lorarl.local.ports import free_port
 from lorarl.trainer.rollout_client import RolloutClient, RolloutError, Sample, SamplingParams
 from tests.support.hf_engine_server import Controls, create_app, serve_in_thread
 from tests.support.tiny_models import make_tiny_model
@@ -53,9 +53,7 @@ def fresh_controls(servers: list[tuple[str, Controls]]) -> None:
 
 def dead_endpoint() -> str:
     """A loopback port nothing listens on (connection refused)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return f"http://127.0.0.1:{sock.getsockname()[1]}"
+    return f"http://127.0.0.1:{free_port()}"
 
 
 def client(urls: list[str], engine: str = "vllm", **kwargs: object) -> RolloutClient:

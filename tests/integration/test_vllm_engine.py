@@ -11,7 +11,6 @@ import contextlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -20,6 +19,7 @@ import httpx
 import pytest
 import torch
 
+from lorarl.local.ports import free_port
 from lorarl.rollout.engine import EngineError, missing_fused_siblings, validate_merged_update
 from lorarl.rollout.vllm_engine import (
     WORKER_EXTENSION,
@@ -102,12 +102,6 @@ def test_fused_group_rule() -> None:
 # ---------------------------------------------------------------- real vLLM server
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _stop(proc: subprocess.Popen) -> None:
     """The API server forks an engine core; stop the whole session we started it in."""
     if proc.poll() is None:
@@ -127,7 +121,7 @@ def server(tmp_path_factory: pytest.TempPathFactory, engine_python: str):
 
     root = tmp_path_factory.mktemp("vllm")
     model_dir = make_tiny_model(root / "model", arch="llama")
-    port = _free_port()
+    port = free_port()
     argv, env = vllm_launch_command(
         model_dir, port, served_model_name=MODEL_NAME, run_dir=root / "run", dtype="float32",
         enable_lora=True, max_lora_rank=8, max_loras=2, kv_cache_gib=1, max_model_len=256,

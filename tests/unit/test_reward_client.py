@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -12,6 +11,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from lorarl.api.spec import RewardServiceSpec
+from lorarl.local.ports import free_port
 from lorarl.rewards import RewardResult
 from lorarl.rewards.client import RewardServiceClient, RewardServiceError, ScoreSample
 
@@ -150,9 +150,7 @@ def test_timeouts_are_retried(serve):
 
 
 def test_connection_refused_is_retried_then_reported():
-    with socket.socket() as s:  # a port nobody listens on
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()  # nobody listens on it
     sleeps: list[float] = []
     with pytest.raises(RewardServiceError, match=r"after 4 attempt\(s\).*ConnectError"):
         client(f"http://127.0.0.1:{port}", sleeps).score(SAMPLES)

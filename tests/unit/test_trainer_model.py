@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import re
-import socket
 
 import pytest
 import torch
 from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
 
+from lorarl.local.ports import free_port
 from lorarl.trainer.logprobs import reference_logprobs, sequence_logprobs
 from lorarl.trainer.model import (
     AdapterError,
@@ -302,9 +302,7 @@ def test_clip_grad_norm_hand_computed():
 
 def test_shard_model_one_rank_gloo_matches_unsharded(llama_dir, monkeypatch):
     """A real 1-rank gloo group: fully_shard wraps every layer, numerics are unchanged."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     env = {
         "RANK": "0",
         "WORLD_SIZE": "1",
