@@ -6,6 +6,10 @@
 The batch is synthetic (random token ids, fixed seed) so every run measures the same work:
 `samples` sequences of `prompt` + `completion` tokens, one forward with grad for the policy, no
 reference pass (KL off), AdamW on the LoRA parameters.
+
+Each model is also measured with the LM head over every position (`full_head_step_s`), the way
+the trainer computed logprobs before it kept only completion positions; the two variants
+alternate within one run so the ratio is not skewed by the machine's load.
 """
 
 from __future__ import annotations
@@ -13,6 +17,8 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -20,6 +26,7 @@ from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM, Qwen2Config
 
 from bench.common import machine, write_results
+from lorarl.trainer import logprobs
 from lorarl.trainer.batch import TrainSample, collate
 from lorarl.trainer.losses import LossConfig
 from lorarl.trainer.update import UpdateConfig, update_policy
@@ -39,6 +46,27 @@ def synthetic_batch(vocab: int, samples: int, prompt: int, completion: int):
     return collate(rows, pad_id=0)
 
 
+@contextmanager
+def full_sequence_head() -> Iterator[None]:
+    """The trainer before completion-only logits: score from column 1, i.e. every position."""
+    original = logprobs.first_scored_position
+    logprobs.first_scored_position = lambda response_mask: 1
+    try:
+        yield
+    finally:
+        logprobs.first_scored_position = original
+
+
+def _timed_update(model, opt, batch, cfg, device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    update_policy(model, opt, batch, cfg)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter() - t0
+
+
 def measure(name, model, device, samples, prompt, completion, micro, reps=3) -> dict:
     model = get_peft_model(model, LoraConfig(r=32, lora_alpha=32, target_modules="all-linear"))
     model.to(device)
@@ -46,16 +74,14 @@ def measure(name, model, device, samples, prompt, completion, micro, reps=3) -> 
     batch = type(batch)(*(t.to(device) for t in vars(batch).values()))
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-5)
     cfg = UpdateConfig(LossConfig(), micro_batch_size=micro)
-    times = []
-    for i in range(reps + 1):  # the first is warm-up
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        update_policy(model, opt, batch, cfg)
-        if device.type == "cuda":
-            torch.cuda.synchronize()
+    times, full_times = [], []
+    for i in range(reps + 1):  # the first pair is warm-up
+        t = _timed_update(model, opt, batch, cfg, device)
+        with full_sequence_head():
+            t_full = _timed_update(model, opt, batch, cfg, device)
         if i:
-            times.append(time.perf_counter() - t0)
+            times.append(t)
+            full_times.append(t_full)
     step_s = statistics.median(times)
     tokens = samples * (prompt + completion)
     params = sum(p.numel() for p in model.parameters())
@@ -67,6 +93,8 @@ def measure(name, model, device, samples, prompt, completion, micro, reps=3) -> 
         "trainable_params": sum(p.numel() for p in model.parameters() if p.requires_grad),
         "batch": {"samples": samples, "prompt": prompt, "completion": completion, "micro": micro},
         "step_s": round(step_s, 4),
+        "full_head_step_s": round(statistics.median(full_times), 4),
+        "completion_head_speedup": round(statistics.median(full_times) / step_s, 3),
         "tokens_per_s": round(tokens / step_s, 1),
         "reps": reps,
     }
@@ -130,7 +158,7 @@ def main(argv: list[str] | None = None) -> None:
     for r in records:
         print(
             f"{r['model']:28s} {r['device']:10s} {r['step_s']:8.3f} s/step "
-            f"{r['tokens_per_s']:10.1f} tok/s"
+            f"{r['tokens_per_s']:10.1f} tok/s  (full-sequence head {r['full_head_step_s']:.3f} s)"
         )
 
 

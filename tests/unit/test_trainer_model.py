@@ -247,6 +247,74 @@ def test_sequence_logprobs_micro_batch_and_left_padding_invariant(llama_dir):
     assert torch.allclose(padded[0, pad:], full[0], atol=1e-5)
 
 
+def _full_sequence_logprobs(model, ids, resp):
+    """The reference: LM head over every position, then the mask."""
+    with torch.no_grad():
+        logp = torch.log_softmax(model(input_ids=ids).logits[:, :-1].float(), -1)
+    picked = logp.gather(-1, ids[:, 1:, None]).squeeze(-1)
+    full = torch.cat([torch.zeros(ids.shape[0], 1), picked], 1)
+    return torch.where(resp.bool(), full, 0.0)
+
+
+class _HeadWatcher(torch.nn.Module):
+    """Passes calls through and records the `logits_to_keep` each forward asked for."""
+
+    def __init__(self, model, accept_keep: bool):
+        super().__init__()
+        self.model, self.kept = model, []
+        if accept_keep:
+            self.forward = self._with_keep
+        else:
+            self.forward = self._without_keep
+
+    def _with_keep(self, input_ids, attention_mask, position_ids, use_cache, logits_to_keep=0):
+        self.kept.append(logits_to_keep)
+        return self.model(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+            use_cache=use_cache, logits_to_keep=logits_to_keep,
+        )  # fmt: skip
+
+    def _without_keep(self, input_ids, attention_mask, position_ids, use_cache):
+        self.kept.append(None)
+        return self.model(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+            use_cache=use_cache,
+        )  # fmt: skip
+
+
+@pytest.mark.parametrize("accept_keep", [True, False])
+def test_lm_head_runs_only_from_the_first_completion_position(llama_dir, accept_keep):
+    """Rows whose completions start at different columns score exactly as full-sequence logits."""
+    model = load_base_model(llama_dir)
+    ids, attn, resp = _batch(batch=4, length=12)
+    resp.zero_()
+    for row, start in enumerate([7, 5, 9, 11]):
+        resp[row, start:] = 1
+    resp[3, -1] = 0  # a completion that ends before the padding does
+    expected = _full_sequence_logprobs(model, ids, resp)
+    watcher = _HeadWatcher(model, accept_keep)
+    with torch.no_grad():
+        got, ent = sequence_logprobs(
+            watcher, ids, attn, resp, micro_batch_size=2, with_entropy=True
+        )
+    assert torch.allclose(got, expected, atol=1e-5)
+    assert torch.all(got[resp.bool()] < 0) and torch.all(got[~resp.bool()] == 0)
+    assert torch.all(ent[resp.bool()] > 0) and torch.all(ent[~resp.bool()] == 0)
+    # micro-batch 0 first scores column 5, micro-batch 1 column 9: keep T - first + 1 logits
+    assert watcher.kept == ([12 - 5 + 1, 12 - 9 + 1] if accept_keep else [None, None])
+
+
+def test_a_micro_batch_without_completions_still_runs_the_model(llama_dir):
+    """FSDP forwards are collective: a rank with nothing to score must still call the model."""
+    model = load_base_model(llama_dir)
+    watcher = _HeadWatcher(model, accept_keep=True)
+    ids, attn, resp = _batch(batch=2)
+    resp.zero_()
+    with torch.no_grad():
+        got, _ = sequence_logprobs(watcher, ids, attn, resp, micro_batch_size=2)
+    assert watcher.kept == [1] and torch.all(got == 0)
+
+
 def test_sequence_logprobs_rejects_bad_shapes(llama_dir):
     model = load_base_model(llama_dir)
     ids, attn, resp = _batch()

@@ -9,6 +9,8 @@ micro-batches (equal batch sizes per rank).
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 from peft import PeftModel
 from torch import nn
@@ -37,17 +39,39 @@ def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
 
 
 def token_logprobs_from_logits(
-    logits: torch.Tensor, input_ids: torch.Tensor, with_entropy: bool
+    logits: torch.Tensor, input_ids: torch.Tensor, with_entropy: bool, first: int = 1
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Shifted gather of log-softmax in fp32; returns [B, T] with a zero column at t=0."""
+    """Shifted gather of log-softmax in fp32; returns [B, T], zero before column `first`.
+
+    `logits` hold positions `first - 1 .. T - 1` (all of them when `first` is 1): the logits at
+    t - 1 score token t, so the last position is never used.
+    """
+    if not 1 <= first <= input_ids.shape[1]:
+        raise ValueError(f"first must be in [1, {input_ids.shape[1]}], got {first}")
+    expected = input_ids.shape[1] - first + 1
+    if logits.shape[1] != expected:
+        raise ValueError(f"logits cover {logits.shape[1]} positions, expected {expected}")
     logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
-    picked = logp.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
-    zero = picked.new_zeros(picked.shape[0], 1)
-    out = torch.cat([zero, picked], dim=1)
+    picked = logp.gather(-1, input_ids[:, first:].unsqueeze(-1)).squeeze(-1)
+    zeros = picked.new_zeros(picked.shape[0], first)
+    out = torch.cat([zeros, picked], dim=1)
     if not with_entropy:
         return out, None
     entropy = -(logp.exp() * logp).sum(-1)
-    return out, torch.cat([zero, entropy], dim=1)
+    return out, torch.cat([zeros, entropy], dim=1)
+
+
+def first_scored_position(response_mask: torch.Tensor) -> int:
+    """The earliest column any row scores (at least 1: token 0 has no prefix to score it)."""
+    columns = response_mask.bool().any(dim=0).nonzero()
+    first = int(columns[0]) if len(columns) else response_mask.shape[1]
+    return max(first, 1)
+
+
+def _takes_logits_to_keep(model: nn.Module) -> bool:
+    """Whether the model computes the LM head only for the last N positions when asked."""
+    base = model.get_base_model() if isinstance(model, PeftModel) else model
+    return "logits_to_keep" in inspect.signature(base.forward).parameters
 
 
 def sequence_logprobs(
@@ -62,20 +86,28 @@ def sequence_logprobs(
     """Logprobs [B, T] (fp32, zero outside `response_mask`) and optionally entropy [B, T].
 
     Keeps the autograd graph when grad is enabled, so the caller can backprop a loss on them.
+    The LM head and log-softmax run only from the micro-batch's first completion position on:
+    with a vocabulary of 50k-150k they cost as much as the decoder, and prompt logits are unused.
     """
     _check_shapes(input_ids, attention_mask, response_mask, micro_batch_size)
+    head_on_demand = _takes_logits_to_keep(model)
     lps: list[torch.Tensor] = []
     ents: list[torch.Tensor] = []
     for start in range(0, input_ids.shape[0], micro_batch_size):
         sl = slice(start, start + micro_batch_size)
         ids, am = input_ids[sl], attention_mask[sl]
+        first = first_scored_position(response_mask[sl])
+        keep = ids.shape[1] - first + 1
+        extra = {"logits_to_keep": keep} if head_on_demand else {}
         out = model(
             input_ids=ids,
             attention_mask=am,
             position_ids=position_ids_from_mask(am),
             use_cache=False,
+            **extra,
         )
-        lp, ent = token_logprobs_from_logits(out.logits, ids, with_entropy)
+        logits = out.logits if head_on_demand else out.logits[:, first - 1 :]
+        lp, ent = token_logprobs_from_logits(logits, ids, with_entropy, first)
         keep = response_mask[sl].bool()  # where(), not multiply: 0 * -inf would be NaN
         lps.append(torch.where(keep, lp, 0.0))
         if ent is not None:
