@@ -41,5 +41,8 @@ def machine(**extra: Any) -> dict[str, Any]:
 
 
 def write_results(path: Path, report: dict[str, Any]) -> None:
+    """Atomically: an interrupted benchmark leaves the previous results file, never half of one."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(report, indent=2) + "\n")
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(report, indent=2) + "\n")
+    os.replace(tmp, path)

