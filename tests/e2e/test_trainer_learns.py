@@ -62,3 +62,20 @@ def test_dapo_with_dynamic_sampling_learns(tmp_path: Path):
     }
     r = rewards(run_job(tmp_path, algorithm=algorithm, optim={"lr": 3e-3}))
     assert statistics.mean(r[-5:]) > statistics.mean(r[:5]) + 0.1, r
+
+
+def test_one_step_off_policy_overlaps_generation_with_training_and_learns(tmp_path: Path):
+    training = {"totalSteps": 30, "promptsPerStep": 8, "microBatchSize": 16,
+                "checkpointInterval": 10, "offPolicySteps": 1}  # fmt: skip
+    history = run_job(tmp_path, training=training)
+    r = rewards(history)
+    assert statistics.mean(r[-5:]) > statistics.mean(r[:5]) + 0.15, r
+    # Step 1 waits for weights 0; step k's batch is generated during step k-1, before that
+    # step's weights are published, so it comes from weights k-2.
+    assert [h["weightVersion"] for h in history] == [0, *range(29)]
+    # Generation no longer sits inside the step: on-policy a step's wall time is at least its
+    # generation + update + sync; here the generation ran during the previous step's update.
+    later = history[1:]
+    wall = sum(h["stepSeconds"] for h in later)
+    parts = sum(h["generateSeconds"] + h["trainSeconds"] + h["syncSeconds"] for h in later)
+    assert wall < 0.95 * parts, (wall, parts)

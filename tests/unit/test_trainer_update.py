@@ -11,6 +11,7 @@ from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM
 
 from lorarl.trainer.batch import TrainSample, collate
+from lorarl.trainer.logprobs import sequence_logprobs
 from lorarl.trainer.loop import lr_at
 from lorarl.trainer.losses import LossConfig
 from lorarl.trainer.update import UpdateConfig, update_policy
@@ -88,3 +89,33 @@ def test_lr_schedule():
     assert lr_at(4, 1e-3, warmup=4, total=10, schedule="cosine") == pytest.approx(1e-3)
     assert lr_at(7, 1e-3, warmup=4, total=10, schedule="cosine") == pytest.approx(5e-4)
     assert lr_at(10, 1e-3, warmup=4, total=10, schedule="cosine") == pytest.approx(0.0, abs=1e-12)
+
+
+def _update(policy, tensors, **cfg) -> tuple[dict[str, float], dict[str, torch.Tensor]]:
+    model = copy.deepcopy(policy)
+    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.0)
+    config = UpdateConfig(LossConfig(), micro_batch_size=3, grad_clip=1e9, **cfg)
+    metrics = update_policy(model, opt, tensors, config)
+    return metrics, {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def test_off_policy_ratio_is_against_the_engines_logprobs(policy):
+    """One-step off-policy samples: the ratio's denominator is the policy that generated them."""
+    tensors = batch()
+    with torch.no_grad():
+        own, _ = sequence_logprobs(
+            policy, tensors.input_ids, tensors.attention_mask, tensors.response_mask,
+            micro_batch_size=6,
+        )  # fmt: skip
+    on_metrics, on_grads = _update(policy, tensors)
+    # the engines served exactly the trainer's weights: the same update as on-policy
+    tensors.rollout_logprobs = own.clone()
+    same_metrics, same_grads = _update(policy, tensors, behavior_from_rollout=True)
+    for name in on_grads:
+        torch.testing.assert_close(same_grads[name], on_grads[name], rtol=1e-4, atol=1e-7)
+    assert same_metrics["clip_frac"] == on_metrics["clip_frac"] == 0.0
+    # older weights gave every token e^-1 of today's probability: ratio e > 1 + clip, clipped
+    tensors.rollout_logprobs = torch.where(tensors.response_mask.bool(), own - 1.0, 0.0)
+    stale_metrics, stale_grads = _update(policy, tensors, behavior_from_rollout=True)
+    assert stale_metrics["clip_frac"] > 0.3
+    assert any(not torch.allclose(stale_grads[n], on_grads[n]) for n in on_grads)

@@ -313,6 +313,15 @@ class TrainingSpec(ApiModel):
         default=None, description="PersistentVolumeClaim for outputDir (survives restarts)."
     )
     seed: int = Field(default=42, ge=0, description="Seed for sampling and initialization.")
+    off_policy_steps: int = Field(
+        default=0,
+        ge=0,
+        le=1,
+        description="1: the engines generate the next step's batch while this step trains, "
+        "with weights one step old (generation no longer waits for training; the loss uses "
+        "the engines' logprobs as the behavior policy). 0: every batch comes from the newest "
+        "weights.",
+    )
 
 
 class FsdpSpec(ApiModel):

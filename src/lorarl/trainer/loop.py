@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -138,6 +139,7 @@ class Trainer:
             mini_batches=self._mini_batches(),
             epochs=a.ppo_epochs,
             grad_clip=o.grad_clip,
+            behavior_from_rollout=spec.training.off_policy_steps > 0,
         )
         self.pad_id = self.tokenizer.pad_token_id
         if self.pad_id is None:
@@ -150,6 +152,10 @@ class Trainer:
         self.reward_client: RewardServiceClient | None = None
         self._reward_ready = False
         self._http = httpx.Client(timeout=2.0)
+        # One-step off-policy: rank 0 generates the next batch on this thread while the step
+        # trains; only HTTP and scoring run there, every collective stays on the main thread.
+        self._prefetch_pool: ThreadPoolExecutor | None = None
+        self._prefetched: Future[Collected] | None = None
         if ctx.is_main:
             self._setup_main()
 
@@ -243,6 +249,9 @@ class Trainer:
             self.close()
 
     def close(self) -> None:
+        if self._prefetch_pool is not None:
+            self._prefetch_pool.shutdown(wait=True, cancel_futures=True)
+            self._prefetch_pool = None
         self._http.close()
         if self.reward_client is not None:
             self.reward_client.close()
@@ -264,6 +273,8 @@ class Trainer:
         for group in self.optimizer.param_groups:
             group["lr"] = lr_at(step, spec.optim.lr, spec.optim.warmup_steps,
                                 spec.training.total_steps, spec.optim.scheduler)  # fmt: skip
+        if spec.training.off_policy_steps and step < spec.training.total_steps:
+            self._start_prefetch(collected.position, step + 1)
         t_train = time.perf_counter()
         mine = shard_for_rank(samples, self.ctx.rank, self.ctx.world_size)
         metrics = update_policy(
@@ -271,6 +282,7 @@ class Trainer:
         )
         train_s = time.perf_counter() - t_train
         self.state = StepState(step, collected.position, step)
+        self._finish_prefetch()  # the engines must be idle before their weights change
         sync = self._publish()
         record = None
         if self.ctx.is_main:
@@ -283,26 +295,47 @@ class Trainer:
         return record
 
     def _collect(self) -> Collected:
-        """Rank 0 generates and scores; everyone gets the same samples (one broadcast)."""
+        """Rank 0 generates and scores (or takes the batch generated during the last step);
+        everyone gets the same samples (one broadcast)."""
         box: list = [None]
         if self.ctx.is_main:
-            ep = self.endpoints
-            if ep.sidecars:
-                ready = wait_for_synced_engines(ep.rollout, ep.sidecars, self._http)
-                self.worker.client.set_serving(ready)
-            if self.reward_client is not None and not self._reward_ready:
-                # A reward service started beside the trainer needs seconds to come up (Ray, then
-                # Serve); the client's retries are for blips, not for start-up.
-                wait_for_reward_service(self.reward_client, REWARD_READY_TIMEOUT_S)
-                self._reward_ready = True
-            mode = self.job.spec.rollout.sync_mode
-            name = adapter_name(self.state.version) if mode == "adapter" else SERVED_MODEL_NAME
-            box[0] = self.worker.collect(
-                self.state.position, self.state.version, name, step=self.state.step + 1
-            )
+            if self._prefetched is not None:
+                box[0], self._prefetched = self._prefetched.result(), None
+            else:
+                state = self.state
+                box[0] = self._generate(state.position, state.step + 1, state.version)
         if dist.is_initialized():
             dist.broadcast_object_list(box, src=0)
         return box[0]
+
+    def _generate(self, position: DataPosition, step: int, version: int) -> Collected:
+        """Samples for `step` from `position`, by weights `version` (what the engines serve)."""
+        ep = self.endpoints
+        if ep.sidecars:
+            ready = wait_for_synced_engines(ep.rollout, ep.sidecars, self._http)
+            self.worker.client.set_serving(ready)
+        if self.reward_client is not None and not self._reward_ready:
+            # A reward service started beside the trainer needs seconds to come up (Ray, then
+            # Serve); the client's retries are for blips, not for start-up.
+            wait_for_reward_service(self.reward_client, REWARD_READY_TIMEOUT_S)
+            self._reward_ready = True
+        mode = self.job.spec.rollout.sync_mode
+        name = adapter_name(version) if mode == "adapter" else SERVED_MODEL_NAME
+        return self.worker.collect(position, version, name, step=step)
+
+    def _start_prefetch(self, position: DataPosition, step: int) -> None:
+        """Generate `step`'s batch now, by the weights published before this step trains."""
+        if not self.ctx.is_main:
+            return
+        if self._prefetch_pool is None:
+            self._prefetch_pool = ThreadPoolExecutor(1, thread_name_prefix="lorarl-prefetch")
+        version = self.state.version  # read here: the main thread moves it on after the update
+        self._prefetched = self._prefetch_pool.submit(self._generate, position, step, version)
+
+    def _finish_prefetch(self) -> None:
+        """Wait for the batch being generated; its errors surface here, in this step."""
+        if self._prefetched is not None:
+            self._prefetched.result()
 
     def _publish(self) -> SyncStatus | None:
         if self.endpoints.sync_world_size <= 1:

@@ -28,6 +28,9 @@ class UpdateConfig:
     mini_batches: int = 1
     epochs: int = 1
     grad_clip: float = 1.0
+    # Samples may come from older weights than the trainer's (one-step off-policy): the ratio's
+    # denominator is then the engines' logprobs, the policy that really generated them.
+    behavior_from_rollout: bool = False
 
 
 def _all_reduce(values: list[float]) -> list[float]:
@@ -59,7 +62,9 @@ def update_policy(
     on_policy = cfg.mini_batches == 1 and cfg.epochs == 1
     mbs = cfg.micro_batch_size
     old = None
-    if not on_policy:  # later mini-batches must see the policy that generated the samples
+    if cfg.behavior_from_rollout:
+        old = torch.where(batch.response_mask.bool(), batch.rollout_logprobs, 0.0)
+    elif not on_policy:  # later mini-batches must see the policy that generated the samples
         with torch.no_grad():
             old, _ = sequence_logprobs(
                 model, batch.input_ids, batch.attention_mask, batch.response_mask,
