@@ -5,6 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.lorarl-installed
+BENCH_STAMP := $(VENV)/.lorarl-bench-installed
 EXTRAS ?= trainer,rollout,operator,server,reward,dev
 # torch first, pinned: the local CPU wheel; any other version pulls GBs of CUDA packages.
 TORCH_SPEC ?= torch==2.13.0
@@ -18,6 +19,7 @@ help:
 	@echo "make test    - install and run the whole test suite (slow end-to-end tests included)"
 	@echo "make lint    - ruff"
 	@echo "make crds    - regenerate crds/ from the API models"
+	@echo "make bench   - every benchmark under bench/, then bench/results/README.md (TRL installed)"
 	@echo "make engine-venv / sglang-venv - the vLLM engine and SGLang contract interpreters"
 
 setup: $(STAMP)
@@ -53,8 +55,13 @@ demo: setup engine-venv
 # Every benchmark under bench/ (each writes bench/results/<name>.json), then the results table
 # bench/results/README.md; `python -m bench.render` re-renders without running anything.
 .PHONY: bench
-bench: setup engine-venv
+bench: setup $(BENCH_STAMP) engine-venv
 	$(TEST_ENV) $(PY) -m bench.run_all
+
+# TRL (bench.vs_trl's other side) is a benchmark dependency only, never a runtime one.
+$(BENCH_STAMP): $(STAMP)
+	$(PIP) install --quiet -e ".[$(EXTRAS),bench]"
+	touch $@
 
 test-fast: setup
 	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)

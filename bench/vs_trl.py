@@ -72,6 +72,7 @@ class Workload:
     rank: int
     alpha: float
     seed: int = 42
+    off_policy_steps: int = 0  # lorarl only: 1 overlaps generation with the update
     rows: int = 512
     temperature: float = 1.0
 
@@ -157,7 +158,7 @@ def lorarl_job(w: Workload, model: Path, data: Path, name: str):
             "reward": {"function": w.reward, "params": w.reward_params},
             "training": {"totalSteps": w.steps, "promptsPerStep": w.prompts_per_step,
                          "microBatchSize": w.micro_batch_size, "seed": w.seed,
-                         "checkpointInterval": w.steps},
+                         "checkpointInterval": w.steps, "offPolicySteps": w.off_policy_steps},
             "trainer": {"replicas": 1, "gpusPerReplica": 0, "processesPerReplica": 1},
             "rollout": {"engine": "vllm", "replicas": 1, "gpusPerReplica": 0,
                         "syncMode": "merged", "kvCacheGib": 1,
@@ -337,7 +338,7 @@ def _interleave(a: list[RunStats], b: list[RunStats]) -> list[RunStats]:
 
 
 def bench_model(
-    w: Workload, reps: int, cache: Path, engine: str, threads: int | None
+    w: Workload, reps: int, cache: Path, engine: str, threads: int | None, async_reps: int = 0
 ) -> dict[str, Any]:
     model, data = prepare(w, cache)
     lorarl: list[RunStats] = []
@@ -356,7 +357,39 @@ def bench_model(
             _print_run(runs[-1])
     record = model_record(w, lorarl, trl)
     record["seeds"] = [w.seed + rep for rep in range(reps)]
+    if async_reps:
+        record |= async_record(w, model, data, async_reps, engine, threads, record)
     return record
+
+
+def async_record(
+    w: Workload,
+    model: Path,
+    data: Path,
+    reps: int,
+    engine: str,
+    threads: int | None,
+    record: dict[str, Any],
+) -> dict[str, Any]:
+    """lorarl with `offPolicySteps: 1` (not what TRL runs: its samples are one step stale), after
+    the pairs, with the pairs' seeds; compared with the pairs' medians."""
+    runs = []
+    for rep in range(reps):
+        w_rep = replace(w, seed=w.seed + rep, off_policy_steps=1)
+        print(f"[{w.key}] async rep {rep} (seed {w_rep.seed}): lorarl offPolicySteps=1 ...")
+        run = run_lorarl(w_rep, model, data, WORK / w.key / f"async{rep}", rep, engine, threads)
+        run.side = "lorarl-async"
+        runs.append(run)
+        _print_run(run)
+    summary = side_summary(runs, w)
+    return {
+        "lorarl_async_step_s": summary["step_s"],
+        "lorarl_async_final_reward": summary["final_reward"],
+        "async_speedup_vs_trl": round(record["trl_step_s"] / summary["step_s"], 3),
+        "async_speedup_vs_lorarl": round(record["lorarl_step_s"] / summary["step_s"], 3),
+        "lorarl_async": summary,
+        "async_runs": [asdict(r) for r in runs],
+    }
 
 
 def side_order(rep: int) -> tuple[str, str]:
@@ -378,6 +411,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--models", nargs="+", choices=sorted(WORKLOADS), default=["smollm2", "tiny"])
     p.add_argument("--reps", type=int, default=3, help="A/B pairs per model (one seed each)")
     p.add_argument("--tiny-reps", type=int, default=1, help="repetitions for the tiny model")
+    p.add_argument(
+        "--async-reps", type=int, default=1,
+        help="extra lorarl runs per model with offPolicySteps: 1 (0: none)",
+    )  # fmt: skip
     p.add_argument("--steps-scale", type=float, default=1.0, help="scale every workload's steps")
     p.add_argument(
         "--threads",
@@ -409,7 +446,9 @@ def main(argv: list[str] | None = None) -> None:
         w = WORKLOADS[key]
         w = replace(w, steps=max(3, round(w.steps * args.steps_scale)))
         reps = args.tiny_reps if key == "tiny" else args.reps
-        report["records"].append(bench_model(w, reps, args.cache, engine, args.threads or None))
+        report["records"].append(
+            bench_model(w, reps, args.cache, engine, args.threads or None, args.async_reps)
+        )
         write_results(args.out, report)  # partial results survive a later failure
     report["machine"]["load_avg_1m_at_end"] = _load()
     report["notes"] = notes(report["records"])

@@ -88,3 +88,19 @@ def test_run_all_rejects_an_unknown_benchmark_name():
     assert "vs_trl" not in run_all.selected(None, ["vs_trl"])
     with pytest.raises(SystemExit, match="unknown benchmark"):
         run_all.selected(["speed"], [])
+
+
+def test_vs_trl_table_shows_the_overlapped_runs_apart_from_the_headline_ratio():
+    doc = json.loads((render.RESULTS / "vs_trl.json").read_text())
+    record = doc["records"][0]
+    record |= {
+        "lorarl_async_step_s": 9.5,
+        "lorarl_async_final_reward": 0.4,
+        "async_speedup_vs_trl": 1.83,
+        "async_speedup_vs_lorarl": 1.63,
+        "lorarl_async": {"first_reward": 0.2, "breakdown": {"generate": 0.4, "update": 0.9}},
+    }
+    page = render.render_vs_trl(doc)
+    row = next(line for line in page.splitlines() if line.startswith(f"| {record['model']} | 9.5"))
+    assert "×1.83" in row and "×1.63" in row and "0.2 → 0.4" in row and "40 / 90 / 0" in row
+    assert page.index("Where a step's time goes:") < page.index("offPolicySteps: 1")
