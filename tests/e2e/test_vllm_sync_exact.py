@@ -36,6 +36,7 @@ from peft import PeftModel
 from safetensors.torch import load_file
 
 from lorarl.api.job import LoRARLJob
+from lorarl.local.env_refs import with_engine_key
 from lorarl.local.ports import free_port_block
 from lorarl.local.processes import Child
 from lorarl.plan import ContainerPlan, JobPlan, LocalAddressing, plan
@@ -60,6 +61,8 @@ VERSIONS = 5
 PERTURB_STD = 0.1
 PROMPTS = ["12+34=", "repeat 5821: ", "The cat sat on"]
 NEW_TOKENS = 8
+ENGINE_KEY = "engine-key-for-tests"
+AUTH = {"Authorization": f"Bearer {ENGINE_KEY}"}
 MODES = ("merged", "adapter")
 MAX_MEAN_LOGPROB_GAP = 1e-3
 MIN_STALE_GAP = 1e-2
@@ -153,10 +156,10 @@ def running_stack(root: Path, job: LoRARLJob, engine_python: str) -> Iterator[St
         "VLLM_CACHE_ROOT": str(root / "vllm-cache"),
         "VLLM_CONFIG_ROOT": str(root / "vllm-config"),
         "RAY_TMPDIR": str(tmp),
-        **engine_c.env,
+        **with_engine_key(engine_c.env, ENGINE_KEY),
     }
     sidecar_env = {**common, "LORARL_ADAPTER_DIR": str(adapters), "LORARL_SYNC_TIMEOUT": "300",
-                   **sidecar_c.env}  # fmt: skip
+                   **with_engine_key(sidecar_c.env, ENGINE_KEY)}  # fmt: skip
     children = [
         Child("engine", _argv(engine_c, engine_python), engine_env, root / "logs" / "engine.log"),
         Child("sidecar", _argv(sidecar_c, sys.executable), sidecar_env, root / "logs" / "sc.log"),
@@ -166,7 +169,7 @@ def running_stack(root: Path, job: LoRARLJob, engine_python: str) -> Iterator[St
     # The publisher hosts the sync store, so it exists before the sidecar dials it.
     publisher = WeightPublisher(sync.address, sync.port, sync.world_size, sync.mode,
                                 backend=sync.backend, timeout_s=300)  # fmt: skip
-    engine = VLLMEngine(url)
+    engine = VLLMEngine(url, api_key=ENGINE_KEY)
     try:
         for child in children:
             child.start()
@@ -249,7 +252,7 @@ def vllm_greedy(stack: Stack, model: str, prompts: list[list[int]]):
     """[(token ids, logprobs)] per prompt, one batched request at temperature 0."""
     body = {"model": model, "prompt": prompts, "max_tokens": NEW_TOKENS, "temperature": 0,
             "logprobs": 1, "return_token_ids": True, "ignore_eos": True}  # fmt: skip
-    resp = httpx.post(f"{stack.url}/v1/completions", json=body, timeout=120)
+    resp = httpx.post(f"{stack.url}/v1/completions", json=body, timeout=120, headers=AUTH)
     assert resp.status_code == 200, resp.text[:1000]
     choices = sorted(resp.json()["choices"], key=lambda c: c["index"])
     assert len(choices) == len(prompts)
@@ -257,7 +260,7 @@ def vllm_greedy(stack: Stack, model: str, prompts: list[list[int]]):
 
 
 def served_models(stack: Stack) -> set[str]:
-    resp = httpx.get(f"{stack.url}/v1/models", timeout=30)
+    resp = httpx.get(f"{stack.url}/v1/models", timeout=30, headers=AUTH)
     assert resp.status_code == 200, resp.text
     return {m["id"] for m in resp.json()["data"]}
 

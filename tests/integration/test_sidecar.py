@@ -22,6 +22,7 @@ from peft import LoraConfig, get_peft_model, set_peft_model_state_dict
 from transformers import AutoModelForCausalLM
 
 from lorarl.api.validation import load_job_file
+from lorarl.local.env_refs import with_engine_key
 from lorarl.local.ports import free_port_block
 from lorarl.local.processes import Child
 from lorarl.plan import JobPlan, LocalAddressing, plan
@@ -33,6 +34,7 @@ ROOT = Path(__file__).resolve().parents[2]
 HOST = "127.0.0.1"
 RANK, ALPHA = 4, 8.0
 PROMPT = [5, 17, 30, 42, 8, 61, 3]
+ENGINE_KEY = "engine-key-for-tests"
 N_TOKENS = 8
 LEAVES = LINEAR_PARENTS
 MODULES = tuple(linear_modules(LEAVES))
@@ -107,7 +109,12 @@ class Rollout:
     sidecars: list[Child]
     engine_urls: list[str]
     sidecar_urls: list[str]
-    http: httpx.Client = field(default_factory=lambda: httpx.Client(timeout=30.0))
+    # the engines only answer requests with the job's key, as in a pod
+    http: httpx.Client = field(
+        default_factory=lambda: httpx.Client(
+            timeout=30.0, headers={"Authorization": f"Bearer {ENGINE_KEY}"}
+        )
+    )
 
     def status(self, i: int) -> dict[str, Any]:
         return self.http.get(f"{self.sidecar_urls[i]}/status").json()
@@ -170,7 +177,7 @@ def start_rollout(
             Child(
                 name=f"{replica.name}-engine",
                 argv=[engine_python, *engine.command[1:]] if engine_python else test_engine,
-                env={**env, **engine.env},
+                env={**env, **with_engine_key(engine.env, ENGINE_KEY)},
                 log_path=run_dir / "logs" / f"{replica.name}-engine.log",
             )
         )
@@ -178,7 +185,11 @@ def start_rollout(
             Child(
                 name=f"{replica.name}-sidecar",
                 argv=[sys.executable, *sidecar.command[1:]],
-                env={**env, **sidecar.env, "LORARL_SYNC_TIMEOUT": "60"},
+                env={
+                    **env,
+                    **with_engine_key(sidecar.env, ENGINE_KEY),
+                    "LORARL_SYNC_TIMEOUT": "60",
+                },
                 log_path=run_dir / "logs" / f"{replica.name}-sidecar.log",
             )
         )

@@ -29,6 +29,8 @@ from lorarl.rollout.vllm_engine import (
 )
 
 MODEL_NAME = "tiny"
+API_KEY = "engine-key-for-tests"
+AUTH = {"Authorization": f"Bearer {API_KEY}"}
 PROJ = ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj"]
 PROJ += ["mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"]
 PROMPT = [20, 21, 22, 30, 31, 40, 50, 60]
@@ -58,7 +60,7 @@ def test_launch_command_renders_flags_and_env(tmp_path: Path) -> None:
         "32", "4", "512",
     )  # fmt: skip
     assert flag("--worker-extension-cls") == WORKER_EXTENSION
-    assert flag("--api-key") == "k"
+    assert "--api-key" not in argv and env["VLLM_API_KEY"] == "k"
     assert "--enable-lora" in argv and "--enforce-eager" in argv
     assert argv[-2:] == ["--seed", "7"]
     assert env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
@@ -125,7 +127,7 @@ def server(tmp_path_factory: pytest.TempPathFactory, engine_python: str):
     argv, env = vllm_launch_command(
         model_dir, port, served_model_name=MODEL_NAME, run_dir=root / "run", dtype="float32",
         enable_lora=True, max_lora_rank=8, max_loras=2, kv_cache_gib=1, max_model_len=256,
-        python=engine_python,
+        python=engine_python, api_key=API_KEY,
     )  # fmt: skip
     Path(env["TMPDIR"]).mkdir(parents=True)
     log = open(root / "vllm.log", "w")  # noqa: SIM115 - closed at teardown
@@ -137,6 +139,7 @@ def server(tmp_path_factory: pytest.TempPathFactory, engine_python: str):
     engine_shm = Path("/dev/shm") / f"lorarl-test-{os.getpid()}"
     engine = VLLMEngine(
         f"http://127.0.0.1:{port}",
+        api_key=API_KEY,
         shm_dir=engine_shm,
         known_shapes=checkpoint_weight_shapes(model_dir),
     )
@@ -184,7 +187,7 @@ def read_back(server, names: list[str]) -> dict[str, torch.Tensor]:
 def complete(server, model: str, max_tokens: int = 8) -> tuple[list[int], list[float]]:
     body = {"model": model, "prompt": PROMPT, "max_tokens": max_tokens, "temperature": 0,
             "logprobs": 1, "return_token_ids": True, "ignore_eos": True}  # fmt: skip
-    resp = httpx.post(f"{server['url']}/v1/completions", json=body, timeout=60)
+    resp = httpx.post(f"{server['url']}/v1/completions", json=body, timeout=60, headers=AUTH)
     assert resp.status_code == 200, resp.text
     choice = resp.json()["choices"][0]
     return choice["token_ids"], choice["logprobs"]["token_logprobs"]
@@ -220,6 +223,22 @@ def lora_perturbation(base: dict[str, torch.Tensor], names: list[str], seed: int
         b = torch.randn(out_f, rank, generator=g) * 0.05
         merged[n] = base[n] + 2.0 * (b @ a)
     return merged
+
+
+@pytest.mark.slow
+def test_the_engine_refuses_requests_without_the_key(server) -> None:
+    """VLLM_API_KEY locks generation and adapter loading; /health stays open for probes."""
+    body = {"model": MODEL_NAME, "prompt": PROMPT, "max_tokens": 1}
+    for headers in ({}, {"Authorization": "Bearer wrong"}):
+        resp = httpx.post(f"{server['url']}/v1/completions", json=body, headers=headers)
+        assert resp.status_code == 401, resp.text
+    resp = httpx.post(
+        f"{server['url']}/v1/load_lora_adapter", json={"lora_name": "x", "lora_path": "/nope"}
+    )
+    assert resp.status_code == 401
+    assert httpx.get(f"{server['url']}/health").status_code == 200
+    allowed = httpx.post(f"{server['url']}/v1/completions", json=body, headers=AUTH, timeout=60)
+    assert allowed.status_code == 200, allowed.text
 
 
 @pytest.mark.slow
@@ -332,7 +351,7 @@ def test_adapter_load_reload_in_place_unload(server) -> None:
 
         engine.unload_adapter("job-a")
         body = {"model": "job-a", "prompt": PROMPT, "max_tokens": 2}
-        gone = httpx.post(f"{server['url']}/v1/completions", json=body, timeout=60)
+        gone = httpx.post(f"{server['url']}/v1/completions", json=body, timeout=60, headers=AUTH)
         assert gone.status_code == 404, gone.text
         with pytest.raises(EngineError, match="unload adapter 'job-a'"):
             engine.unload_adapter("job-a")

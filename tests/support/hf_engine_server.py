@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import threading
 import time
 import uuid
@@ -467,7 +468,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--served-model-name", default="tiny")
     parser.add_argument("--lora-name", action="append", default=[], dest="lora_names")
-    parser.add_argument("--api-key", default=None)
+    # vLLM's own fallback: VLLM_API_KEY when no --api-key is given
+    parser.add_argument("--api-key", default=os.environ.get("VLLM_API_KEY") or None)
     args = parser.parse_args(argv)
     app = create_app(
         args.model,

@@ -42,3 +42,35 @@ def test_a_users_thread_setting_wins(monkeypatch, tmp_path):
 def test_local_outputs_stay_in_the_run_directory(tmp_path):
     run = LocalRun(load_job_file(ROOT / "examples" / "quickstart.yaml"), tmp_path / "run")
     assert run.job.spec.training.output_dir == str((tmp_path / "run").resolve())
+
+
+def _children(job_file: str, tmp_path: Path, **job_changes) -> tuple[LocalRun, dict]:
+    job = load_job_file(ROOT / "examples" / job_file)
+    for section, values in job_changes.items():
+        setattr(job.spec, section, getattr(job.spec, section).model_copy(update=values))
+    run = LocalRun(job, tmp_path / "run")
+    run.run_dir.mkdir()
+    run.plan = plan(run.job, LocalAddressing(30000))
+    children = {
+        f"{r.role}-{c.name}": run._child(r, c)
+        for role in run.plan.roles
+        for r in role.replicas
+        for c in r.containers
+    }
+    return run, children
+
+
+def test_a_local_run_locks_its_engines_with_a_fresh_key(tmp_path):
+    run, children = _children("quickstart.yaml", tmp_path)
+    key = run.engine_api_key
+    assert len(key) >= 32 and key != LocalRun(run.job, tmp_path / "other").engine_api_key
+    assert children["rollout-engine"].env["VLLM_API_KEY"] == key  # the `$(...)` expanded
+    for name in ("rollout-engine", "rollout-sidecar", "trainer-trainer"):
+        assert children[name].env["LORARL_ENGINE_API_KEY"] == key
+    assert key not in " ".join(children["rollout-engine"].argv)  # vLLM: never on argv
+
+
+def test_sglang_gets_the_key_on_its_command_line_locally_too(tmp_path):
+    run, children = _children("quickstart.yaml", tmp_path, rollout={"engine": "sglang"})
+    argv = children["rollout-engine"].argv
+    assert argv[argv.index("--api-key") + 1] == run.engine_api_key

@@ -130,7 +130,9 @@ def test_env_is_rendered_then_user_env_verbatim() -> None:
     env = builders.pod(p, j, "trainer", 0)["spec"]["containers"][0]["env"]
     names = [e["name"] for e in env]
     rendered = p.role("trainer").replicas[0].containers[0].env
-    assert names[: len(rendered)] == list(rendered)  # plan order, then ours, then the user's
+    # the key first (later values may reference it), then the plan's order, ours, the user's
+    assert names[0] == "LORARL_ENGINE_API_KEY"
+    assert names[1 : len(rendered) + 1] == list(rendered)
     assert env[-2:] == [{"name": "LOG", "value": "debug"}, secret_ref]
     by_name = {e["name"]: e for e in env}
     assert by_name["WORLD_SIZE"]["value"] == "2"  # 1 node x processesPerReplica 2
@@ -154,12 +156,28 @@ def test_rollout_pod_shares_memory_volume_between_engine_and_sidecar() -> None:
     for c in spec["containers"]:
         assert {"name": "shm", "mountPath": "/dev/shm"} in c["volumeMounts"]
         assert {"name": "config", "mountPath": "/etc/lorarl", "readOnly": True} in c["volumeMounts"]
-        assert any(e["name"] == "LORARL_ENGINE_API_KEY" for e in c["env"])
+        assert c["env"][0]["name"] == "LORARL_ENGINE_API_KEY"
     sidecar = {e["name"]: e.get("value") for e in spec["containers"][1]["env"]}
     assert (sidecar["LORARL_SYNC_RANK"], sidecar["LORARL_SYNC_WORLD_SIZE"]) == ("2", "3")
     assert spec["containers"][0]["ports"] == [
         {"name": "engine", "containerPort": 30000, "protocol": "TCP"}
     ]
+
+
+def test_engines_get_the_key_by_reference_never_by_value() -> None:
+    """vLLM reads VLLM_API_KEY, SGLang takes --api-key: both as `$(VAR)` the kubelet expands."""
+    j, p = job()
+    engine = builders.pod(p, j, "rollout", 0)["spec"]["containers"][0]
+    assert engine["name"] == "engine"
+    by_name = {e["name"]: e for e in engine["env"]}
+    assert by_name["VLLM_API_KEY"] == {"name": "VLLM_API_KEY", "value": "$(LORARL_ENGINE_API_KEY)"}
+    names = [e["name"] for e in engine["env"]]
+    assert names.index("LORARL_ENGINE_API_KEY") < names.index("VLLM_API_KEY")
+    j, p = job(rollout={"engine": "sglang", "gpusPerReplica": 1})
+    engine = builders.pod(p, j, "rollout", 0)["spec"]["containers"][0]
+    argv = engine["command"]
+    assert argv[argv.index("--api-key") + 1] == "$(LORARL_ENGINE_API_KEY)"
+    assert "VLLM_API_KEY" not in {e["name"] for e in engine["env"]}
 
 
 def test_gpus_become_limits() -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import shutil
 import sys
 import tempfile
@@ -23,6 +24,7 @@ import yaml
 
 from lorarl.api.job import LoRARLJob
 from lorarl.api.progress import Progress
+from lorarl.local.env_refs import expand, with_engine_key
 from lorarl.local.ports import free_port_block
 from lorarl.local.processes import Child
 from lorarl.plan import ContainerPlan, JobPlan, LocalAddressing, ReplicaPlan, plan
@@ -87,6 +89,8 @@ class LocalRun:
         self.ray_temp_dir = self.run_dir / "tmp"
         self._own_ray_temp = False
         self._http = httpx.Client(timeout=2.0)
+        # What the operator keeps in the job's Secret: engines only answer requests that carry it.
+        self.engine_api_key = secrets.token_urlsafe(32)
 
     # ------------------------------------------------------------------ setup
 
@@ -131,10 +135,11 @@ class LocalRun:
             "LORARL_ADAPTER_DIR": str(self.run_dir / "adapters" / replica.name),
             "PYTHONUNBUFFERED": "1",
             **self._threads(container),
-            **container.env,
+            **with_engine_key(container.env, self.engine_api_key),
             **self._user_env(container),
             **self.extra_env,
         }
+        argv = [expand(arg, env) for arg in argv]
         return Child(
             name=name,
             argv=argv,

@@ -15,6 +15,7 @@ from lorarl.api.job import LoRARLJob
 from lorarl.api.k8s import ResourceRequirements
 from lorarl.plan.addressing import CLUSTER_PORTS
 from lorarl.plan.build import CONFIG_FILE
+from lorarl.plan.engines import ENGINE_API_KEY_ENV
 from lorarl.plan.model import ContainerPlan, JobPlan, ReplicaPlan, RolePlan, VolumePlan
 
 Obj = dict[str, Any]
@@ -24,7 +25,7 @@ ROLE_LABEL = "lorarl.dev/role"
 INDEX_LABEL = "lorarl.dev/replica-index"
 ATTEMPT_LABEL = "lorarl.dev/attempt"
 MANAGED_BY = ("app.kubernetes.io/managed-by", "lorarl-operator")
-API_KEY_ENV = "LORARL_ENGINE_API_KEY"
+API_KEY_ENV = ENGINE_API_KEY_ENV
 API_KEY_KEY = "api-key"
 RUN_AS = 10001
 TMP_DIR = "/tmp"
@@ -220,13 +221,14 @@ def pod_names(plan: JobPlan) -> list[str]:
 
 def _container(plan: JobPlan, c: ContainerPlan) -> Obj:
     user_names = {e.name for e in c.user_env}
-    env: list[Obj] = [{"name": k, "value": v} for k, v in c.env.items()]
-    env.append(
+    # The key first: the kubelet expands `$(LORARL_ENGINE_API_KEY)` in later values only.
+    env: list[Obj] = [
         {
             "name": API_KEY_ENV,
             "valueFrom": {"secretKeyRef": {"name": secret_name(plan.name), "key": API_KEY_KEY}},
         }
-    )
+    ]
+    env += [{"name": k, "value": v} for k, v in c.env.items()]
     # A read-only root filesystem: caches (HF, torch, triton, vLLM) go to the /tmp emptyDir.
     for name, value in (("HOME", TMP_DIR), ("XDG_CACHE_HOME", f"{TMP_DIR}/.cache")):
         if name not in user_names and name not in c.env:

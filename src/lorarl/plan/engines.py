@@ -13,6 +13,10 @@ VLLM_WORKER_EXTENSION = "lorarl.rollout.vllm_worker_ext.LoraRLWorkerExtension"
 # vLLM's LoRAConfig.max_lora_rank is a Literal of these.
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 _SGLANG_LORA_TARGETS_ALL = "all"
+# The per-job engine key: a Secret in a cluster, generated per run locally. Engines get it as a
+# `$(VAR)` reference that the kubelet (or LocalRun) expands, so its value is never in the plan.
+ENGINE_API_KEY_ENV = "LORARL_ENGINE_API_KEY"
+ENGINE_API_KEY_REF = f"$({ENGINE_API_KEY_ENV})"
 
 
 def engine_command(spec: LoRARLJobSpec, model_path: str, host: str, port: int) -> list[str]:
@@ -33,6 +37,7 @@ def sglang_command(spec: LoRARLJobSpec, model_path: str, host: str, port: int) -
         "--tp-size", str(r.tensor_parallel_size),
         "--mem-fraction-static", f"{r.memory_fraction:g}",
         "--random-seed", str(spec.training.seed),
+        "--api-key", ENGINE_API_KEY_REF,
     ]  # fmt: skip
     if spec.model.trust_remote_code:
         argv.append("--trust-remote-code")
@@ -95,7 +100,6 @@ def vllm_server_args(
     max_lora_rank: int | None = None,
     max_loras: int = 2,
     worker_extension_cls: str | None = VLLM_WORKER_EXTENSION,
-    api_key: str | None = None,
     extra_args: Sequence[str] = (),
 ) -> list[str]:
     """Everything after the interpreter: the one place the vLLM server's flags are decided.
@@ -130,17 +134,18 @@ def vllm_server_args(
         argv += ["--max-loras", str(max_loras)]
     if worker_extension_cls:
         argv += ["--worker-extension-cls", worker_extension_cls]
-    if api_key:
-        argv += ["--api-key", api_key]
     return argv + list(extra_args)
 
 
 def engine_env(spec: LoRARLJobSpec) -> dict[str, str]:
-    """Environment the engine needs for live weight updates (vLLM gates them behind flags)."""
+    """Environment the engine needs: live weight updates (vLLM gates them behind flags) and,
+    for vLLM, the API key (`VLLM_API_KEY` keeps it off the command line; SGLang has no such
+    variable and gets `--api-key`)."""
     if spec.rollout.engine != "vllm":
         return {}
     r = spec.rollout
-    return vllm_server_env(cpu=r.gpus_per_replica == 0, kv_cache_gib=r.kv_cache_gib or 1)
+    env = vllm_server_env(cpu=r.gpus_per_replica == 0, kv_cache_gib=r.kv_cache_gib or 1)
+    return {**env, "VLLM_API_KEY": ENGINE_API_KEY_REF}
 
 
 def vllm_server_env(*, cpu: bool, kv_cache_gib: int = 1) -> dict[str, str]:

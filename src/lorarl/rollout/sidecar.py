@@ -19,6 +19,7 @@ from typing import Any
 
 from lorarl.api.job import LoRARLJob
 from lorarl.jsonhttp import JsonHttpServer
+from lorarl.plan.engines import ENGINE_API_KEY_ENV
 from lorarl.rollout.applier import UpdateApplier
 from lorarl.rollout.engine import EngineError, RolloutEngine
 from lorarl.sync.errors import SyncClosed, SyncTransportError
@@ -182,13 +183,13 @@ def make_engine(job: LoRARLJob, url: str, adapter_root: Path) -> RolloutEngine:
 
         return VLLMEngine(
             url,
-            api_key=os.environ.get("LORARL_ENGINE_API_KEY"),
+            api_key=os.environ.get(ENGINE_API_KEY_ENV),
             shm_dir=adapter_root / "merged",
             known_shapes=checkpoint_weight_shapes(job.spec.model.path),
         )
     from lorarl.rollout.sglang_engine import SGLangEngine
 
-    return SGLangEngine(url, api_key=os.environ.get("LORARL_ENGINE_API_KEY"))
+    return SGLangEngine(url, api_key=os.environ.get(ENGINE_API_KEY_ENV))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -78,7 +78,6 @@ def vllm_launch_command(
         max_lora_rank=max_lora_rank if enable_lora else None,
         max_loras=max_loras,
         worker_extension_cls=worker_extension_cls,
-        api_key=api_key,
         extra_args=extra_args,
     )]  # fmt: skip
     env = {
@@ -89,6 +88,8 @@ def vllm_launch_command(
         "VLLM_CONFIG_ROOT": str(run_dir / "vllm-config"),
         "RAY_TMPDIR": str(run_dir / "ray"),
     }
+    if api_key:  # vLLM's own variable: the key stays off the command line
+        env["VLLM_API_KEY"] = api_key
     return argv, env
 
 

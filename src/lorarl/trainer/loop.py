@@ -189,7 +189,12 @@ class Trainer:
             dataset=self.dataset,
             sampler=self.sampler,
             tokenizer=self.tokenizer,
-            client=RolloutClient(ep.rollout, spec.rollout.engine, model_name=SERVED_MODEL_NAME),
+            client=RolloutClient(
+                ep.rollout,
+                spec.rollout.engine,
+                model_name=SERVED_MODEL_NAME,
+                api_key=ep.engine_api_key,
+            ),
             scorer=self._scorer(),
             estimator=self.estimator,
             group_size=spec.algorithm.group_size,

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from lorarl.api.job import LoRARLJob
 from lorarl.api.validation import ManifestError, load_job_file
+from lorarl.plan.engines import ENGINE_API_KEY_ENV
 from lorarl.trainer.model import LoraSettings
 
 
@@ -24,6 +25,7 @@ class Endpoints:
     sync_world_size: int = 1
     reward: str | None = None
     progress_port: int | None = None
+    engine_api_key: str | None = None
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> Endpoints:
@@ -42,6 +44,7 @@ class Endpoints:
             sync_world_size=int(env.get("LORARL_SYNC_WORLD_SIZE", "1")),
             reward=env.get("LORARL_REWARD_ENDPOINT"),
             progress_port=int(progress) if progress else None,
+            engine_api_key=env.get(ENGINE_API_KEY_ENV) or None,
         )
 
 
