@@ -25,7 +25,6 @@ ROLE_LABEL = "lorarl.dev/role"
 INDEX_LABEL = "lorarl.dev/replica-index"
 ATTEMPT_LABEL = "lorarl.dev/attempt"
 MANAGED_BY = ("app.kubernetes.io/managed-by", "lorarl-operator")
-API_KEY_ENV = ENGINE_API_KEY_ENV
 API_KEY_KEY = "api-key"
 RUN_AS = 10001
 TMP_DIR = "/tmp"
@@ -224,7 +223,7 @@ def _container(plan: JobPlan, c: ContainerPlan) -> Obj:
     # The key first: the kubelet expands `$(LORARL_ENGINE_API_KEY)` in later values only.
     env: list[Obj] = [
         {
-            "name": API_KEY_ENV,
+            "name": ENGINE_API_KEY_ENV,
             "valueFrom": {"secretKeyRef": {"name": secret_name(plan.name), "key": API_KEY_KEY}},
         }
     ]

@@ -97,8 +97,7 @@ def sequence_logprobs(
         sl = slice(start, start + micro_batch_size)
         ids, am = input_ids[sl], attention_mask[sl]
         first = first_scored_position(response_mask[sl])
-        keep = ids.shape[1] - first + 1
-        extra = {"logits_to_keep": keep} if head_on_demand else {}
+        extra = {"logits_to_keep": ids.shape[1] - first + 1} if head_on_demand else {}
         out = model(
             input_ids=ids,
             attention_mask=am,
