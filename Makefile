@@ -16,7 +16,8 @@ PYTEST_ARGS ?=
 help:
 	@echo "make setup   - create $(VENV) (torch first, then lorarl[$(EXTRAS)])"
 	@echo "make demo    - install, then train SmolLM2-135M with GRPO + LoRA locally (reward rises)"
-	@echo "make test    - install and run the whole test suite (slow end-to-end tests included)"
+	@echo "make test    - install and run the whole test suite (slow end-to-end tests included);"
+	@echo "              as root it apt-installs chromium, nftables, iproute2 (see scripts/install_test_system_packages.sh)"
 	@echo "make lint    - ruff"
 	@echo "make crds    - regenerate crds/ from the API models"
 	@echo "make bench   - every benchmark under bench/, then bench/results/README.md (TRL installed)"
@@ -25,9 +26,6 @@ help:
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml
-	@command -v chromium >/dev/null || { command -v apt-get >/dev/null && \
-		(apt-get update -qq && apt-get install -y -qq chromium >/dev/null) || \
-		echo "warning: chromium not installed; dashboard browser tests will skip"; }
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
 	$(PIP) install --quiet "$(TORCH_SPEC)"
@@ -43,7 +41,11 @@ TEST_ENV = LORARL_ENGINE_PYTHON=$(abspath $(ENGINE_VENV))/bin/python \
 	LORARL_SGLANG_PYTHON=$(abspath $(SGLANG_VENV))/bin/python
 
 # pytest exits 5 when it collects nothing; that is a failure here, like any other non-zero code.
-test: setup engine-venv sglang-venv
+.PHONY: test-system-packages
+test-system-packages:
+	bash scripts/install_test_system_packages.sh
+
+test: setup engine-venv sglang-venv test-system-packages
 	$(TEST_ENV) $(PY) -m pytest $(PYTEST_ARGS)
 
 # A real LoRA RL job on this machine: SmolLM2-135M-Instruct learns "which is larger" (~10 min).
