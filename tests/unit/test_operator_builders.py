@@ -210,17 +210,51 @@ def test_service_config_and_secret() -> None:
         builders.engine_key_secret(p, "")
 
 
-def test_network_policy_admits_job_ports_from_the_job_and_progress_from_the_operator() -> None:
-    _, p = job()
-    ingress = builders.network_policy(p, "ops")["spec"]["ingress"]
-    assert ingress[0] == {
-        "from": [{"podSelector": {"matchLabels": {"lorarl.dev/job": "quickstart"}}}],
-        "ports": [{"port": port, "protocol": "TCP"} for port in (29500, 29600, 30000, 8001, 8000)],
-    }
-    peer = ingress[1]["from"][0]
-    assert peer["namespaceSelector"] == {"matchLabels": {"kubernetes.io/metadata.name": "ops"}}
-    assert peer["podSelector"]["matchExpressions"][0]["values"] == ["operator", "status-api"]
-    assert ingress[1]["ports"] == [{"port": 8080, "protocol": "TCP"}]
+def _admits(policy: dict[str, Any], ns: str, labels: dict[str, str], port: int) -> bool:
+    """NetworkPolicy ingress semantics, for a peer pod in namespace `ns` (the job's is "team")."""
+
+    def selects(sel: dict[str, Any], have: dict[str, str]) -> bool:
+        ok = all(have.get(k) == v for k, v in sel.get("matchLabels", {}).items())
+        for e in sel.get("matchExpressions", []):
+            assert e["operator"] == "In"
+            ok = ok and have.get(e["key"]) in e["values"]
+        return ok
+
+    def peer_ok(peer: dict[str, Any]) -> bool:
+        if "namespaceSelector" in peer:
+            ns_ok = selects(peer["namespaceSelector"], {"kubernetes.io/metadata.name": ns})
+        else:
+            ns_ok = ns == policy["metadata"]["namespace"]
+        return ns_ok and selects(peer.get("podSelector", {}), labels)
+
+    for rule in policy["spec"]["ingress"]:
+        ports = rule.get("ports")
+        if any(peer_ok(x) for x in rule["from"]) and (
+            ports is None or any(x["port"] == port for x in ports)
+        ):
+            return True
+    return False
+
+
+def test_network_policy_admits_everything_from_the_job_and_progress_from_the_operator() -> None:
+    j, p = job()
+    policy = builders.network_policy(p, "ops")
+    assert policy["spec"]["podSelector"]["matchLabels"]["lorarl.dev/job"] == "quickstart"
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    same_job = builders.pod(p, j, "rollout", 0)["metadata"]["labels"]
+    # gloo and NCCL connect on ephemeral ports besides the rendezvous and sync ports
+    for port in (29500, 29600, 30000, 8001, 8000, 8080, 41234, 60999):
+        assert _admits(policy, "team", same_job, port), port
+    other_job = {**same_job, "lorarl.dev/job": "other"}
+    assert not _admits(policy, "team", other_job, 29600)
+    assert not _admits(policy, "elsewhere", same_job, 29600)  # same labels, other namespace
+    operator = {"app.kubernetes.io/name": "lorarl", "app.kubernetes.io/component": "operator"}
+    status_api = {**operator, "app.kubernetes.io/component": "status-api"}
+    for peer in (operator, status_api):
+        assert _admits(policy, "ops", peer, 8080)
+        assert not _admits(policy, "ops", peer, 29500)
+        assert not _admits(policy, "team", peer, 8080)
+    assert not _admits(policy, "ops", {"app.kubernetes.io/name": "lorarl"}, 8080)
 
 
 def test_queue_and_gang_scheduling() -> None:

@@ -35,8 +35,6 @@ KUEUE_TOTAL = "kueue.x-k8s.io/pod-group-total-count"
 COSCHEDULING_GROUP = "scheduling.x-k8s.io/pod-group"
 VOLCANO_GROUP = "scheduling.k8s.io/group-name"
 VOLCANO_SCHEDULER = "volcano"
-# Ports only the job's own pods may reach (rendezvous, sync group, engine, sidecar, reward).
-INTERNAL_PORTS = ("master", "sync", "engine", "sidecar", "reward")
 PROGRESS_PORT = "progress"
 OPERATOR_COMPONENTS = ("operator", "status-api")
 
@@ -106,7 +104,10 @@ def engine_key_secret(plan: JobPlan, api_key: str) -> Obj:
 
 
 def network_policy(plan: JobPlan, operator_namespace: str) -> Obj:
-    same_job = {"podSelector": {"matchLabels": {JOB_LABEL: plan.name}}}
+    """Ingress to the job's pods: anything from the job's own pods, on any port (gloo and NCCL
+    connect on ephemeral ports besides the rendezvous and sync ports), and the progress port
+    from the operator and status API. Nothing else gets in."""
+    selector = {"matchLabels": {JOB_LABEL: plan.name, MANAGED_BY[0]: MANAGED_BY[1]}}
     operator_pods = {
         "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": operator_namespace}},
         "podSelector": {
@@ -120,20 +121,21 @@ def network_policy(plan: JobPlan, operator_namespace: str) -> Obj:
             ],
         },
     }
-
-    def tcp(*names: str) -> list[Obj]:
-        return [{"port": CLUSTER_PORTS[n], "protocol": "TCP"} for n in names]
-
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
         "metadata": _meta(plan, plan.name),
         "spec": {
-            "podSelector": {"matchLabels": {JOB_LABEL: plan.name}},
+            "podSelector": selector,
             "policyTypes": ["Ingress"],
             "ingress": [
-                {"from": [same_job], "ports": tcp(*INTERNAL_PORTS)},
-                {"from": [operator_pods], "ports": tcp(PROGRESS_PORT)},
+                # No `ports`: every port and protocol, but only from this job's pods (a
+                # podSelector without a namespaceSelector means the policy's own namespace).
+                {"from": [{"podSelector": selector}]},
+                {
+                    "from": [operator_pods],
+                    "ports": [{"port": CLUSTER_PORTS[PROGRESS_PORT], "protocol": "TCP"}],
+                },
             ],
         },
     }
