@@ -1,4 +1,9 @@
-"""The `lorarl` command line."""
+"""The `lorarl` command line.
+
+A failure the user can cause and fix (a missing file, extra, interpreter or cluster; a manifest or
+plan-time error) is one line on stderr and exit 1 (2 for a wrong invocation, as click does);
+a traceback means a bug in lorarl.
+"""
 
 from __future__ import annotations
 
@@ -10,11 +15,54 @@ import click
 import yaml
 
 from lorarl.api.validation import ManifestError, load_documents, parse_job, validate_file
+from lorarl.errors import UserError
 
 DEFAULT_CRD_PATH = Path("crds/lorarljobs.lorarl.dev.yaml")
 
+# Top-level packages an extra brings, for "pip install 'lorarl[extra]'" when one is missing.
+EXTRA_OF_MODULE = {
+    "kubernetes": "operator",
+    "kopf": "operator",
+    "torch": "trainer",
+    "transformers": "trainer",
+    "peft": "trainer",
+    "safetensors": "trainer",
+    "tokenizers": "trainer",
+    "gguf": "trainer",
+    "fastapi": "server",
+    "uvicorn": "server",
+    "prometheus_client": "server",
+    "ray": "reward",
+}
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+
+class _Main(click.Group):
+    """Turns the errors a user can fix into one line on stderr and exit 1."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except UserError as exc:
+            _die(str(exc))
+        except ModuleNotFoundError as exc:
+            top = (exc.name or "").split(".")[0]
+            if top not in EXTRA_OF_MODULE:
+                raise  # not an optional dependency: a bug, keep the traceback
+            _die(
+                f"this command needs the Python package {top!r}, which the base install leaves "
+                f"out: pip install 'lorarl[{EXTRA_OF_MODULE[top]}]'"
+            )
+        except OSError as exc:  # e.g. an output path that cannot be written
+            where = f" {exc.filename}" if exc.filename else ""
+            _die(f"cannot access{where}: {exc.strerror or exc}")
+
+
+def _die(message: str) -> None:
+    click.echo(f"Error: {message}", err=True)
+    sys.exit(1)
+
+
+@click.group(cls=_Main, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="lorarl")
 def main() -> None:
     """lorarl: RL fine-tuning of LLMs with LoRA adapters, as Kubernetes jobs."""
@@ -64,8 +112,6 @@ def crds(output: str) -> None:
 @click.option("-o", "--output", type=click.Choice(["yaml", "json"]), default="yaml")
 def plan_cmd(file: str, output: str) -> None:
     """Print the job plan (pods, commands, env, ports) a manifest turns into."""
-    from lorarl.plan import plan
-
     try:
         docs = load_documents(file)
         job = parse_job(docs[0][1]) if len(docs) == 1 else None
@@ -73,7 +119,7 @@ def plan_cmd(file: str, output: str) -> None:
         _fail(file, exc)
     if job is None:
         raise click.UsageError(f"{file}: holds {len(docs)} documents; plan takes one job")
-    data = plan(job).model_dump(mode="json", by_alias=True, exclude_none=True)
+    data = _plan_or_die(file, job).model_dump(mode="json", by_alias=True, exclude_none=True)
     if output == "json":
         click.echo(json.dumps(data, indent=2))
     else:
@@ -153,6 +199,7 @@ def run(file, local, run_dir, status_port, engine_python, namespace, kubeconfig)
         job = parse_job(docs[0][1])
     except ManifestError as exc:
         _fail(file, exc)
+    _plan_or_die(file, job)  # the rules only the plan checks fail here, before anything starts
     if not local:
         from lorarl.cluster import apply_job
 
@@ -162,6 +209,15 @@ def run(file, local, run_dir, status_port, engine_python, namespace, kubeconfig)
     from lorarl.local.session import run_local
 
     sys.exit(run_local(job, run_dir=run_dir, status_port=status_port, engine_python=engine_python))
+
+
+def _plan_or_die(file: str, job):
+    from lorarl.plan import plan
+
+    try:
+        return plan(job)
+    except ValueError as exc:  # a rule only the plan can check (e.g. reserved env names)
+        _die(f"{file}: {exc}")
 
 
 def _fail(source: str, exc: ManifestError) -> None:

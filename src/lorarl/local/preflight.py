@@ -1,0 +1,48 @@
+"""What a local run checks before it starts a process: the files it names exist here.
+
+Without this, a missing model folder shows up a minute later as a traceback in an engine's log and
+three engine restarts; here it is one line that names the field and how to create the file.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from lorarl.api.job import LoRARLJob
+from lorarl.errors import UserError
+
+PREPARE_HINT = (
+    "the examples' models and data come from `lorarl prepare quickstart` or "
+    "`lorarl prepare smollm2`; paths are relative to the current directory"
+)
+
+
+class LocalInputMissing(UserError):
+    pass
+
+
+def looks_like_hub_id(path: str) -> bool:
+    """`org/name` (a hub id baked into an image or a local HF cache), not a folder path."""
+    return path.count("/") == 1 and not path.startswith((".", "/", "~"))
+
+
+def missing_inputs(job: LoRARLJob) -> list[str]:
+    """One line per local file or folder the job names that does not exist."""
+    spec = job.spec
+    problems = []
+    model = spec.model.path
+    if not looks_like_hub_id(model) and not Path(model).is_dir():
+        problems.append(f"spec.model.path: {model} is not a folder here")
+    if spec.lora.adapter_path and not Path(spec.lora.adapter_path).is_dir():
+        problems.append(f"spec.lora.adapterPath: {spec.lora.adapter_path} is not a folder here")
+    for key, files in (("trainFiles", spec.data.train_files), ("valFiles", spec.data.val_files)):
+        for i, f in enumerate(files):
+            if "://" not in f and not Path(f).is_file():
+                problems.append(f"spec.data.{key}[{i}]: {f} does not exist")
+    return problems
+
+
+def check_inputs(job: LoRARLJob) -> None:
+    problems = missing_inputs(job)
+    if problems:
+        raise LocalInputMissing(f"{'; '.join(problems)} ({PREPARE_HINT})")
