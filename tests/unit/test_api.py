@@ -4,9 +4,16 @@ import copy
 from pathlib import Path
 
 import pytest
+import yaml
 
 from lorarl.api import LoRARLJob
-from lorarl.api.validation import check_manifest, validate_file
+from lorarl.api.validation import (
+    ManifestError,
+    check_manifest,
+    load_job_file,
+    parse_job,
+    validate_file,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 BAD = sorted((ROOT / "examples" / "bad").glob("*.yaml"))
@@ -15,7 +22,11 @@ MINIMAL = {
     "apiVersion": "lorarl.dev/v1alpha1",
     "kind": "LoRARLJob",
     "metadata": {"name": "minimal"},
-    "spec": {"model": {"path": "/models/m"}, "data": {"trainFiles": ["train.jsonl"]}},
+    "spec": {
+        "model": {"path": "/models/m"},
+        "data": {"trainFiles": ["train.jsonl"]},
+        "training": {"outputDir": "/out", "volume": {"claimName": "out", "mountPath": "/out"}},
+    },
 }
 
 
@@ -99,3 +110,27 @@ def test_multi_document_files_report_each_document(tmp_path: Path):
     results = validate_file(f)
     assert [r.ok for r in results] == [True, False]
     assert results[1].source.endswith("[1]")
+
+
+def test_a_cluster_run_keeps_its_outputs_on_a_claim_but_a_local_run_needs_none(tmp_path: Path):
+    """A pod's root filesystem is read-only and dies with the pod: outputs need a PVC."""
+    doc = copy.deepcopy(MINIMAL)
+    del doc["spec"]["training"]
+    assert [p.path for p in check_manifest(doc)] == ["spec.training.volume"]
+    assert check_manifest(doc, cluster=False) == []
+    assert parse_job(doc).spec.training.volume is None  # local run, and processes' configs
+    with pytest.raises(ManifestError, match=r"spec\.training\.volume: a cluster run needs"):
+        parse_job(doc, cluster=True)
+    f = tmp_path / "job.yaml"
+    f.write_text(yaml.safe_dump(doc))
+    assert load_job_file(f).name == "minimal"
+    doc["spec"]["training"] = {"volume": {"claimName": "o", "mountPath": "/out"}}
+    assert [str(p) for p in check_manifest(doc)] == [
+        "spec.training.outputDir: must be training.volume.mountPath or a folder under it (the "
+        'rest of a pod\'s filesystem is read-only) (got "/workspace/output")'
+    ]
+    for ok in ("/out", "/out/", "/out/run-1"):
+        doc["spec"]["training"]["outputDir"] = ok
+        assert check_manifest(doc) == [], ok
+    doc["spec"]["training"]["outputDir"] = "/outputs"
+    assert check_manifest(doc)

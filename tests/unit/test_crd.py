@@ -79,6 +79,7 @@ def _docs():
 def _variants():
     """Boundary cases around every rule, so agreement is tested on both sides of each."""
     base = yaml.safe_load((ROOT / "examples" / "quickstart.yaml").read_text())
+    out = {k: base["spec"]["training"][k] for k in ("outputDir", "volume")}
     patches = [
         ("lora", {"rank": 1024}), ("lora", {"rank": 1025}), ("lora", {"alpha": 0.001}),
         ("lora", {"targetModules": ["q_proj", "v_proj"]}), ("lora", {"targetModules": []}),
@@ -89,8 +90,16 @@ def _variants():
         ("rollout", {"gpusPerReplica": 8, "tensorParallelSize": 4}),
         ("rollout", {"gpusPerReplica": 8, "tensorParallelSize": 3}),
         ("rollout", {"gpusPerReplica": 0, "tensorParallelSize": 1}),
-        ("training", {"promptsPerStep": 8, "miniBatchSize": 16}),
-        ("training", {"promptsPerStep": 8, "miniBatchSize": 7}),
+        ("training", {**out, "promptsPerStep": 8, "miniBatchSize": 16}),
+        ("training", {**out, "promptsPerStep": 8, "miniBatchSize": 7}),
+        ("training", {"totalSteps": 5}),  # no volume: outputs would die with the pod
+        ("training", {**out, "outputDir": "/outputs"}),
+        ("training", {**out, "outputDir": "/outputs/a/b"}),
+        ("training", {**out, "outputDir": "/outputsx"}),
+        ("training", {**out, "outputDir": "/workspace/output"}),
+        ("training", {"volume": {"claimName": "o", "mountPath": "/workspace/output"}}),
+        ("training", {"volume": {"claimName": "o", "mountPath": "/workspace/"}}),
+        ("training", {"volume": {"claimName": "o", "mountPath": "/"}}),
         ("reward", {"entrypoint": "pkg.mod:fn"}),
         ("reward", {"entrypoint": "pkg.mod:fn", "service": {"url": "http://rm:8000"}}),
         ("reward", {"function": "exact_match", "service": {}}),

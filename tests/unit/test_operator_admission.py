@@ -46,6 +46,23 @@ def test_the_same_problems_as_lorarl_validate() -> None:
     assert manifest_problems(with_status) == []
 
 
+def test_the_webhook_and_the_operator_hold_a_job_to_the_cluster_rules() -> None:
+    """A job whose outputs would land on the read-only root is refused at apply time and, with
+    the webhook off, failed by the operator with the same words."""
+    import pytest
+
+    from lorarl.api.validation import ManifestError
+    from lorarl.operator.reconciler import job_from_body
+
+    doc = copy.deepcopy(JOB)
+    del doc["spec"]["training"]["volume"]
+    problems = [str(p) for p in manifest_problems(doc)]
+    assert len(problems) == 1 and problems[0].startswith("spec.training.volume: a cluster run")
+    with pytest.raises(ManifestError) as exc:
+        job_from_body(doc)
+    assert [str(p) for p in exc.value.problems] == problems
+
+
 def test_changed_paths_name_leaves() -> None:
     assert changed_paths({"a": {"b": 1, "c": [1]}}, {"a": {"b": 2, "c": [1, 2]}}, "spec") == [
         "spec.a.b",

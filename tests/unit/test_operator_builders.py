@@ -124,6 +124,25 @@ def test_pods_are_hardened_and_addressable() -> None:
     )
 
 
+def _writable_roots(container: dict[str, Any]) -> list[str]:
+    return [m["mountPath"] for m in container["volumeMounts"] if not m.get("readOnly")]
+
+
+def test_the_trainer_writes_its_outputs_to_a_writable_claim_that_outlives_the_pod() -> None:
+    """The root filesystem is read-only: outputDir must be on a read-write PVC mount."""
+    j, p = job()
+    spec = builders.pod(p, j, "trainer", 0)["spec"]
+    out = j.spec.training.output_dir
+    mounts = [
+        m
+        for m in spec["containers"][0]["volumeMounts"]
+        if out == m["mountPath"] or out.startswith(m["mountPath"].rstrip("/") + "/")
+    ]
+    assert len(mounts) == 1 and not mounts[0].get("readOnly"), mounts
+    volume = next(v for v in spec["volumes"] if v["name"] == mounts[0]["name"])
+    assert volume == {"name": "output", "persistentVolumeClaim": {"claimName": "lorarl-outputs"}}
+
+
 def test_env_is_rendered_then_user_env_verbatim() -> None:
     secret_ref = {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}}
     j, p = job(trainer={"env": [{"name": "LOG", "value": "debug"}, secret_ref]})

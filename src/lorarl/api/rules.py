@@ -4,6 +4,10 @@ Each rule carries a CEL expression (rendered into the CRD as `x-kubernetes-valid
 server enforces it) and an equivalent Python predicate (enforced by the pydantic models, so
 `lorarl validate` and the operator's webhook reject the same manifests with the same words). A test
 evaluates every CEL rule with a real CEL engine against the examples and checks both sides agree.
+
+A `cluster` rule holds only for jobs that run as pods (the CRD is only ever a cluster's): Python
+enforces it when validation runs with the context `{"cluster": True}` (`CLUSTER`), so
+`lorarl run --local` and the processes reading a rendered config are not held to it.
 """
 
 from __future__ import annotations
@@ -12,8 +16,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import model_validator
+from pydantic import ValidationInfo, model_validator
 from pydantic_core import PydanticCustomError
+
+CLUSTER = {"cluster": True}  # validation context of a job that runs as pods
+
+
+def in_cluster(info: ValidationInfo | None) -> bool:
+    return bool(info is not None and isinstance(info.context, dict) and info.context.get("cluster"))
 
 
 @dataclass(frozen=True)
@@ -22,6 +32,7 @@ class Rule:
     message: str
     check: Callable[[Any], bool]
     field: str | None = None  # the field the error is reported on, relative to the object
+    cluster: bool = False  # enforced only for jobs that run as pods (see the module docstring)
 
     def to_crd(self) -> dict[str, str]:
         out = {"rule": self.cel, "message": self.message}
@@ -38,8 +49,11 @@ def rules_schema_extra(*rules: Rule) -> dict[str, Any]:
 def enforce(*rules: Rule):
     """A model validator that raises on the first violated rule, reporting its field and value."""
 
-    def _check(self):
+    def _check(self, info: ValidationInfo):
+        cluster = in_cluster(info)
         for rule in rules:
+            if rule.cluster and not cluster:
+                continue
             if not rule.check(self):
                 value = _field_value(self, rule.field)
                 raise PydanticCustomError(

@@ -307,10 +307,13 @@ class TrainingSpec(ApiModel):
     output_dir: str = Field(
         default="/workspace/output",
         min_length=1,
-        description="Where checkpoints and the final adapter are written.",
+        description="Where checkpoints and the final adapter are written: in a cluster, "
+        "training.volume's mountPath or a folder under it (a local run uses its run directory).",
     )
     volume: VolumeClaim | None = Field(
-        default=None, description="PersistentVolumeClaim for outputDir (survives restarts)."
+        default=None,
+        description="PersistentVolumeClaim holding outputDir, mounted read-write on the trainer "
+        "pods (required in a cluster: outputs must survive the pods).",
     )
     seed: int = Field(default=42, ge=0, description="Seed for sampling and initialization.")
     off_policy_steps: int = Field(
@@ -477,14 +480,43 @@ _SERVICE_REWARD_RULE = Rule(
 )
 
 
+def _output_on_volume(t: TrainingSpec) -> bool:
+    if t.volume is None:
+        return True  # the rule above reports it
+    root = t.volume.mount_path.rstrip("/") + "/"
+    return t.output_dir == t.volume.mount_path or t.output_dir.startswith(root)
+
+
+# A pod's root filesystem is read-only and dies with the pod: checkpoints and the adapter need a
+# claim that outlives it (a restarted trainer group resumes from it; the adapter is the product).
+_OUTPUT_VOLUME_RULE = Rule(
+    cel="has(self.training) && has(self.training.volume)",
+    message="a cluster run needs a PersistentVolumeClaim for outputDir (checkpoints and the "
+    "adapter must outlive the pods); `lorarl run --local` writes under its run directory instead",
+    check=lambda m: m.training.volume is not None,
+    field="training.volume",
+    cluster=True,
+)
+_OUTPUT_ON_VOLUME_RULE = Rule(
+    cel="!has(self.training) || !has(self.training.volume) || "
+    "self.training.outputDir == self.training.volume.mountPath || "
+    "self.training.outputDir.startsWith(self.training.volume.mountPath.endsWith('/') ? "
+    "self.training.volume.mountPath : self.training.volume.mountPath + '/')",
+    message="must be training.volume.mountPath or a folder under it (the rest of a pod's "
+    "filesystem is read-only)",
+    check=lambda m: _output_on_volume(m.training),
+    field="training.outputDir",
+    cluster=True,
+)
+_SPEC_RULES = (_MINI_BATCH_RULE, _SERVICE_REWARD_RULE, _OUTPUT_VOLUME_RULE, _OUTPUT_ON_VOLUME_RULE)
+
+
 def _default_reward() -> RewardSpec:
     return RewardSpec(function="math_answer")
 
 
 class LoRARLJobSpec(ApiModel):
-    model_config = ConfigDict(
-        json_schema_extra=rules_schema_extra(_MINI_BATCH_RULE, _SERVICE_REWARD_RULE)
-    )
+    model_config = ConfigDict(json_schema_extra=rules_schema_extra(*_SPEC_RULES))
 
     model: ModelSpec = Field(description="Base model.")
     lora: LoraSpec = Field(default_factory=LoraSpec, description="LoRA adapter settings.")
@@ -504,4 +536,4 @@ class LoRARLJobSpec(ApiModel):
         default_factory=SchedulingSpec, description="Queueing and gang scheduling."
     )
 
-    _rules = enforce(_MINI_BATCH_RULE, _SERVICE_REWARD_RULE)
+    _rules = enforce(*_SPEC_RULES)

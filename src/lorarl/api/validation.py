@@ -15,6 +15,7 @@ import yaml
 from pydantic import ValidationError
 
 from lorarl.api.job import LoRARLJob
+from lorarl.api.rules import CLUSTER
 
 
 @dataclass(frozen=True)
@@ -37,12 +38,13 @@ class ManifestResult:
         return not self.problems
 
 
-def parse_job(doc: Any) -> LoRARLJob:
-    """Validate one manifest; raises ManifestError listing every problem."""
-    problems = check_manifest(doc)
+def parse_job(doc: Any, *, cluster: bool = False) -> LoRARLJob:
+    """Validate one manifest; raises ManifestError listing every problem. `cluster` adds the
+    rules of jobs that run as pods (what the webhook and the operator enforce)."""
+    problems = check_manifest(doc, cluster=cluster)
     if problems:
         raise ManifestError(problems)
-    return LoRARLJob.model_validate(doc)
+    return LoRARLJob.model_validate(doc, context=_context(cluster))
 
 
 class ManifestError(ValueError):
@@ -51,11 +53,16 @@ class ManifestError(ValueError):
         super().__init__("; ".join(str(p) for p in problems))
 
 
-def check_manifest(doc: Any) -> list[Problem]:
+def _context(cluster: bool) -> dict[str, bool] | None:
+    return CLUSTER if cluster else None
+
+
+def check_manifest(doc: Any, *, cluster: bool = True) -> list[Problem]:
+    """What the cluster (CRD, webhook) says about a manifest; `cluster=False` for a local run."""
     if not isinstance(doc, dict):
         return [Problem("", f"a manifest must be a mapping (got {_show(doc)})")]
     try:
-        LoRARLJob.model_validate(doc)
+        LoRARLJob.model_validate(doc, context=_context(cluster))
     except ValidationError as exc:
         return [_problem(err) for err in exc.errors(include_url=False)]
     return []
@@ -82,15 +89,15 @@ def load_documents(path: str | Path) -> list[tuple[str, Any]]:
     return [(f"{path}[{i}]", d) for i, d in enumerate(docs)]
 
 
-def validate_file(path: str | Path) -> list[ManifestResult]:
+def validate_file(path: str | Path, *, cluster: bool = True) -> list[ManifestResult]:
     try:
         docs = load_documents(path)
     except ManifestError as exc:
         return [ManifestResult(str(path), None, exc.problems)]
     results = []
     for source, doc in docs:
-        problems = check_manifest(doc)
-        job = None if problems else LoRARLJob.model_validate(doc)
+        problems = check_manifest(doc, cluster=cluster)
+        job = None if problems else LoRARLJob.model_validate(doc, context=_context(cluster))
         results.append(ManifestResult(source, job, problems))
     return results
 
@@ -157,7 +164,8 @@ def _show(value: Any) -> str:
 
 
 def load_job_file(path: str | Path) -> LoRARLJob:
-    """The one job in a rendered config file (what every process of a job reads at start)."""
+    """The one job in a rendered config file (what every process of a job reads at start). The
+    cluster rules were checked where the job was admitted; a local run's config has no volume."""
     docs = load_documents(path)
     if len(docs) != 1:
         raise ManifestError([Problem("", f"{path}: expected one job, found {len(docs)}")])

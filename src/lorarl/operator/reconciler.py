@@ -90,7 +90,8 @@ def job_from_body(body: Mapping[str, Any]) -> LoRARLJob:
                 "labels": dict(meta.get("labels") or {}),
             },
             "spec": plain(body.get("spec") or {}),
-        }
+        },
+        cluster=True,
     )
 
 
