@@ -71,11 +71,15 @@ def main() -> None:
 @main.command()
 @click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False))
 @click.option("-q", "--quiet", is_flag=True, help="Print problems only.")
-def validate(files: tuple[str, ...], quiet: bool) -> None:
-    """Check LoRARLJob manifests; exit 1 if any has a problem."""
+@click.option(
+    "--local", is_flag=True, help="For `lorarl run --local` (no cluster-only rules, e.g. volumes)."
+)
+def validate(files: tuple[str, ...], quiet: bool, local: bool) -> None:
+    """Check LoRARLJob manifests as the cluster would (or a local run, with --local); exit 1 if
+    any has a problem."""
     failed = False
     for file in files:
-        for result in validate_file(file):
+        for result in validate_file(file, cluster=not local):
             if result.ok:
                 if not quiet:
                     click.echo(f"{result.source}: ok ({result.job.name})")
@@ -196,7 +200,7 @@ def run(file, local, run_dir, status_port, engine_python, namespace, kubeconfig)
         docs = load_documents(file)
         if len(docs) != 1:
             raise click.UsageError(f"{file}: holds {len(docs)} documents; run takes one job")
-        job = parse_job(docs[0][1])
+        job = parse_job(docs[0][1], cluster=not local)
     except ManifestError as exc:
         _fail(file, exc)
     _plan_or_die(file, job)  # the rules only the plan checks fail here, before anything starts

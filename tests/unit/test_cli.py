@@ -41,6 +41,17 @@ def test_validate_bad_examples_prints_each_expected_message():
         assert f"{path}: " in r.stderr and expected in r.stderr, path.name
 
 
+def test_validate_holds_manifests_to_the_cluster_rules_unless_local(tmp_path: Path):
+    doc = yaml.safe_load(QUICKSTART.read_text())
+    del doc["spec"]["training"]["volume"]
+    f = tmp_path / "job.yaml"
+    f.write_text(yaml.safe_dump(doc))
+    r = CliRunner().invoke(main, ["validate", str(f)])
+    assert r.exit_code == 1 and "spec.training.volume: a cluster run needs" in r.output
+    r = CliRunner().invoke(main, ["validate", "--local", str(f)])
+    assert r.exit_code == 0 and ": ok (quickstart)" in r.output
+
+
 def test_validate_one_bad_among_good_fails():
     r = lorarl("validate", "examples/quickstart.yaml", "examples/bad/rank-zero.yaml")
     assert r.returncode == 1
