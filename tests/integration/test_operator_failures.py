@@ -91,7 +91,11 @@ def test_trainer_failure_restarts_the_group_until_backoff_limit(shared: Cluster)
     assert "tf-trainer-0 failed (Error, exit code 1): loss is NaN" in failed["message"]
     assert "backoffLimit (1) reached after 1 restarts" in failed["message"]
     assert status["restarts"] == 1 and status["completionTime"]
-    wait_for(lambda: shared.pods("tf") == {}, what="pods cleaned (cleanPodPolicy All)")
+    # The default cleanPodPolicy (Running) stops the running pods and keeps the failed one.
+    wait_for(
+        lambda: set(shared.pods("tf")) == {"tf-trainer-0"},
+        what="running pods cleaned, the failed trainer kept for `kubectl logs`",
+    )
     shared.wait_event(
         "tf",
         "TrainerRestart",

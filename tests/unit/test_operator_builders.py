@@ -183,6 +183,22 @@ def test_rollout_pod_shares_memory_volume_between_engine_and_sidecar() -> None:
     ]
 
 
+def test_every_pod_has_a_memory_backed_dev_shm_and_logs_as_termination_message() -> None:
+    """NCCL, DataLoader workers, vLLM and Ray need more than the runtime's 64 MiB /dev/shm; a
+    failed container's last log lines are its termination message (what `Failed` shows)."""
+    j, p = job(reward={"function": "exact_match", "service": {}})
+    roles = {role.role: len(role.replicas) for role in p.roles}
+    assert roles == {"trainer": 1, "rollout": 2, "reward": 1}
+    for role, count in roles.items():
+        for i in range(count):
+            spec = builders.pod(p, j, role, i)["spec"]
+            volumes = {v["name"]: v for v in spec["volumes"]}
+            assert volumes["shm"] == {"name": "shm", "emptyDir": {"medium": "Memory"}}, role
+            for c in spec["containers"]:
+                assert {"name": "shm", "mountPath": "/dev/shm"} in c["volumeMounts"], role
+                assert c["terminationMessagePolicy"] == "FallbackToLogsOnError", role
+
+
 def test_engines_get_the_key_by_reference_never_by_value() -> None:
     """vLLM reads VLLM_API_KEY, SGLang takes --api-key: both as `$(VAR)` the kubelet expands."""
     j, p = job()

@@ -168,7 +168,11 @@ def test_backoff_limit_fails_with_the_pods_reason_and_message() -> None:
         "137): out of memory; backoffLimit (2) reached after 2 restarts"
     )
     assert d.status.completion_time == rfc3339(T0)
-    assert set(d.delete) == {p.name for p in pods}  # cleanPodPolicy All
+    # the default cleanPodPolicy (Running) keeps the failed pod for `kubectl logs`
+    assert d.delete == ["quickstart-rollout-0", "quickstart-rollout-1"]
+    assert observe(pods, status=status, backoffLimit=2, cleanPodPolicy="All").delete == [
+        p.name for p in pods
+    ]
     assert [e.type for e in d.events if e.reason == "Failed"] == ["Warning"]
     odd = [pod("trainer", 0, "Failed", reason="exit status 1 (weird)")]
     assert cond(observe(odd, backoffLimit=0).status, "Failed").reason == "TrainerFailed"

@@ -441,7 +441,10 @@ class RunPolicy(ApiModel):
         default=None, ge=0, description="Delete the finished job after this long."
     )
     clean_pod_policy: Literal["All", "Running", "None"] = Field(
-        default="All", description="Pods to delete when the job finishes."
+        default="Running",
+        description="Pods to delete when the job finishes: Running (default) stops the pods "
+        "still running and keeps finished ones for `kubectl logs`; All deletes every pod; None "
+        "keeps them all.",
     )
     suspend: bool = Field(
         default=False, description="Delete the pods but keep checkpoints (Kueue sets this)."

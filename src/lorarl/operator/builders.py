@@ -245,6 +245,9 @@ def _container(plan: JobPlan, c: ContainerPlan) -> Obj:
             for m in c.mounts
         ]
         + [{"name": "tmp", "mountPath": TMP_DIR}],
+        # A failed container's last log lines become its termination message, so the pod
+        # status, the job's Failed condition and the restart Event say why it failed.
+        "terminationMessagePolicy": "FallbackToLogsOnError",
         "securityContext": {
             "allowPrivilegeEscalation": False,
             "readOnlyRootFilesystem": True,

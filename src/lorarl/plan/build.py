@@ -231,7 +231,10 @@ def _reward_role(job, addressing, common):
         env=dict(common),
         ports={"reward": port},
         resources=service.resources,
-        mounts=[MountPlan(volume="config", path=_config_dir(common), read_only=True)],
+        mounts=[
+            MountPlan(volume="config", path=_config_dir(common), read_only=True),
+            MountPlan(volume="shm", path=SHM_DIR),
+        ],
     )
     replica = ReplicaPlan(
         role="reward",
@@ -241,7 +244,10 @@ def _reward_role(job, addressing, common):
         containers=[container],
     )
     return RolePlan(
-        role="reward", replicas=[replica], volumes=[_config_volume(name)], gpus_per_replica=0
+        role="reward",
+        replicas=[replica],
+        volumes=[_config_volume(name), VolumePlan(name="shm", kind="memory")],
+        gpus_per_replica=0,
     )
 
 
@@ -289,8 +295,9 @@ def _volumes(job: LoRARLJob, role: str) -> list[VolumePlan]:
         VolumePlan(name=n, kind="pvc", source=c.claim_name, read_only=ro or c.read_only)
         for n, c, ro in _claims(job.spec, role)
     ]
-    if role == "rollout":
-        vols.append(VolumePlan(name="shm", kind="memory"))
+    # Every role: NCCL, DataLoader workers, vLLM and Ray's object store need more than the
+    # container runtime's 64 MiB /dev/shm.
+    vols.append(VolumePlan(name="shm", kind="memory"))
     return vols
 
 
@@ -300,6 +307,5 @@ def _mounts(spec: LoRARLJobSpec, role: str, config_dir: str) -> list[MountPlan]:
         MountPlan(volume=n, path=c.mount_path, read_only=ro or c.read_only)
         for n, c, ro in _claims(spec, role)
     ]
-    if role == "rollout":
-        mounts.append(MountPlan(volume="shm", path=SHM_DIR))
+    mounts.append(MountPlan(volume="shm", path=SHM_DIR))
     return mounts
