@@ -30,7 +30,7 @@ def test_single_node_single_gpu():
     env = env_of(p, "trainer", 0)
     assert (env["WORLD_SIZE"], env["NODE_RANK"], env["NPROC_PER_NODE"]) == ("1", "0", "1")
     assert env["MASTER_ADDR"] == "job-trainer-0.job"
-    assert p.sync.backend == "nccl"
+    assert p.sync.backend == "gloo"  # the sidecar has no GPU: see test_sync_backend_...
     trainer = p.role("trainer").replicas[0].containers[0]
     assert trainer.resources.limits["nvidia.com/gpu"] == 1
 
@@ -64,6 +64,27 @@ def test_n_rollout_replicas_join_the_sync_group(n):
     for r in rollouts:
         assert [c.name for c in r.containers] == ["engine", "sidecar"]
         assert r.containers[1].env["LORARL_SYNC_ADDR"] == "job-trainer-0.job"
+
+
+@pytest.mark.parametrize(("trainer_gpus", "rollout_gpus"), [(0, 0), (1, 1), (8, 2), (0, 1)])
+def test_sync_backend_is_decided_once_and_both_ends_get_it(trainer_gpus, rollout_gpus):
+    """gloo whatever the trainer runs on: the sidecar container gets no GPU, so an NCCL group
+    (which the trainer alone would pick on GPUs) could never form. Both ends read the plan's
+    choice from LORARL_SYNC_BACKEND instead of guessing from their own hardware."""
+    p = plan(
+        make(
+            trainer={"gpusPerReplica": trainer_gpus},
+            rollout={"gpusPerReplica": rollout_gpus, "engine": "vllm"},
+        )
+    )
+    assert p.sync.backend == "gloo"
+    assert env_of(p, "trainer", 0)["LORARL_SYNC_BACKEND"] == "gloo"
+    for r in p.role("rollout").replicas:
+        engine, sidecar = r.containers
+        assert sidecar.env["LORARL_SYNC_BACKEND"] == "gloo"
+        assert "nvidia.com/gpu" not in sidecar.resources.limits
+        assert "LORARL_SYNC_BACKEND" not in engine.env
+    assert "LORARL_SYNC_BACKEND" in RESERVED_ENV
 
 
 def test_cpu_job_uses_gloo_and_vllm_flags():

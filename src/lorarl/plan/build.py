@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from lorarl.api.job import LoRARLJob
 from lorarl.api.k8s import ResourceRequirements, VolumeClaim
 from lorarl.api.spec import RESERVED_ENV, LoRARLJobSpec
@@ -48,7 +50,7 @@ def plan(
         address=trainer0,
         port=addressing.port("trainer", 0, "sync"),
         world_size=1 + spec.rollout.replicas,
-        backend="nccl" if spec.trainer.gpus_per_replica > 0 else "gloo",
+        backend=sync_backend(spec),
         mode=spec.rollout.sync_mode,
     )
     rollout_hosts = [(addressing.host(name, "rollout", i), i) for i in range(spec.rollout.replicas)]
@@ -64,6 +66,7 @@ def plan(
         "LORARL_SYNC_ADDR": sync.address,
         "LORARL_SYNC_PORT": str(sync.port),
         "LORARL_SYNC_WORLD_SIZE": str(sync.world_size),
+        "LORARL_SYNC_BACKEND": sync.backend,  # both ends use the plan's choice, never their own
     }
     roles = [
         _trainer_role(job, addressing, common, sync_env, engine_urls, sidecar_urls, reward_url),
@@ -81,6 +84,19 @@ def plan(
         roles=roles,
         config=job.model_dump(mode="json", by_alias=True, exclude_none=True, exclude={"status"}),
     )
+
+
+def sync_backend(spec: LoRARLJobSpec) -> Literal["gloo"]:
+    """The weight-sync group's backend: gloo, staged through host memory, whatever the trainer
+    runs on. Correct by construction: the sidecar has no GPU (the engine container holds the
+    pod's GPUs; one more per sidecar would idle a whole device per replica), and what it does
+    with the tensors is host work anyway (an fp32 merge into host copies of the base weights,
+    then HTTP or shared-memory files to the engine). The cost is on the trainer: one
+    device-to-host copy of the LoRA tensors and a TCP broadcast, e.g. ~160 MB for a 7B model at
+    r=32 in bf16: ~20 ms of copy and ~0.15 s at 1 GB/s (gloo measured 4.4 GB/s between local
+    processes), against RL steps of tens of seconds."""
+    del spec  # one answer today; the signature keeps the choice in one place
+    return "gloo"
 
 
 def _check_user_env(spec: LoRARLJobSpec) -> None:

@@ -204,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
         print("lorarl-sidecar: error: --config (or LORARL_CONFIG) is required", file=sys.stderr)
         return 2
     from lorarl.api.validation import ManifestError, load_job_file
-    from lorarl.sync.transport import SyncReceiver
+    from lorarl.sync.transport import SyncReceiver, backend_from_env
 
     try:
         job = load_job_file(args.config)
@@ -229,6 +229,7 @@ def main(argv: list[str] | None = None) -> int:
         int(env["LORARL_SYNC_PORT"]),
         rank=int(env["LORARL_SYNC_RANK"]),
         world_size=int(env["LORARL_SYNC_WORLD_SIZE"]),
+        backend=backend_from_env(env),  # the plan's choice: the trainer uses the same
         timeout=float(env.get("LORARL_SYNC_TIMEOUT", "600")),
     )
     sidecar = Sidecar(applier, receiver, engine)

@@ -28,6 +28,7 @@ import contextlib
 import json
 import struct
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, NamedTuple
@@ -87,11 +88,26 @@ class _GroupState:
     pg: Any = None
 
 
-def default_backend() -> str:
-    return "nccl" if torch.cuda.is_available() else "gloo"
+BACKENDS = ("gloo", "nccl")
+BACKEND_ENV = "LORARL_SYNC_BACKEND"
 
 
-def _device_for(backend: str, device: torch.device | str | None) -> torch.device:
+def backend_from_env(env: Mapping[str, str]) -> str:
+    """The backend the plan chose for this job's sync group (`LORARL_SYNC_BACKEND`). Both ends
+    of one group must agree, so it is never guessed from the local hardware: a sidecar without a
+    GPU next to a trainer with one would pick differently."""
+    backend = env.get(BACKEND_ENV)
+    if backend not in BACKENDS:
+        raise SyncError(f"{BACKEND_ENV} must be one of {', '.join(BACKENDS)} (got {backend!r})")
+    return backend
+
+
+def device_for(backend: str, device: torch.device | str | None = None) -> torch.device:
+    """Where the group's buffers live: gloo moves CPU tensors, NCCL only CUDA tensors (an NCCL
+    group rejects a CPU tensor). With gloo the trainer's CUDA tensors are staged through host
+    memory when they are packed."""
+    if backend not in BACKENDS:
+        raise SyncError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
     if device is not None:
         return torch.device(device)
     if backend == "nccl":
@@ -162,7 +178,7 @@ class _Endpoint:
         self.ctl = dist.PrefixStore(f"{STORE_PREFIX}/ctl", store)
         self.rank, self.world_size, self.backend = rank, world_size, backend
         self.timeout = timedelta(seconds=timeout)
-        self.device = _device_for(backend, device)
+        self.device = device_for(backend, device)
         self.group = _GroupState()
 
     def form(self, generation: int) -> None:
@@ -202,12 +218,12 @@ class SyncSender:
         host: str,
         port: int,
         world_size: int,
-        backend: str | None = None,
+        backend: str,
         timeout: float = 120.0,
         device: torch.device | str | None = None,
         bucket_bytes: int = DEFAULT_BUCKET_BYTES,
     ):
-        backend = backend or default_backend()
+        device_for(backend, device or "cpu")  # a bad backend fails before the store binds
         store = dist.TCPStore(
             host, port, None, True, timedelta(seconds=timeout), wait_for_workers=False
         )
@@ -305,14 +321,14 @@ class SyncReceiver:
         port: int,
         rank: int,
         world_size: int,
-        backend: str | None = None,
+        backend: str,
         timeout: float = 120.0,
         device: torch.device | str | None = None,
         poll_interval: float = 0.05,
     ):
         if rank == 0:
             raise ValueError("rank 0 is the sender; receivers are ranks 1..world_size-1")
-        backend = backend or default_backend()
+        device_for(backend, device or "cpu")
         try:
             store = dist.TCPStore(host, port, None, False, timedelta(seconds=timeout))
         except RuntimeError as exc:

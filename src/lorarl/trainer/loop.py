@@ -169,10 +169,14 @@ class Trainer:
         if ep.progress_port is not None:
             self.server = ProgressServer(self.tracker, ep.progress_port).start()
         if ep.sync_world_size > 1:
-            if ep.sync_addr is None or ep.sync_port is None:
-                raise ConfigError("LORARL_SYNC_ADDR/LORARL_SYNC_PORT are required with sidecars")
+            if ep.sync_addr is None or ep.sync_port is None or ep.sync_backend is None:
+                raise ConfigError(
+                    "LORARL_SYNC_ADDR/LORARL_SYNC_PORT/LORARL_SYNC_BACKEND are required with "
+                    "sidecars"
+                )
             self.publisher = WeightPublisher(
                 ep.sync_addr, ep.sync_port, ep.sync_world_size, spec.rollout.sync_mode,
+                backend=ep.sync_backend,
             )  # fmt: skip
         s = spec.rollout.sampling
         eos = self.tokenizer.eos_token_id

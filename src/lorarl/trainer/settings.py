@@ -23,6 +23,7 @@ class Endpoints:
     sync_addr: str | None = None
     sync_port: int | None = None
     sync_world_size: int = 1
+    sync_backend: str | None = None  # the plan's choice (the sidecars use the same)
     reward: str | None = None
     progress_port: int | None = None
     engine_api_key: str | None = None
@@ -42,6 +43,7 @@ class Endpoints:
             sync_addr=env.get("LORARL_SYNC_ADDR"),
             sync_port=int(port) if port else None,
             sync_world_size=int(env.get("LORARL_SYNC_WORLD_SIZE", "1")),
+            sync_backend=env.get("LORARL_SYNC_BACKEND") or None,
             reward=env.get("LORARL_REWARD_ENDPOINT"),
             progress_port=int(progress) if progress else None,
             engine_api_key=env.get(ENGINE_API_KEY_ENV) or None,

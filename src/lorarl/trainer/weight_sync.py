@@ -32,7 +32,7 @@ class WeightPublisher:
         port: int,
         world_size: int,
         mode: str,
-        backend: str | None = None,
+        backend: str,
         timeout_s: float = 600.0,
     ):
         self.mode = mode
