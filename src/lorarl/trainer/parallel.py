@@ -1,6 +1,7 @@
 """Process group setup and FSDP2 sharding of a PEFT model.
 
-The same code runs under torchrun on GPUs (nccl) and on CPU (gloo), and as a single plain process
+The same code runs under torchrun on GPUs (NCCL for CUDA tensors, gloo for CPU ones) and on CPU
+(gloo), and as a single plain process
 (no process group at all) so unit tests and tiny local runs need no launcher.
 """
 
@@ -49,6 +50,20 @@ def _env_int(env: dict[str, str], name: str) -> int:
         ) from None
 
 
+# Two backends in one group: NCCL for CUDA tensors (FSDP's collectives), gloo for CPU tensors
+# (the loop's token counts and metrics, object collectives, barriers). An NCCL-only group rejects
+# a CPU tensor: "No backend type associated with device type cpu".
+GPU_BACKEND = "cpu:gloo,cuda:nccl"
+CPU_BACKEND = "gloo"
+
+
+def placement(cuda: bool, local_rank: int) -> tuple[torch.device, str]:
+    """(this rank's device, the process group's backend string): pure, so it is unit-tested."""
+    if cuda:
+        return torch.device("cuda", local_rank), GPU_BACKEND
+    return torch.device("cpu"), CPU_BACKEND
+
+
 def init_distributed(env: dict[str, str] | None = None) -> DistContext:
     """Join the torchrun process group, or fall back to one plain process when torchrun is absent.
 
@@ -73,12 +88,9 @@ def init_distributed(env: dict[str, str] | None = None) -> DistContext:
     local_rank = _env_int(env, "LOCAL_RANK")
     if not 0 <= rank < world:
         raise ValueError(f"RANK must be in [0, WORLD_SIZE={world}), got {rank}")
-    backend = "nccl" if cuda else "gloo"
+    device, backend = placement(cuda, local_rank)
     if cuda:
-        device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
-    else:
-        device = torch.device("cpu")
     if not dist.is_initialized():
         dist.init_process_group(backend=backend, rank=rank, world_size=world)
     return DistContext(rank, world, local_rank, device, backend)
