@@ -119,3 +119,36 @@ def test_off_policy_ratio_is_against_the_engines_logprobs(policy):
     stale_metrics, stale_grads = _update(policy, tensors, behavior_from_rollout=True)
     assert stale_metrics["clip_frac"] > 0.3
     assert any(not torch.allclose(stale_grads[n], on_grads[n]) for n in on_grads)
+
+
+def _dropout_policy(dropout: float):
+    from lorarl.trainer.model import LoraSettings, apply_lora
+
+    torch.manual_seed(0)
+    base = AutoModelForCausalLM.from_config(tiny_config("llama", init_std=0.1))
+    model = apply_lora(base, LoraSettings(rank=8, alpha=16, dropout=dropout))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.05)
+    return model.train()  # what a caller may leave it in: dropout must stay off regardless
+
+
+@pytest.mark.parametrize("dropout", [0.05, 0.1])
+def test_lora_dropout_never_makes_the_ratio_drift_at_lr_zero(dropout):
+    """Issue 13 #1: with dropout on, old-logprob and update passes drew different masks
+    (clip_frac 0.10 / 0.17 at lr 0 here); the engine samples without dropout."""
+    model = _dropout_policy(dropout)
+    b = batch()
+    with torch.no_grad():
+        first, _ = sequence_logprobs(model, b.input_ids, b.attention_mask, b.response_mask,
+                                     micro_batch_size=6)  # fmt: skip
+        again, _ = sequence_logprobs(model, b.input_ids, b.attention_mask, b.response_mask,
+                                     micro_batch_size=6)  # fmt: skip
+    assert torch.equal(first, again)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=0.0)
+    cfg = UpdateConfig(LossConfig(), micro_batch_size=2, mini_batches=3, epochs=2)
+    metrics = update_policy(model, opt, b, cfg)
+    assert metrics["clip_frac"] == 0.0
+    # The configured value still travels with the adapter (for a later supervised fine-tune).
+    assert model.peft_config["default"].lora_dropout == dropout

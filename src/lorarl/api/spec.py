@@ -90,7 +90,14 @@ class LoraSpec(ApiModel):
     alpha: float = Field(
         default=32.0, gt=0, description="LoRA alpha; the update is scaled by alpha/r."
     )
-    dropout: float = Field(default=0.0, ge=0, lt=1, description="Dropout on the LoRA input.")
+    dropout: float = Field(
+        default=0.0,
+        ge=0,
+        lt=1,
+        description="Dropout on the LoRA input, written to the exported adapter's config for a "
+        "later supervised fine-tune. Not applied during RL: the engines sample without dropout, "
+        "so every trainer pass runs without it (as TRL and verl do).",
+    )
     target_modules: list[Annotated[str, Field(min_length=1)]] = Field(
         default_factory=lambda: ["all-linear"],
         min_length=1,

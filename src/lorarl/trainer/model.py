@@ -162,8 +162,29 @@ def check_adapter_matches(model: nn.Module, settings: LoraSettings, saved: LoraC
         )
 
 
+def disable_dropout(model: nn.Module) -> int:
+    """Set every dropout probability to 0; returns how many modules had p > 0.
+
+    RL scores the policy the engine sampled from, and the engine runs no dropout: with dropout on,
+    the old-logprob, reference and update passes each draw a different mask, so the PPO ratio is
+    not 1 even when the weights have not moved (clip_frac 0.10/0.17 at dropout 0.05/0.1, lr 0)
+    and the gradient is taken for a perturbed policy. TRL (`disable_dropout`) and verl do the
+    same. `p = 0` rather than `eval()`: it survives a later `train()` call.
+    """
+    changed = 0
+    for module in model.modules():
+        if isinstance(module, nn.Dropout) and module.p > 0:
+            module.p = 0.0
+            changed += 1
+    return changed
+
+
 def apply_lora(model: PreTrainedModel, settings: LoraSettings) -> PeftModel:
-    """Wrap the base model with a fresh or a resumed LoRA adapter; only LoRA stays trainable."""
+    """Wrap the base model with a fresh or a resumed LoRA adapter; only LoRA stays trainable.
+
+    Dropout is switched off (see `disable_dropout`); `lora.dropout` is kept in the adapter's
+    config, so a later supervised fine-tune of the exported adapter still gets it.
+    """
     if settings.adapter_path:
         saved = read_adapter_config(settings.adapter_path)
         check_adapter_matches(model, settings, saved)
@@ -176,6 +197,12 @@ def apply_lora(model: PreTrainedModel, settings: LoraSettings) -> PeftModel:
         raise RuntimeError(
             f"after applying LoRA expected only LoRA parameters to be trainable; "
             f"got {len(trainable)} trainable, non-LoRA: {stray[:3]}"
+        )
+    if disable_dropout(peft_model) and settings.dropout > 0:
+        log.warning(
+            "lora.dropout=%g is not applied during RL (the engines sample without dropout, so "
+            "every logprob pass runs without it); it is kept in the exported adapter config",
+            settings.dropout,
         )
     n_train, n_total = count_parameters(peft_model)
     log.info(
