@@ -636,5 +636,6 @@ def test_chart_version_matches_images():
     assert chart["appVersion"] == "0.1.0"
     from lorarl.plan.build import DEFAULT_IMAGES
 
-    for role in ("trainer", "rollout"):
-        assert DEFAULT_IMAGES[role] == f"ghcr.io/lorarl/{role}:{chart['appVersion']}"
+    assert set(DEFAULT_IMAGES) == {"trainer", "rollout-sglang", "rollout-vllm", "reward"}
+    for name, ref in DEFAULT_IMAGES.items():
+        assert ref == f"ghcr.io/lorarl/{name}:{chart['appVersion']}"

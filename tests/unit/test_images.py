@@ -1,4 +1,5 @@
-"""The three image Dockerfiles: multi-stage, pinned bases, non-root, and hadolint-clean.
+"""The image Dockerfiles: multi-stage, pinned bases, non-root, and hadolint-clean; one per image
+the plan names, and every one built by `make images`.
 
 The build context of every image is the repository root (`docker build -f <dir>/Dockerfile .`).
 """
@@ -15,18 +16,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILES = {
     "operator": ROOT / "operator" / "Dockerfile",
     "trainer": ROOT / "trainer_image" / "Dockerfile",
-    "rollout": ROOT / "rollout_image" / "Dockerfile",
+    "rollout-sglang": ROOT / "rollout_image" / "Dockerfile",
+    "rollout-vllm": ROOT / "rollout_image" / "vllm.Dockerfile",
+    "reward": ROOT / "reward_image" / "Dockerfile",
 }
 # What each image's default command runs (the operator/chart override it per container).
 DEFAULT_MODULE = {
     "operator": "lorarl.operator",
     "trainer": "lorarl.trainer",
-    "rollout": "lorarl.rollout.sidecar",
+    "rollout-sglang": "lorarl.rollout.sidecar",
+    "rollout-vllm": "lorarl.rollout.sidecar",
+    "reward": "lorarl.rewards.serve",
 }
 
 
@@ -141,9 +147,55 @@ def test_final_stage_runs_the_image_module_as_uid_10001(image):
     assert cmd[1:] == ["-m", DEFAULT_MODULE[image]]
 
 
-def test_rollout_image_builds_on_pinned_sglang():
-    bases = [s.base for s in stages(DOCKERFILES["rollout"].read_text())]
-    assert bases[-1].startswith("lmsysorg/sglang:v")
+@pytest.mark.parametrize(
+    ("image", "base"),
+    [("rollout-sglang", "lmsysorg/sglang:v"), ("rollout-vllm", "vllm/vllm-openai:v")],
+)
+def test_each_rollout_image_builds_on_its_pinned_engine(image, base):
+    final = stages(DOCKERFILES[image].read_text())[-1]
+    assert final.base.startswith(base)
+    # the base's own entrypoint (e.g. `vllm serve`) must not swallow the pod's command
+    entrypoints = [a for k, a in final.instructions if k == "ENTRYPOINT"]
+    assert entrypoints in ([], ["[]"])
+
+
+def test_the_plan_names_an_image_that_holds_the_pods_engine():
+    from lorarl.api.validation import parse_job
+    from lorarl.plan import plan
+    from lorarl.plan.build import DEFAULT_IMAGES
+
+    doc = yaml.safe_load((ROOT / "examples" / "quickstart.yaml").read_text())
+    doc["spec"]["reward"] = {"function": "exact_match", "service": {}}
+    for engine in ("vllm", "sglang"):
+        doc["spec"]["rollout"]["engine"] = engine
+        p = plan(parse_job(doc))
+        images = {
+            role.role: {c.image for r in role.replicas for c in r.containers} for role in p.roles
+        }
+        assert images == {
+            "trainer": {DEFAULT_IMAGES["trainer"]},
+            "rollout": {DEFAULT_IMAGES[f"rollout-{engine}"]},
+            "reward": {DEFAULT_IMAGES["reward"]},
+        }
+        final = stages(DOCKERFILES[f"rollout-{engine}"].read_text())[-1]
+        assert engine in final.base  # the engine comes with the image's base
+
+
+def make_images_targets() -> dict[str, str]:
+    """{image name: Dockerfile path} of every `docker build -f X -t REGISTRY/NAME:TAG` in the
+    Makefile's `images` target."""
+    text = (ROOT / "Makefile").read_text()
+    body = re.search(r"^images:.*?\n((?:\t.*\n?)+)", text, re.M)
+    builds = re.findall(r"-f\s+(\S+)\s+-t\s+\S+/([\w.-]+):\S+", body.group(1) if body else "")
+    return {name: dockerfile for dockerfile, name in builds}
+
+
+def test_make_images_builds_every_image_the_plan_names():
+    from lorarl.plan.build import DEFAULT_IMAGES
+
+    expected = {name: str(path.relative_to(ROOT)) for name, path in DOCKERFILES.items()}
+    assert set(DEFAULT_IMAGES) <= set(expected)
+    assert make_images_targets() == expected
 
 
 @pytest.mark.parametrize("image", sorted(DOCKERFILES))

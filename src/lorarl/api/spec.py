@@ -347,7 +347,11 @@ class FsdpSpec(ApiModel):
 
 
 class PodTemplateFields(ApiModel):
-    image: str | None = Field(default=None, description="Container image (chart default if unset).")
+    image: str | None = Field(
+        default=None,
+        description="Container image; unset: lorarl's own (for rollout pods, the image of the "
+        "chosen engine).",
+    )
     resources: ResourceRequirements = Field(
         default_factory=ResourceRequirements, description="Container resources."
     )

@@ -22,10 +22,13 @@ from lorarl.plan.model import (
 CONFIG_DIR = "/etc/lorarl"
 CONFIG_FILE = "job.yaml"
 SHM_DIR = "/dev/shm"
+IMAGE_REGISTRY = "ghcr.io/lorarl"
+IMAGE_TAG = "0.1.0"
+# One image per thing a pod runs; a rollout image holds exactly one engine (plus the sidecar).
+# `make images` builds each of these (tests/unit/test_images.py checks the Makefile agrees).
 DEFAULT_IMAGES = {
-    "trainer": "ghcr.io/lorarl/trainer:0.1.0",
-    "rollout": "ghcr.io/lorarl/rollout:0.1.0",
-    "reward": "ghcr.io/lorarl/reward:0.1.0",
+    name: f"{IMAGE_REGISTRY}/{name}:{IMAGE_TAG}"
+    for name in ("trainer", "rollout-sglang", "rollout-vllm", "reward")
 }
 GPU_RESOURCE = "nvidia.com/gpu"
 
@@ -97,6 +100,11 @@ def sync_backend(spec: LoRARLJobSpec) -> Literal["gloo"]:
     processes), against RL steps of tens of seconds."""
     del spec  # one answer today; the signature keeps the choice in one place
     return "gloo"
+
+
+def rollout_image(engine: str) -> str:
+    """The default image of a rollout pod: the one that holds its engine."""
+    return DEFAULT_IMAGES[f"rollout-{engine}"]
 
 
 def _check_user_env(spec: LoRARLJobSpec) -> None:
@@ -187,7 +195,7 @@ def _rollout_role(job, addressing, common, sync_env):
         bind = "127.0.0.1" if addressing.host(name, "rollout", i) == "127.0.0.1" else "0.0.0.0"
         engine = ContainerPlan(
             name="engine",
-            image=r.image or DEFAULT_IMAGES["rollout"],
+            image=r.image or rollout_image(r.engine),
             command=engine_command(spec, spec.model.path, bind, engine_port),
             env=engine_env(spec),
             user_env=r.env,
@@ -197,7 +205,7 @@ def _rollout_role(job, addressing, common, sync_env):
         )
         sidecar = ContainerPlan(
             name="sidecar",
-            image=r.image or DEFAULT_IMAGES["rollout"],
+            image=r.image or rollout_image(r.engine),
             command=["python", "-m", "lorarl.rollout.sidecar", "--config", common["LORARL_CONFIG"]],
             env={
                 **common,
