@@ -226,12 +226,73 @@ def test_suspend_then_resume() -> None:
     later = T0 + dt.timedelta(hours=1)
     resumed = observe([], status=d.status, now=later)
     assert resumed.create == [("trainer", 0), ("rollout", 0), ("rollout", 1)]
-    assert (resumed.status.phase, resumed.status.start_time) == ("Pending", rfc3339(later))
+    assert (resumed.status.phase, resumed.status.start_time) == ("Pending", rfc3339(T0))
+    assert (resumed.status.active_since, resumed.status.active_seconds) == (rfc3339(later), 0)
     assert (cond(resumed.status, "Suspended").status, cond(resumed.status, "Suspended").reason) == (
         "False",
         "Resumed",
     )
     assert resumed.status.restarts == 0
+
+
+def test_the_deadline_clock_stops_while_suspended_and_keeps_what_it_counted() -> None:
+    deadline = {"activeDeadlineSeconds": 60}
+    ran = observe(ALL_RUNNING, **deadline).status  # admitted at T0
+    at = T0 + dt.timedelta(seconds=50)
+    paused = observe(ALL_RUNNING, status=ran, now=at, suspend=True, **deadline).status
+    assert (paused.phase, paused.active_seconds, paused.active_since) == ("Suspended", 50, None)
+    # Suspended for two hours: far past the deadline on the wall clock, but no running time.
+    back = at + dt.timedelta(hours=2)
+    resumed = observe([], status=paused, now=back, **deadline)
+    assert resumed.status.phase == "Pending" and resumed.create
+    st = resumed.status
+    assert (
+        observe(ALL_RUNNING, status=st, now=back + dt.timedelta(seconds=9), **deadline).status.phase
+        == "Running"
+    )
+    late = observe(ALL_RUNNING, status=st, now=back + dt.timedelta(seconds=10), **deadline)
+    assert (late.status.phase, cond(late.status, "Failed").reason) == (
+        "Failed",
+        "DeadlineExceeded",
+    )
+    assert (late.status.active_seconds, late.status.active_since) == (60, None)
+
+
+def test_a_job_queued_past_its_deadline_starts_its_clock_when_admitted() -> None:
+    """Kueue holds a queued job's pods with a scheduling gate: waiting is not running."""
+    policy = {"activeDeadlineSeconds": 60}
+    queued_doc = copy.deepcopy(BASE)
+    queued_doc["spec"]["runPolicy"] = policy
+    queued_doc["spec"]["scheduling"] = {"queueName": "team-q"}
+    queued_job = parse_job(queued_doc)
+
+    def at(seconds: float, pods, status):
+        return decide(
+            Observed(
+                job=queued_job,
+                generation=1,
+                status=status,
+                replicas={"trainer": 1, "rollout": 2},
+                pods=pods,
+                now=T0 + dt.timedelta(seconds=seconds),
+            )
+        )
+
+    first = at(0, [], LoRARLJobStatus())  # creates the pods; Kueue gates them
+    assert first.create and first.status.active_since is None and first.status.start_time is None
+    gated = [pod("trainer", 0, "Pending", gated=True), *(pod("rollout", i, "Pending", gated=True)
+                                                       for i in (0, 1))]  # fmt: skip
+    waiting = at(3600, gated, first.status)
+    assert waiting.status.phase == "Pending" and waiting.status.active_since is None
+    admitted = at(7200, ALL_RUNNING, waiting.status)
+    assert admitted.status.phase == "Running"
+    assert (
+        admitted.status.start_time
+        == admitted.status.active_since
+        == rfc3339(T0 + dt.timedelta(seconds=7200))
+    )
+    assert at(7259, ALL_RUNNING, admitted.status).status.phase == "Running"
+    assert at(7260, ALL_RUNNING, admitted.status).status.phase == "Failed"
 
 
 def test_scaling_adds_and_removes_rollout_pods() -> None:

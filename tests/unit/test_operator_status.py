@@ -38,6 +38,9 @@ def test_pod_view_reads_labels_phase_and_deletion() -> None:
     bad = {**LABELS, "lorarl.dev/replica-index": "one"}
     assert pod_view({"metadata": {"name": "x", "labels": bad}}) is None
     assert pod_view({"metadata": {"name": "x", "labels": LABELS}}).phase == "Pending"
+    assert pod_view({"metadata": {"name": "x", "labels": LABELS}}).gated is False
+    gate = {"schedulingGates": [{"name": "kueue.x-k8s.io/admission"}]}
+    assert pod_view({"metadata": {"name": "x", "labels": LABELS}, "spec": gate}).gated is True
 
 
 def test_termination_prefers_the_failed_container() -> None:

@@ -70,7 +70,20 @@ class LoRARLJobStatus(ApiModel):
     last_sync: SyncStatus | None = Field(default=None, description="Latest weight sync.")
     checkpoint: CheckpointStatus | None = Field(default=None, description="Newest checkpoint.")
     restarts: int = Field(default=0, ge=0, description="Trainer group restarts so far.")
-    start_time: str | None = Field(default=None, description="When the job started.")
+    start_time: str | None = Field(
+        default=None, description="When the job was first admitted (not suspended or queued)."
+    )
+    active_seconds: int = Field(
+        default=0,
+        ge=0,
+        description="Seconds the job was admitted and not suspended, up to activeSince: what "
+        "runPolicy.activeDeadlineSeconds is measured against (with the current stretch).",
+    )
+    active_since: str | None = Field(
+        default=None,
+        description="Start of the current admitted, unsuspended stretch (unset while the job "
+        "is suspended, queued or finished).",
+    )
     completion_time: str | None = Field(default=None, description="When the job finished.")
     adapter_path: str | None = Field(default=None, description="The trained adapter (output).")
     rollout_replicas: int | None = Field(

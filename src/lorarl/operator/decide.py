@@ -118,7 +118,23 @@ class _Pass:
         elif policy == "Running" or stop_running:
             self.delete([p for p in self.live if p.phase not in FINISHED_POD])
 
+    def active_seconds(self) -> float:
+        """Time admitted and not suspended: the closed stretches plus the open one."""
+        since = parse_time(self.st.active_since)
+        open_stretch = (self.obs.now - since).total_seconds() if since else 0.0
+        return self.st.active_seconds + max(open_stretch, 0.0)
+
+    def clock(self, running: bool) -> None:
+        """Start or stop the deadline clock; a stopped clock keeps what it counted."""
+        if running and self.st.active_since is None:
+            self.st.active_since = self.now
+            self.st.start_time = self.st.start_time or self.now
+        elif not running and self.st.active_since is not None:
+            self.st.active_seconds = int(self.active_seconds())
+            self.st.active_since = None
+
     def finish(self, phase: str, reason: str, message: str, *, stop_running: bool = False) -> None:
+        self.clock(False)
         self.st.completion_time = self.st.completion_time or self.now
         self.cond(phase, True, reason, message)
         self.cond("Running", False, phase, message)
@@ -154,6 +170,7 @@ def decide(obs: Observed) -> Decision:
         )
 
     if spec.run_policy.suspend:
+        p.clock(False)
         p.delete(p.live)
         message = "spec.runPolicy.suspend is true: pods deleted, checkpoints kept"
         p.cond("Suspended", True, "Suspended", message)
@@ -167,12 +184,11 @@ def decide(obs: Observed) -> Decision:
     if st.phase == "Suspended":
         p.cond("Suspended", False, "Resumed", "spec.runPolicy.suspend is false: pods recreated")
         p.event("Normal", "Resumed", "recreating the pods; the trainer resumes from its checkpoint")
-        st.start_time = p.now  # the deadline counts running time since the last resume
-    st.start_time = st.start_time or p.now
 
+    # The deadline counts only time admitted and not suspended: queued time is not running time.
+    p.clock(_admitted(obs, p.live))
     deadline = spec.run_policy.active_deadline_seconds
-    started = parse_time(st.start_time)
-    if deadline and started and obs.now >= started + dt.timedelta(seconds=deadline):
+    if deadline and p.active_seconds() >= deadline:
         p.finish(
             "Failed",
             "DeadlineExceeded",
@@ -281,6 +297,15 @@ def decide(obs: Observed) -> Decision:
     p.set_phase(phase, messages[phase])
     p.count_rollouts(extra=sum(r == "rollout" for r, _ in p.d.create))
     return p.d
+
+
+def _admitted(obs: Observed, live: Sequence[PodView]) -> bool:
+    """Whether the job may run now. Kueue admits a queued job by lifting its pods' scheduling
+    gates, so a queued job (pods not created yet, or all gated) is not admitted; a job without
+    a queue is admitted as soon as it is not suspended."""
+    if live:
+        return not all(x.gated for x in live)
+    return obs.job.spec.scheduling.queue_name is None
 
 
 def _failure_detail(pod: PodView, verb: str = "failed") -> str:

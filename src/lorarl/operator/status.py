@@ -34,6 +34,7 @@ class PodView:
     message: str = ""
     exit_code: int | None = None
     uid: str = ""
+    gated: bool = False  # held by a scheduling gate (e.g. Kueue's, until the job is admitted)
 
     @property
     def running(self) -> bool:
@@ -63,6 +64,7 @@ def pod_view(pod: Mapping[str, Any]) -> PodView | None:
         message=message or status.get("message") or "",
         exit_code=exit_code,
         uid=meta.get("uid", ""),
+        gated=bool((pod.get("spec") or {}).get("schedulingGates")),
     )
 
 
