@@ -1,0 +1,482 @@
+"""The process kubelet (tests/support/kubelet/) does what a kubelet does, or the cluster tests
+built on it would prove nothing: a read-only root, volumes, env and secret references, pod DNS
+names, NetworkPolicy enforcement, status and exit codes, deletion, garbage collection, cleanup.
+
+Pods are created in the API server emulator; the kubelet sees them over HTTP like the real one.
+Each test uses its own namespace, so policies and names never cross tests.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.kube_emulator import KubeApi, kube_api
+from tests.support.kubelet import Kubelet, NamespacesUnavailable, leftovers
+from tests.support.kubelet import network as kubelet_network
+
+TRAINER = "ghcr.io/lorarl/trainer:0.1.0"
+Obj = dict[str, Any]
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[tuple[KubeApi, Kubelet]]:
+    with (
+        kube_api(namespaces=("default", "lorarl-system")) as kube,
+        Kubelet(kube.url, kube.token, max_grace=2.0) as kubelet,
+    ):
+        yield kube, kubelet
+        kubelet.raise_errors()
+
+
+@pytest.fixture
+def ns(cluster: tuple[KubeApi, Kubelet], request: pytest.FixtureRequest) -> str:
+    kube, _ = cluster
+    name = request.node.name.replace("_", "-")[:40].strip("-").lower()
+    kube.emulator.create("v1/namespaces", {"metadata": {"name": name}})
+    return name
+
+
+def pod(
+    ns: str,
+    name: str,
+    script: str,
+    *,
+    labels: dict[str, str] | None = None,
+    mounts: list[Obj] = (),
+    volumes: list[Obj] = (),
+    env: list[Obj] = (),
+    image: str = TRAINER,
+    **spec: Any,
+) -> Obj:
+    """A pod shaped like the operator's: non-root, read-only root, all capabilities dropped,
+    an emptyDir at /tmp."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": ns, "labels": labels or {"app": name}},
+        "spec": {
+            "restartPolicy": "Never",
+            "securityContext": {
+                "runAsNonRoot": True,
+                "runAsUser": 10001,
+                "runAsGroup": 10001,
+                "fsGroup": 10001,
+            },
+            "containers": [
+                {
+                    "name": "main",
+                    "image": image,
+                    "command": ["python", "-c", script],
+                    "env": list(env),
+                    "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}, *mounts],
+                    "securityContext": {
+                        "readOnlyRootFilesystem": True,
+                        "allowPrivilegeEscalation": False,
+                        "capabilities": {"drop": ["ALL"]},
+                    },
+                }
+            ],
+            "volumes": [{"name": "tmp", "emptyDir": {}}, *volumes],
+            **spec,
+        },
+    }
+
+
+def create(kube: KubeApi, obj: Obj) -> Obj:
+    plural = {"Pod": "v1/pods", "Service": "v1/services", "Secret": "v1/secrets",
+              "ConfigMap": "v1/configmaps", "PersistentVolumeClaim": "v1/persistentvolumeclaims",
+              "NetworkPolicy": "networking.k8s.io/v1/networkpolicies"}[obj["kind"]]  # fmt: skip
+    return kube.emulator.create(plural, obj)
+
+
+def finished(kube: KubeApi, kubelet: Kubelet, ns: str, name: str, timeout: float = 60) -> Obj:
+    def done() -> Obj | None:
+        p = kube.emulator.get("v1/pods", ns, name)
+        return p if p and p.get("status", {}).get("phase") in ("Succeeded", "Failed") else None
+
+    return kubelet.wait(done, timeout, f"pod {ns}/{name} finished")
+
+
+def terminated(p: Obj, container: str = "main") -> Obj:
+    (cs,) = [c for c in p["status"]["containerStatuses"] if c["name"] == container]
+    return cs["state"]["terminated"]
+
+
+def running(kube: KubeApi, kubelet: Kubelet, ns: str, name: str) -> Obj:
+    def up() -> Obj | None:
+        p = kube.emulator.get("v1/pods", ns, name)
+        return p if p and p.get("status", {}).get("phase") == "Running" else None
+
+    return kubelet.wait(up, 60, f"pod {ns}/{name} running")
+
+
+def out(kubelet: Kubelet, ns: str, name: str, container: str = "main") -> dict:
+    """The JSON line a test pod printed last."""
+    lines = kubelet.logs(ns, name, container).strip().splitlines()
+    assert lines, f"{name} printed nothing"
+    return json.loads(lines[-1])
+
+
+# -- filesystem --------------------------------------------------------------------------------
+
+FS_PROBE = """
+import json, os
+def attempt(path):
+    try:
+        with open(path, "w") as f:
+            f.write("x")
+        return "ok"
+    except OSError as e:
+        return e.strerror
+print(json.dumps({
+    "root": attempt("/probe"), "usr": attempt("/usr/probe"), "tmp": attempt("/tmp/probe"),
+    "data": attempt("/data/probe"), "out": attempt("/out/result"),
+    "shm": attempt("/dev/shm/probe"), "config": open("/etc/cfg/greeting").read(),
+    "model": open("/data/weights.txt").read(), "uid": os.getuid(), "groups": os.getgroups(),
+}))
+"""
+
+
+def test_read_only_root_with_writable_volumes(cluster: tuple[KubeApi, Kubelet], ns: str) -> None:
+    kube, kubelet = cluster
+    for claim in ("data", "out"):
+        create(kube, {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+                      "metadata": {"name": claim, "namespace": ns}, "spec": {}})  # fmt: skip
+    (kubelet.claim_dir(ns, "data") / "weights.txt").write_text("w")
+    create(kube, {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "cfg",
+           "namespace": ns}, "data": {"greeting": "hello"}})  # fmt: skip
+    create(kube, pod(ns, "fs", FS_PROBE,
+        mounts=[{"name": "data", "mountPath": "/data", "readOnly": True},
+                {"name": "out", "mountPath": "/out"}, {"name": "cfg", "mountPath": "/etc/cfg"}],
+        volumes=[{"name": "data", "persistentVolumeClaim": {"claimName": "data"}},
+                 {"name": "out", "persistentVolumeClaim": {"claimName": "out"}},
+                 {"name": "cfg", "configMap": {"name": "cfg"}}]))  # fmt: skip
+    p = finished(kube, kubelet, ns, "fs")
+    assert terminated(p)["exitCode"] == 0, kubelet.logs(ns, "fs", "main")
+    seen = out(kubelet, ns, "fs")
+    assert seen["root"] == seen["usr"] == "Read-only file system"
+    assert seen["data"] == "Read-only file system"  # a claim mounted readOnly
+    assert seen["tmp"] == seen["out"] == seen["shm"] == "ok"
+    assert seen["config"] == "hello" and seen["model"] == "w"
+    assert seen["uid"] == 10001 and 10001 in seen["groups"]  # runAsUser, fsGroup
+    result = kubelet.claim_dir(ns, "out") / "result"
+    assert result.read_text() == "x" and result.stat().st_uid == 10001
+    assert not Path("/probe").exists()  # the host's root was never written
+
+
+def test_missing_claim_keeps_the_pod_pending(cluster: tuple[KubeApi, Kubelet], ns: str) -> None:
+    kube, kubelet = cluster
+    create(
+        kube,
+        pod(
+            ns,
+            "nopvc",
+            "print(1)",
+            mounts=[{"name": "d", "mountPath": "/d"}],
+            volumes=[{"name": "d", "persistentVolumeClaim": {"claimName": "nope"}}],
+        ),
+    )
+
+    def scheduled_false() -> Obj | None:
+        p = kube.emulator.get("v1/pods", ns, "nopvc")
+        conds = (p.get("status") or {}).get("conditions") or []
+        return next((c for c in conds if c["type"] == "PodScheduled" and c["status"] == "False"),
+                    None)  # fmt: skip
+
+    cond = kubelet.wait(scheduled_false, 30, "PodScheduled=False")
+    assert 'persistentvolumeclaim "nope" not found' in cond["message"]
+    assert kube.emulator.get("v1/pods", ns, "nopvc")["status"]["phase"] == "Pending"
+
+
+# -- env ---------------------------------------------------------------------------------------
+
+ENV_PROBE = """
+import json, os, sys
+print(json.dumps({k: os.environ.get(k) for k in ("KEY", "URL", "LITERAL", "MODE", "POD", "HOME")}
+                 | {"argv": sys.argv[1:]}))
+"""
+
+
+def test_env_expansion_and_key_references(cluster: tuple[KubeApi, Kubelet], ns: str) -> None:
+    kube, kubelet = cluster
+    create(kube, {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "s", "namespace": ns},
+                  "stringData": {"api-key": "s3cret"}})  # fmt: skip
+    create(kube, {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c",
+           "namespace": ns}, "data": {"mode": "fast"}})  # fmt: skip
+    env = [
+        {"name": "KEY", "valueFrom": {"secretKeyRef": {"name": "s", "key": "api-key"}}},
+        {"name": "URL", "value": "http://x/?k=$(KEY)&m=$(MODE)"},  # MODE is not defined yet
+        {"name": "MODE", "valueFrom": {"configMapKeyRef": {"name": "c", "key": "mode"}}},
+        {"name": "LITERAL", "value": "$$(KEY)"},
+        {"name": "POD", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+    ]
+    spec = pod(ns, "env", ENV_PROBE, env=env)
+    spec["spec"]["containers"][0]["args"] = ["--key=$(KEY)", "$(MODE)", "$(UNDEFINED)"]
+    create(kube, spec)
+    finished(kube, kubelet, ns, "env")
+    seen = out(kubelet, ns, "env")
+    assert seen["KEY"] == "s3cret" and seen["MODE"] == "fast" and seen["POD"] == "env"
+    assert seen["URL"] == "http://x/?k=s3cret&m=$(MODE)"
+    assert seen["LITERAL"] == "$(KEY)"
+    assert seen["argv"] == ["--key=s3cret", "fast", "$(UNDEFINED)"]
+    assert seen["HOME"] == "/tmp"  # the trainer image's ENV, underneath the container's
+
+
+def test_missing_secret_is_a_config_error(cluster: tuple[KubeApi, Kubelet], ns: str) -> None:
+    kube, kubelet = cluster
+    env = [{"name": "KEY", "valueFrom": {"secretKeyRef": {"name": "absent", "key": "k"}}}]
+    create(kube, pod(ns, "nosecret", "print(1)", env=env))
+
+    def waiting() -> Obj | None:
+        p = kube.emulator.get("v1/pods", ns, "nosecret")
+        statuses = (p.get("status") or {}).get("containerStatuses") or []
+        return statuses and statuses[0]["state"].get("waiting")
+
+    state = kubelet.wait(waiting, 30, "a waiting container")
+    assert state == {"reason": "CreateContainerConfigError", "message": 'secret "absent" not found'}
+    assert kube.emulator.get("v1/pods", ns, "nosecret")["status"]["phase"] == "Pending"
+
+
+def test_image_the_repo_does_not_build_is_err_image_pull(
+    cluster: tuple[KubeApi, Kubelet], ns: str
+) -> None:
+    kube, kubelet = cluster
+    create(kube, pod(ns, "noimage", "print(1)", image="ghcr.io/lorarl/nonesuch:0.1.0"))
+
+    def waiting() -> Obj | None:
+        p = kube.emulator.get("v1/pods", ns, "noimage")
+        statuses = (p.get("status") or {}).get("containerStatuses") or []
+        return statuses and statuses[0]["state"].get("waiting")
+
+    state = kubelet.wait(waiting, 30, "a waiting container")
+    assert state["reason"] == "ErrImagePull"
+    assert "ghcr.io/lorarl/nonesuch:0.1.0" in state["message"]
+
+
+# -- network -----------------------------------------------------------------------------------
+
+SERVER = """
+import socket
+import time
+s = socket.create_server(("0.0.0.0", 7000))
+while True:
+    c, _ = s.accept()
+    c.sendall(socket.gethostname().encode())
+    c.close()
+"""
+
+CLIENT = """
+import json, socket, sys, time
+target, deadline, seen = sys.argv[1], time.time() + float(sys.argv[2]), None
+while time.time() < deadline:
+    try:
+        with socket.create_connection((target, 7000), timeout=1) as c:
+            seen = c.recv(100).decode()
+            break
+    except OSError as e:
+        seen = f"error: {e}"
+        time.sleep(0.2)
+print(json.dumps({"reply": seen, "ip": socket.gethostbyname(target)}))
+"""
+
+
+def headless(ns: str, name: str, selector: dict[str, str]) -> Obj:
+    return {"apiVersion": "v1", "kind": "Service", "metadata": {"name": name, "namespace": ns},
+            "spec": {"clusterIP": "None", "selector": selector,
+                     "ports": [{"name": "p", "port": 7000}]}}  # fmt: skip
+
+
+def client(ns: str, name: str, target: str, wait_s: float, labels: dict[str, str]) -> Obj:
+    spec = pod(ns, name, CLIENT, labels=labels)
+    spec["spec"]["containers"][0]["args"] = [target, str(wait_s)]
+    return spec
+
+
+def server(ns: str, name: str, labels: dict[str, str]) -> Obj:
+    return pod(ns, name, SERVER, labels=labels, hostname=name, subdomain="svc")
+
+
+def host_connect(ip: str, timeout: float = 2.0) -> str:
+    try:
+        with socket.create_connection((ip, 7000), timeout=timeout) as c:
+            return c.recv(100).decode()
+    except OSError as exc:
+        return f"error: {exc}"
+
+
+def test_pods_reach_each_other_by_dns_name(cluster: tuple[KubeApi, Kubelet], ns: str) -> None:
+    kube, kubelet = cluster
+    create(kube, headless(ns, "svc", {"role": "srv"}))
+    create(kube, server(ns, "srv-0", {"role": "srv"}))
+    srv = running(kube, kubelet, ns, "srv-0")
+    for name, target in (("short", "srv-0.svc"), ("fqdn", f"srv-0.svc.{ns}.svc.cluster.local")):
+        create(kube, client(ns, name, target, 20, {"role": "client"}))
+    for name in ("short", "fqdn"):
+        p = finished(kube, kubelet, ns, name)
+        assert terminated(p)["exitCode"] == 0
+        assert out(kubelet, ns, name) == {"reply": "srv-0", "ip": srv["status"]["podIP"]}
+    assert srv["status"]["podIP"] != p["status"]["podIP"]  # each pod its own address
+
+
+POLICY_PORT = {"port": 7000, "protocol": "TCP"}
+
+
+def policy(ns: str, ingress: list[Obj]) -> Obj:
+    return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+            "metadata": {"name": "srv", "namespace": ns},
+            "spec": {"podSelector": {"matchLabels": {"role": "srv"}}, "policyTypes": ["Ingress"],
+                     "ingress": ingress}}  # fmt: skip
+
+
+def test_network_policy_drops_what_it_does_not_allow(
+    cluster: tuple[KubeApi, Kubelet], ns: str
+) -> None:
+    kube, kubelet = cluster
+    create(kube, headless(ns, "svc", {"role": "srv"}))
+    friends = {
+        "from": [{"podSelector": {"matchLabels": {"role": "friend"}}}],
+        "ports": [POLICY_PORT],
+    }
+    create(kube, policy(ns, [friends]))
+    create(kube, server(ns, "srv-0", {"role": "srv"}))
+    ip = running(kube, kubelet, ns, "srv-0")["status"]["podIP"]
+    create(kube, client(ns, "friend", "srv-0.svc", 20, {"role": "friend"}))
+    create(kube, client(ns, "stranger", "srv-0.svc", 4, {"role": "stranger"}))
+    finished(kube, kubelet, ns, "friend")
+    assert out(kubelet, ns, "friend")["reply"] == "srv-0"
+    finished(kube, kubelet, ns, "stranger")
+    assert out(kubelet, ns, "stranger")["reply"].startswith("error: timed out")
+    assert host_connect(ip).startswith("error: timed out")  # the operator's stand-in, too
+    # A rule for the operator's pods (the chart's labels, in its namespace) lets the host in.
+    operator = {
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "lorarl-system"}},
+        "podSelector": {"matchLabels": {"app.kubernetes.io/component": "operator"}},
+    }
+    kube.emulator.patch("networking.k8s.io/v1/networkpolicies", ns, "srv", {"spec": {"ingress": [
+        friends, {"from": [operator], "ports": [POLICY_PORT]}]}})  # fmt: skip
+    assert kubelet.wait(lambda: host_connect(ip) == "srv-0", 10, "host admitted")
+    assert "policy drop" in kubelet.rules(ns, "srv-0")
+
+
+# -- status ------------------------------------------------------------------------------------
+
+
+def test_exit_codes_and_termination_messages(cluster: tuple[KubeApi, Kubelet], ns: str) -> None:
+    kube, kubelet = cluster
+    crash = pod(
+        ns, "crash", "import sys; print('loading'); print('bad config: rank 0'); sys.exit(3)"
+    )
+    crash["spec"]["containers"][0]["terminationMessagePolicy"] = "FallbackToLogsOnError"
+    create(kube, crash)
+    told = pod(ns, "told", "open('/dev/termination-log','w').write('ran out of data'); exit(4)")
+    create(kube, told)
+    create(kube, pod(ns, "fine", "print('done')"))
+    p = finished(kube, kubelet, ns, "crash")
+    assert p["status"]["phase"] == "Failed"
+    term = terminated(p)
+    assert (term["exitCode"], term["reason"]) == (3, "Error")
+    assert term["message"] == "loading\nbad config: rank 0\n"
+    term = terminated(finished(kube, kubelet, ns, "told"))
+    assert (term["exitCode"], term["message"]) == (4, "ran out of data")
+    p = finished(kube, kubelet, ns, "fine")
+    assert p["status"]["phase"] == "Succeeded"
+    assert terminated(p)["reason"] == "Completed" and "message" not in terminated(p)
+
+
+def test_on_failure_restarts_the_container(cluster: tuple[KubeApi, Kubelet], ns: str) -> None:
+    kube, kubelet = cluster
+    script = (
+        "import os, sys; first = not os.path.exists('/tmp/seen'); open('/tmp/seen', 'w'); "
+        "sys.exit(1 if first else 0)"
+    )
+    create(kube, pod(ns, "flaky", script, restartPolicy="OnFailure"))
+    p = finished(kube, kubelet, ns, "flaky")
+    (cs,) = p["status"]["containerStatuses"]
+    assert p["status"]["phase"] == "Succeeded" and cs["restartCount"] == 1
+    assert cs["lastState"]["terminated"]["exitCode"] == 1  # the emptyDir outlived the restart
+
+
+# -- deletion, garbage collection, cleanup -----------------------------------------------------
+
+SLEEPER = "import subprocess, time; subprocess.Popen(['sleep', '600']); time.sleep(600)"
+
+
+def alive(pids: list[int]) -> list[int]:
+    """Those still running (a zombie waiting for its reaper has already been killed)."""
+    out = []
+    for pid in pids:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if state != "Z":
+            out.append(pid)
+    return out
+
+
+def pids_of(netns: str) -> list[int]:
+    return [int(p) for p in kubelet_network.run("ip", "netns", "pids", netns, check=False).split()]
+
+
+def test_deleting_a_pod_kills_its_processes(cluster: tuple[KubeApi, Kubelet], ns: str) -> None:
+    kube, kubelet = cluster
+    create(kube, pod(ns, "sleeper", SLEEPER))
+    running(kube, kubelet, ns, "sleeper")
+    netns = kubelet.pod(ns, "sleeper").net.netns
+    kubelet.wait(lambda: len(pids_of(netns)) >= 2, 20, "python and its child")
+    pids = pids_of(netns)
+    kube.emulator.delete("v1/pods", ns, "sleeper")
+    kubelet.wait(lambda: kubelet.pod(ns, "sleeper").stopped.is_set(), 30, "pod stopped")
+    kubelet.wait(lambda: not alive(pids), 10, f"processes {alive(pids)} gone")
+    assert netns not in kubelet_network.run("ip", "netns", "list")
+
+
+def test_garbage_collection_follows_owner_references(
+    cluster: tuple[KubeApi, Kubelet], ns: str
+) -> None:
+    kube, kubelet = cluster
+    owner = create(kube, {"apiVersion": "v1", "kind": "ConfigMap",
+                          "metadata": {"name": "owner", "namespace": ns}})  # fmt: skip
+    child = pod(ns, "child", SLEEPER)
+    child["metadata"]["ownerReferences"] = [
+        {"apiVersion": "v1", "kind": "ConfigMap", "name": "owner", "uid": owner["metadata"]["uid"]}
+    ]
+    create(kube, child)
+    create(kube, pod(ns, "bystander", SLEEPER))
+    running(kube, kubelet, ns, "child")
+    kube.emulator.delete("v1/configmaps", ns, "owner")
+    kubelet.wait(lambda: kube.emulator.get("v1/pods", ns, "child") is None, 20, "child collected")
+    kubelet.wait(lambda: kubelet.pod(ns, "child").stopped.is_set(), 30, "child stopped")
+    assert kube.emulator.get("v1/pods", ns, "bystander") is not None
+
+
+def test_stopping_the_kubelet_leaves_nothing_behind(tmp_path: Path) -> None:
+    with kube_api() as kube:
+        kubelet = Kubelet(kube.url, kube.token, max_grace=0.5).start()
+        try:
+            create(kube, pod("default", "a", SLEEPER))
+            running(kube, kubelet, "default", "a")
+            netns = kubelet.pod("default", "a").net.netns
+            pids = pids_of(netns)
+            assert pids
+        finally:
+            left = kubelet.stop()
+    assert left == [] and leftovers(kubelet.kid) == []
+    deadline = time.monotonic() + 10
+    while alive(pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert alive(pids) == []
+
+
+def test_without_root_the_harness_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    with pytest.raises(NamespacesUnavailable, match="needs root"):
+        kubelet_network.require_namespaces()

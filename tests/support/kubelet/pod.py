@@ -1,0 +1,174 @@
+"""One pod on the process kubelet: its sandbox (netns, hosts file, volumes), its containers and
+the status kubelet reports (phase, podIP, conditions, containerStatuses)."""
+
+from __future__ import annotations
+
+import shutil
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .api import Api
+from .containers import ConfigError, launch
+from .images import ImagePullError, load
+from .network import Bridge, PodNet, unmount_under
+from .policy import Endpoint
+from .runtime import ContainerRun, now
+from .volumes import Volume, VolumeError, prepare
+
+Obj = dict[str, Any]
+SHM_PATH = "/dev/shm"
+BACKOFF_BASE, BACKOFF_MAX = 1.0, 10.0  # kubelet's are 10 s and 5 min; tests cannot wait that long
+
+
+@dataclass
+class PodRun:
+    pod: Obj
+    folder: Path
+    net: PodNet | None = None
+    volumes: dict[str, Volume] = field(default_factory=dict)
+    containers: list[ContainerRun] = field(default_factory=list)
+    pending: tuple[str, str] | None = None  # (reason, message): the pod cannot start yet
+    started: str = field(default_factory=now)
+    stopping: bool = False
+    stopped: threading.Event = field(default_factory=threading.Event)
+
+    @property
+    def uid(self) -> str:
+        return self.pod["metadata"]["uid"]
+
+    @property
+    def key(self) -> str:
+        return f"{self.pod['metadata']['namespace']}/{self.pod['metadata']['name']}"
+
+    @property
+    def hostname(self) -> str:
+        return self.pod["spec"].get("hostname") or self.pod["metadata"]["name"]
+
+    def endpoint(self) -> Endpoint | None:
+        if self.net is None:
+            return None
+        ports = {
+            p["name"]: (p.get("protocol", "TCP"), p["containerPort"])
+            for c in self.pod["spec"]["containers"]
+            for p in c.get("ports") or []
+            if p.get("name")
+        }
+        meta = self.pod["metadata"]
+        return Endpoint(meta["namespace"], meta.get("labels") or {}, self.net.ip, ports)
+
+    # -- setup ---------------------------------------------------------------------------------
+    def sandbox(self, api: Api, bridge: Bridge, claim_dir: Any) -> None:
+        """Volumes, then the network; a failure leaves the pod Pending with the reason."""
+        fs_group = (self.pod["spec"].get("securityContext") or {}).get("fsGroup")
+        try:
+            self.volumes = prepare(api, self.pod, self.folder, claim_dir, fs_group)
+        except VolumeError as exc:
+            self.pending = (exc.reason, str(exc))
+            return
+        self.net = bridge.attach(self.key)
+
+    def create_containers(self, api: Api, hosts_file: Path) -> None:
+        spec = self.pod["spec"]
+        for c in spec["containers"]:
+            run = ContainerRun(
+                name=c["name"],
+                image=c.get("image", ""),
+                folder=self.folder / "containers" / c["name"],
+                hostname=self.hostname,
+                netns=self.net.netns if self.net else "",
+                termination_policy=c.get("terminationMessagePolicy", "File"),
+            )
+            self.containers.append(run)
+            try:
+                image = load(c.get("image", ""))
+                run.launch = launch(api, self.pod, c, image)
+                run.mounts = self._mounts(c, hosts_file)
+                if any(m["mountPath"] == SHM_PATH for m in c.get("volumeMounts") or []):
+                    run.shm = "0"  # replaced by the pod's own volume
+            except ImagePullError as exc:
+                run.waiting = ("ErrImagePull", str(exc))
+            except ConfigError as exc:
+                run.waiting = (exc.reason, str(exc))
+
+    def _mounts(self, container: Obj, hosts_file: Path) -> list[dict[str, Any]]:
+        out = [{"src": str(hosts_file), "dst": "/etc/hosts", "ro": True}]
+        for m in container.get("volumeMounts") or []:
+            vol = self.volumes.get(m["name"])
+            if vol is None:
+                raise ConfigError(f"volumeMount {m['name']}: no volume of that name in the pod")
+            src = vol.path / m["subPath"] if m.get("subPath") else vol.path
+            ro = bool(m.get("readOnly")) or vol.read_only
+            out.append({"src": str(src), "dst": m["mountPath"], "ro": ro})
+        return out
+
+    def start_containers(self) -> None:
+        for run in self.containers:
+            if run.launch is not None and run.waiting is None:
+                run.start()
+
+    # -- supervision ---------------------------------------------------------------------------
+    def step(self) -> None:
+        """Reap exits and restart containers per restartPolicy (with back-off)."""
+        policy = self.pod["spec"].get("restartPolicy", "Always")
+        for run in self.containers:
+            if run.poll():
+                code = run.terminated["exitCode"]
+                if not self.stopping and (policy == "Always" or (policy == "OnFailure" and code)):
+                    delay = min(BACKOFF_MAX, BACKOFF_BASE * 2**run.restarts)
+                    run.restart_at = time.monotonic() + delay
+            if run.restart_at is not None and time.monotonic() >= run.restart_at:
+                run.restart()
+
+    def phase(self) -> str:
+        runs = self.containers
+        if self.pending or not runs or not all(r.started_once for r in runs):
+            return "Pending"
+        finished = [r.terminated for r in runs if r.terminated and r.restart_at is None]
+        if len(finished) == len(runs):
+            return "Succeeded" if all(t["exitCode"] == 0 for t in finished) else "Failed"
+        return "Running"
+
+    def status(self, host_ip: str) -> Obj:
+        phase = self.phase()
+        ready = phase == "Running" and all(r.status()["ready"] for r in self.containers)
+        out: Obj = {
+            "phase": phase,
+            "hostIP": host_ip,
+            "startTime": self.started,
+            "conditions": [
+                {"type": "PodScheduled", "status": "True"},
+                {"type": "Initialized", "status": "True"},
+                {"type": "ContainersReady", "status": str(ready)},
+                {"type": "Ready", "status": str(ready)},
+            ],
+        }
+        if self.pending:
+            reason, message = self.pending
+            out["conditions"][0] = {"type": "PodScheduled", "status": "False", "reason": reason,
+                                    "message": message}  # fmt: skip
+        if self.net is not None:
+            out["podIP"] = self.net.ip
+            out["podIPs"] = [{"ip": self.net.ip}]
+        if self.containers:
+            out["containerStatuses"] = [r.status() for r in self.containers]
+        return out
+
+    # -- teardown ------------------------------------------------------------------------------
+    def stop(self, grace: float, bridge: Bridge) -> None:
+        """Kill every container (in parallel, each with the grace period), then the sandbox."""
+        self.stopping = True
+        killers = [threading.Thread(target=r.kill, args=(grace,)) for r in self.containers]
+        for t in killers:
+            t.start()
+        for t in killers:
+            t.join()
+        if self.net is not None:
+            bridge.detach(self.net)
+        unmount_under(self.folder)
+        for run in self.containers:  # the roots are empty mount points now; logs stay
+            for root in run.folder.glob("*.root*"):
+                shutil.rmtree(root, ignore_errors=True)
+        self.stopped.set()
