@@ -106,7 +106,9 @@ DOCKER ?= docker
 images:
 	DOCKER_BUILDKIT=1 $(DOCKER) build -f operator/Dockerfile -t $(IMAGE_REGISTRY)/operator:$(IMAGE_TAG) .
 	DOCKER_BUILDKIT=1 $(DOCKER) build -f trainer_image/Dockerfile -t $(IMAGE_REGISTRY)/trainer:$(IMAGE_TAG) .
-	DOCKER_BUILDKIT=1 $(DOCKER) build -f rollout_image/Dockerfile -t $(IMAGE_REGISTRY)/rollout:$(IMAGE_TAG) .
+	DOCKER_BUILDKIT=1 $(DOCKER) build -f rollout_image/Dockerfile -t $(IMAGE_REGISTRY)/rollout-sglang:$(IMAGE_TAG) .
+	DOCKER_BUILDKIT=1 $(DOCKER) build -f rollout_image/vllm.Dockerfile -t $(IMAGE_REGISTRY)/rollout-vllm:$(IMAGE_TAG) .
+	DOCKER_BUILDKIT=1 $(DOCKER) build -f reward_image/Dockerfile -t $(IMAGE_REGISTRY)/reward:$(IMAGE_TAG) .
 
 clean:
 	rm -rf $(VENV) $(ENGINE_VENV) $(SGLANG_VENV) .pytest_cache .ruff_cache
