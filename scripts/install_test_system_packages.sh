@@ -6,6 +6,7 @@
 #   nftables   enforces the per-job NetworkPolicy inside each pod's network namespace
 #   iproute2   network namespaces, the test bridge and veth pairs of the process kubelet
 #   util-linux unshare (a mount namespace per pod, read-only root) and setpriv (the pod's user)
+#   bubblewrap the OS sandbox of the python_tests reward (namespaces, read-only root, private tmpfs)
 #
 # Each is installed only when its command is missing. Without apt-get (not Debian) or without
 # root, it says what is missing and stops, so the suite never runs half-equipped by surprise.
@@ -17,6 +18,7 @@ declare -A needs=(
   [ip]=iproute2
   [unshare]=util-linux
   [setpriv]=util-linux
+  [bwrap]=bubblewrap
 )
 
 missing=()
