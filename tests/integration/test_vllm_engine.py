@@ -359,3 +359,28 @@ def test_adapter_load_reload_in_place_unload(server) -> None:
             engine.load_adapter(shm / "missing", "job-b", version=3)
     finally:
         shutil.rmtree(shm, ignore_errors=True)
+
+
+@pytest.mark.slow
+def test_sampled_logprobs_are_those_of_the_temperature_scaled_distribution(server) -> None:
+    """Issue 13 #2: the trainer scores softmax(z / T); vLLM must report the same distribution
+    (`--logprobs-mode processed_logprobs`), not its default raw softmax(z)."""
+    temperature = 0.7
+    body = {"model": MODEL_NAME, "prompt": PROMPT, "max_tokens": 8, "temperature": temperature,
+            "seed": 3, "logprobs": 0, "return_token_ids": True, "ignore_eos": True}  # fmt: skip
+    resp = httpx.post(f"{server['url']}/v1/completions", json=body, timeout=60, headers=AUTH)
+    assert resp.status_code == 200, resp.text
+    choice = resp.json()["choices"][0]
+    tokens, served = choice["token_ids"], choice["logprobs"]["token_logprobs"]
+    ids = torch.tensor([PROMPT + tokens])
+    with torch.no_grad():
+        logits = hf_model(server)(ids).logits[0].float()
+    pos = [len(PROMPT) + i - 1 for i in range(len(tokens))]
+    scaled = torch.log_softmax(logits / temperature, dim=-1)[pos, tokens].tolist()
+    raw = torch.log_softmax(logits, dim=-1)[pos, tokens].tolist()
+    gap_raw = max(abs(a - b) for a, b in zip(served, raw, strict=True))
+    print(f"\nT={temperature}: max |served - scaled| "
+          f"{max(abs(a - b) for a, b in zip(served, scaled, strict=True)):.2e}, "
+          f"max |served - raw| {gap_raw:.2e}")  # fmt: skip
+    assert served == pytest.approx(scaled, abs=1e-4)
+    assert gap_raw > 1e-2  # the check can tell the two apart

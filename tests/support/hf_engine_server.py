@@ -2,9 +2,11 @@
 
 Stands in for a real vLLM/SGLang server where none can run (tests only). It samples for real and
 reports real logprobs of the sampled tokens, so client tests can check them against a forward
-pass. Logprob conventions follow the engines' defaults: vLLM reports the raw model distribution,
-SGLang the temperature-scaled one. `app.state.controls` lets a test count requests, inject 503s,
-delay answers or change the reported weight version.
+pass. Logprob conventions follow the engines as lorarl starts them: both report the
+temperature-scaled distribution (vLLM with `--logprobs-mode processed_logprobs`; pass
+`logprobs_mode="raw_logprobs"` for vLLM's own default), SGLang by its default.
+`app.state.controls` lets a test count requests, inject 503s, delay answers or change the
+reported weight version.
 
 Run in process with `serve_in_thread(create_app(model_dir))`, or as a subprocess:
 `python -m tests.support.hf_engine_server --model DIR --port 8000`.
@@ -231,6 +233,7 @@ def create_app(
     served_model_name: str = "tiny",
     lora_names: tuple[str, ...] = (),
     api_key: str | None = None,
+    logprobs_mode: str = "processed_logprobs",
 ) -> FastAPI:
     """vLLM `/v1/completions` + SGLang `/generate` + `/health` over one HF model."""
     engine = HFEngine(model_dir)
@@ -285,7 +288,7 @@ def create_app(
                     req.top_k or -1,
                     req.seed,
                     req.stop_token_ids,
-                    False,
+                    logprobs_mode == "processed_logprobs",
                     req.logprobs or 0,
                     name,
                 )
@@ -470,12 +473,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--lora-name", action="append", default=[], dest="lora_names")
     # vLLM's own fallback: VLLM_API_KEY when no --api-key is given
     parser.add_argument("--api-key", default=os.environ.get("VLLM_API_KEY") or None)
+    parser.add_argument(
+        "--logprobs-mode",
+        default="processed_logprobs",
+        choices=["raw_logprobs", "processed_logprobs"],
+    )
     args = parser.parse_args(argv)
     app = create_app(
         args.model,
         served_model_name=args.served_model_name,
         lora_names=tuple(args.lora_names),
         api_key=args.api_key,
+        logprobs_mode=args.logprobs_mode,
     )
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
 

@@ -152,3 +152,51 @@ def test_lora_dropout_never_makes_the_ratio_drift_at_lr_zero(dropout):
     assert metrics["clip_frac"] == 0.0
     # The configured value still travels with the adapter (for a later supervised fine-tune).
     assert model.peft_config["default"].lora_dropout == dropout
+
+
+def _scaled_rollout_batch(model, temperature: float):
+    """Samples whose engine logprobs are those of softmax(z / T) under `model` (what both
+    engines report as lorarl starts them)."""
+    from lorarl.trainer.batch import collate as _collate
+
+    b = batch()
+    with torch.no_grad():
+        lp, _ = sequence_logprobs(model, b.input_ids, b.attention_mask, b.response_mask,
+                                  micro_batch_size=6, temperature=temperature)  # fmt: skip
+    samples = []
+    for i in range(len(b)):
+        resp = b.response_mask[i].bool()
+        ids = b.input_ids[i][b.attention_mask[i].bool()].tolist()
+        n = int(resp.sum())
+        samples.append(TrainSample(ids[: len(ids) - n], ids[len(ids) - n :], lp[i][resp].tolist(),
+                                   float(i % 3 - 1), 0.0, 0))  # fmt: skip
+    return _collate(samples, pad_id=0)
+
+
+def test_the_trainer_scores_the_temperature_the_engines_sampled_at(policy):
+    """Issue 13 #2: at identical weights, engine logprobs at T=0.7 vs a trainer scoring T=1
+    clipped tokens with `offPolicySteps: 1`; scoring softmax(z / T) gives ratio 1 exactly."""
+    model = copy.deepcopy(policy)
+    b = _scaled_rollout_batch(model, 0.7)
+    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.0)
+    cfg = UpdateConfig(LossConfig(), micro_batch_size=3, behavior_from_rollout=True,
+                       temperature=0.7)  # fmt: skip
+    metrics = update_policy(model, opt, b, cfg)
+    assert metrics["clip_frac"] == 0.0
+    assert metrics["logprob_mismatch"] < 1e-6
+    unscaled = update_policy(model, opt, b, UpdateConfig(LossConfig(), micro_batch_size=3,
+                                                         behavior_from_rollout=True))  # fmt: skip
+    assert unscaled["logprob_mismatch"] > 1e-2  # the test can tell T=1 from T=0.7
+
+
+def test_reference_logprobs_use_the_sampling_temperature(policy):
+    from lorarl.trainer.logprobs import reference_logprobs
+
+    b = batch()
+    with torch.no_grad(), policy.disable_adapter():
+        logits = policy(input_ids=b.input_ids, attention_mask=b.attention_mask).logits.float()
+    want = torch.log_softmax(logits[:, :-1] / 0.5, -1).gather(-1, b.input_ids[:, 1:, None])[..., 0]
+    ref = reference_logprobs(policy, b.input_ids, b.attention_mask, b.response_mask,
+                             micro_batch_size=6, temperature=0.5)  # fmt: skip
+    mask = b.response_mask[:, 1:].bool()
+    torch.testing.assert_close(ref[:, 1:][mask], want[mask], rtol=1e-5, atol=1e-5)

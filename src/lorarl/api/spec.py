@@ -387,10 +387,29 @@ class TrainerSpec(PodTemplateFields):
     _rules = enforce(_TRAINER_ENV_RULE, _ENV_VALUE_RULE)
 
 
+_TEMPERATURE_RULE = Rule(
+    cel="self.temperature > 0",
+    message="must be > 0 for training: RL needs sampled completions and the logprobs of the "
+    "distribution they were sampled from (temperature 0 is greedy decoding)",
+    check=lambda m: m.temperature > 0,
+    field="temperature",
+)
+
+
 class SamplingSpec(ApiModel):
-    temperature: float = Field(default=1.0, ge=0, le=10, description="Sampling temperature.")
+    model_config = ConfigDict(json_schema_extra=rules_schema_extra(_TEMPERATURE_RULE))
+
+    temperature: float = Field(
+        default=1.0,
+        ge=0,
+        le=10,
+        description="Sampling temperature (> 0). The trainer scores softmax(logits / "
+        "temperature), the distribution the engines sample from and report logprobs of.",
+    )
     top_p: float = Field(default=1.0, gt=0, le=1, description="Nucleus sampling mass.")
     top_k: int = Field(default=-1, ge=-1, description="Top-k (-1: off).")
+
+    _rules = enforce(_TEMPERATURE_RULE)
 
 
 _ROLLOUT_ENV_RULE = _env_rule()

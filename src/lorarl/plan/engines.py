@@ -17,6 +17,11 @@ _SGLANG_LORA_TARGETS_ALL = "all"
 # `$(VAR)` reference that the kubelet (or LocalRun) expands, so its value is never in the plan.
 ENGINE_API_KEY_ENV = "LORARL_ENGINE_API_KEY"
 ENGINE_API_KEY_REF = f"$({ENGINE_API_KEY_ENV})"
+# Both engines must report logprobs of the distribution they sampled from (after temperature),
+# which is what the trainer scores: vLLM's default is the raw model distribution, SGLang's is
+# post-temperature unless this variable is set (pinned off, whatever the image says).
+VLLM_LOGPROBS_MODE = "processed_logprobs"
+SGLANG_ORIGINAL_LOGPROB_ENV = "SGLANG_RETURN_ORIGINAL_LOGPROB"
 
 
 def engine_command(spec: LoRARLJobSpec, model_path: str, host: str, port: int) -> list[str]:
@@ -108,7 +113,9 @@ def vllm_server_args(
     memory fraction means a CPU engine: eager mode, since a CPU compile cache recompiles for
     ~50 s on every start (DESIGN §11). `max_lora_rank` set turns LoRA serving on; two slots so
     the next version loads before the previous one is unloaded. The worker extension only adds
-    methods (reading back the weights in use), so it is on everywhere.
+    methods (reading back the weights in use), so it is on everywhere. `--logprobs-mode
+    processed_logprobs`: logprobs after temperature (and top-k/top-p), i.e. of the distribution
+    sampled from, not vLLM's default raw model distribution.
     """
     argv = [
         "-m", "vllm.entrypoints.openai.api_server",
@@ -118,6 +125,7 @@ def vllm_server_args(
         "--port", str(port),
         "--dtype", dtype,
         "--tensor-parallel-size", str(tensor_parallel_size),
+        "--logprobs-mode", VLLM_LOGPROBS_MODE,
     ]  # fmt: skip
     if seed is not None:
         argv += ["--seed", str(seed)]
@@ -140,9 +148,9 @@ def vllm_server_args(
 def engine_env(spec: LoRARLJobSpec) -> dict[str, str]:
     """Environment the engine needs: live weight updates (vLLM gates them behind flags) and,
     for vLLM, the API key (`VLLM_API_KEY` keeps it off the command line; SGLang has no such
-    variable and gets `--api-key`)."""
+    variable and gets `--api-key`). SGLang: post-temperature logprobs, pinned."""
     if spec.rollout.engine != "vllm":
-        return {}
+        return {SGLANG_ORIGINAL_LOGPROB_ENV: "false"}
     r = spec.rollout
     env = vllm_server_env(cpu=r.gpus_per_replica == 0, kv_cache_gib=r.kv_cache_gib or 1)
     return {**env, "VLLM_API_KEY": ENGINE_API_KEY_REF}

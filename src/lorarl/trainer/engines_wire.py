@@ -7,13 +7,15 @@ vLLM (OpenAI-compatible server) `POST /v1/completions`:
   a list of ints as `prompt` is one tokenized prompt; `n` samples come back as `choices` with
   `index` 0..n-1; `logprobs: 0` returns the sampled token's logprob only; with
   `return_tokens_as_token_ids` every entry of `logprobs.tokens` is `"token_id:<id>"`, which is the
-  only way to get exact ids back (text round-trips are lossy). vLLM's logprobs are those of the raw
-  model distribution (its default `logprobs_mode`), before temperature/top-k/top-p.
+  only way to get exact ids back (text round-trips are lossy). lorarl starts vLLM with
+  `--logprobs-mode processed_logprobs`: logprobs of the distribution sampled from (after
+  temperature, top-k, top-p); vLLM's default would be the raw model distribution.
   The response's `model` echoes the served name; in adapter mode that is `<name>-v<N>`.
 SGLang (0.5.x) `POST /generate`:
   `input_ids` + `sampling_params` (incl. `n`); with `n > 1` the answer is a list of n objects, with
   `n == 1` a single object. `meta_info.output_token_logprobs` holds `[logprob, token_id, text|None]`
-  per output token; `meta_info.finish_reason` is `{"type": "stop"|"length"|"abort", ...}`;
+  per output token, after temperature (SGLang's default; `SGLANG_RETURN_ORIGINAL_LOGPROB` is pinned
+  off in the engine's env); `meta_info.finish_reason` is `{"type": "stop"|"length"|"abort", ...}`;
   `meta_info.weight_version` is the engine's string version label (`"default"` until set).
 """
 

@@ -38,20 +38,34 @@ def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
+def _check_temperature(temperature: float) -> None:
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+
+
 def token_logprobs_from_logits(
-    logits: torch.Tensor, input_ids: torch.Tensor, with_entropy: bool, first: int = 1
+    logits: torch.Tensor,
+    input_ids: torch.Tensor,
+    with_entropy: bool,
+    first: int = 1,
+    temperature: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Shifted gather of log-softmax in fp32; returns [B, T], zero before column `first`.
+    """Shifted gather of log-softmax(logits / temperature) in fp32; [B, T], zero before `first`.
 
     `logits` hold positions `first - 1 .. T - 1` (all of them when `first` is 1): the logits at
-    t - 1 score token t, so the last position is never used.
+    t - 1 score token t, so the last position is never used. The temperature is the sampling
+    one: the engines sample from softmax(z / T), so that is the policy being scored (verl, TRL).
     """
+    _check_temperature(temperature)
     if not 1 <= first <= input_ids.shape[1]:
         raise ValueError(f"first must be in [1, {input_ids.shape[1]}], got {first}")
     expected = input_ids.shape[1] - first + 1
     if logits.shape[1] != expected:
         raise ValueError(f"logits cover {logits.shape[1]} positions, expected {expected}")
-    logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
+    scaled = logits[:, :-1].float()
+    if temperature != 1.0:
+        scaled = scaled / temperature
+    logp = torch.log_softmax(scaled, dim=-1)
     picked = logp.gather(-1, input_ids[:, first:].unsqueeze(-1)).squeeze(-1)
     zeros = picked.new_zeros(picked.shape[0], first)
     out = torch.cat([zeros, picked], dim=1)
@@ -82,14 +96,17 @@ def sequence_logprobs(
     *,
     micro_batch_size: int,
     with_entropy: bool = False,
+    temperature: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Logprobs [B, T] (fp32, zero outside `response_mask`) and optionally entropy [B, T].
+    """Logprobs [B, T] (fp32, zero outside `response_mask`) and optionally entropy [B, T], of
+    the distribution sampled at `temperature`.
 
     Keeps the autograd graph when grad is enabled, so the caller can backprop a loss on them.
     The LM head and log-softmax run only from the micro-batch's first completion position on:
     with a vocabulary of 50k-150k they cost as much as the decoder, and prompt logits are unused.
     """
     _check_shapes(input_ids, attention_mask, response_mask, micro_batch_size)
+    _check_temperature(temperature)
     head_on_demand = _takes_logits_to_keep(model)
     lps: list[torch.Tensor] = []
     ents: list[torch.Tensor] = []
@@ -106,7 +123,7 @@ def sequence_logprobs(
             **extra,
         )
         logits = out.logits if head_on_demand else out.logits[:, first - 1 :]
-        lp, ent = token_logprobs_from_logits(logits, ids, with_entropy, first)
+        lp, ent = token_logprobs_from_logits(logits, ids, with_entropy, first, temperature)
         keep = response_mask[sl].bool()  # where(), not multiply: 0 * -inf would be NaN
         lps.append(torch.where(keep, lp, 0.0))
         if ent is not None:
@@ -122,8 +139,11 @@ def reference_logprobs(
     response_mask: torch.Tensor,
     *,
     micro_batch_size: int,
+    temperature: float = 1.0,
 ) -> torch.Tensor:
     """Logprobs under the frozen base: the same model with the adapter disabled, no second copy.
+    Scored at the sampling temperature like the policy (as verl does), so the KL compares the
+    same two distributions the samples are judged by.
 
     `disable_adapter()` toggles `requires_grad` on LoRA parameters and re-enables them on exit;
     the flags are restored explicitly afterwards so a wrapper that re-registers parameters
@@ -139,6 +159,7 @@ def reference_logprobs(
                 response_mask,
                 micro_batch_size=micro_batch_size,
                 with_entropy=False,
+                temperature=temperature,
             )
     finally:
         for name, p in peft_model.named_parameters():

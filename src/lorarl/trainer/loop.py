@@ -140,6 +140,7 @@ class Trainer:
             epochs=a.ppo_epochs,
             grad_clip=o.grad_clip,
             behavior_from_rollout=spec.training.off_policy_steps > 0,
+            temperature=spec.rollout.sampling.temperature,
         )
         self.pad_id = self.tokenizer.pad_token_id
         if self.pad_id is None:

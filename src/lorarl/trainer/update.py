@@ -31,6 +31,8 @@ class UpdateConfig:
     # Samples may come from older weights than the trainer's (one-step off-policy): the ratio's
     # denominator is then the engines' logprobs, the policy that really generated them.
     behavior_from_rollout: bool = False
+    # The engines' sampling temperature: every logprob pass scores softmax(logits / T).
+    temperature: float = 1.0
 
 
 def _all_reduce(values: list[float]) -> list[float]:
@@ -68,13 +70,14 @@ def update_policy(
         with torch.no_grad():
             old, _ = sequence_logprobs(
                 model, batch.input_ids, batch.attention_mask, batch.response_mask,
-                micro_batch_size=mbs,
+                micro_batch_size=mbs, temperature=cfg.temperature,
             )  # fmt: skip
     ref = None
     if cfg.loss.kl_coef > 0:
         ref = reference_logprobs(
-            model, batch.input_ids, batch.attention_mask, batch.response_mask, micro_batch_size=mbs
-        )
+            model, batch.input_ids, batch.attention_mask, batch.response_mask,
+            micro_batch_size=mbs, temperature=cfg.temperature,
+        )  # fmt: skip
 
     sums: dict[str, float] = defaultdict(float)  # token-weighted metric sums on this rank
     grad_norms: list[float] = []
@@ -95,7 +98,7 @@ def update_policy(
                 sub = part.slice(mb)
                 lp, ent = sequence_logprobs(
                     model, sub.input_ids, sub.attention_mask, sub.response_mask,
-                    micro_batch_size=mbs, with_entropy=True,
+                    micro_batch_size=mbs, with_entropy=True, temperature=cfg.temperature,
                 )  # fmt: skip
                 if cfg.loss.entropy_coef == 0:
                     ent = ent.detach()
