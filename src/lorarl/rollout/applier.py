@@ -8,6 +8,7 @@ there is no drift); the last good update is kept so a restarted engine can be br
 from __future__ import annotations
 
 import logging
+import math
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -43,6 +44,24 @@ def model_shapes(model_dir: str | Path) -> dict[str, tuple[int, int]]:
                 if len(shape) == 2:
                     shapes[name.removesuffix(".weight")] = (shape[0], shape[1])
     return shapes
+
+
+def served_adapter_config(header: SyncHeader, model_dir: str | Path) -> LoraConfig:
+    """The adapter config an engine serves the update with, scaled exactly as the trainer.
+
+    SGLang's `LoRAConfig` reads only `r` and `lora_alpha` and scales by alpha/r, so with rsLoRA
+    (alpha/sqrt(r)) it would serve a delta sqrt(r) too small. Folding the factor into alpha
+    (alpha * sqrt(r) / r = alpha / sqrt(r)) gives every engine (SGLang, vLLM, PEFT) the
+    trainer's scaling without relying on `use_rslora` support.
+    """
+    alpha = header.alpha * math.sqrt(header.rank) if header.use_rslora else header.alpha
+    return LoraConfig(
+        r=header.rank,
+        lora_alpha=alpha,
+        use_rslora=False,
+        target_modules=sorted({m.rsplit(".", 1)[-1] for m in header.target_modules}),
+        base_model_name_or_path=str(model_dir),
+    )
 
 
 @dataclass
@@ -129,15 +148,7 @@ class UpdateApplier:
         name = adapter_name(header.version)
         folder = self.adapter_root / name
         shutil.rmtree(folder, ignore_errors=True)
-        leaves = sorted({m.rsplit(".", 1)[-1] for m in header.target_modules})
-        config = LoraConfig(
-            r=header.rank,
-            lora_alpha=header.alpha,
-            use_rslora=header.use_rslora,
-            target_modules=leaves,
-            base_model_name_or_path=str(self.model_dir),
-        )
-        write_adapter_dir(tensors, config, folder)
+        write_adapter_dir(tensors, served_adapter_config(header, self.model_dir), folder)
         t1 = time.perf_counter()
         self.engine.load_adapter(folder, name, header.version)
         previous = self.current.header.version if self.current and not self.stale else None
