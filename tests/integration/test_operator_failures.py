@@ -181,3 +181,31 @@ def test_operator_killed_mid_reconcile_creates_nothing_twice(tmp_path: Path) -> 
         assert kept["metadata"]["uid"] == secret["metadata"]["uid"]
         assert kept["stringData"] == secret["stringData"] or kept.get("data") == secret.get("data")
         assert len(c.kube.emulator.list_objects("v1/services", "default")) == 1
+
+
+def test_a_child_the_api_server_refuses_fails_the_job_with_its_message(shared: Cluster) -> None:
+    """422 Invalid is final: the job fails with the API server's words (condition and Event)
+    instead of retrying the same create every 2 s forever."""
+    message = 'spec.containers[0].resources.limits[memory]: Invalid value: "16GB"'
+
+    def refuse(review: dict) -> dict:
+        request = review["request"]
+        labels = (request.get("object") or {}).get("metadata", {}).get("labels") or {}
+        if labels.get("lorarl.dev/job") != "refused":
+            return {"response": {"uid": request["uid"], "allowed": True}}
+        status = {"code": 422, "reason": "Invalid", "message": message}
+        return {"response": {"uid": request["uid"], "allowed": False, "status": status}}
+
+    shared.kube.emulator.add_admission_hook(
+        refuse, name="refuse", resource="pods", operations=("CREATE",)
+    )
+    shared.create(quickstart("refused"))
+    status = shared.wait_phase("refused", "Failed")
+    failed = next(c for c in status["conditions"] if c["type"] == "Failed")
+    assert failed["reason"] == "ChildRejected"
+    assert failed["message"].startswith("422 Invalid: creating Pod refused-")
+    assert message in failed["message"]
+    shared.wait_event("refused", "ChildRejected", message)
+    assert shared.pods("refused") == {}
+    time.sleep(1.0)  # several timer periods: the failure is final, nothing retries
+    assert shared.status("refused")["phase"] == "Failed" and shared.pods("refused") == {}

@@ -100,7 +100,12 @@ def _convert(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
         if len(options) == 1:
             out = _convert({**options[0], **rest}, defs)
         elif {o.get("type") for o in options} == {"integer", "string"}:
+            # As controller-gen renders resource.Quantity: the string's pattern and the
+            # integer's bounds (each keyword applies only to values of its own type).
             out = {"x-kubernetes-int-or-string": True}
+            for option in options:
+                keep = ("pattern",) if option.get("type") == "string" else ("minimum",)
+                out |= {k: option[k] for k in keep if k in option}
             if "description" in rest:
                 out["description"] = rest["description"]
         else:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from typing import Literal
 
+import yaml
 from pydantic import ConfigDict, Field
 
 from lorarl.api.base import ApiModel
@@ -50,6 +51,28 @@ _NAME_RULE = Rule(
 )
 
 
+# A ConfigMap holds at most 1 MiB of data; the job's rendered config is one key of it.
+MAX_CONFIG_BYTES = 1024 * 1024
+
+
+def rendered_config(job: LoRARLJob) -> dict:
+    """The job as every process reads it (the ConfigMap's job.yaml, a local run's job.yaml)."""
+    return job.model_dump(mode="json", by_alias=True, exclude_none=True, exclude={"status"})
+
+
+def config_bytes(job: LoRARLJob) -> int:
+    return len(yaml.safe_dump(rendered_config(job), sort_keys=True).encode())
+
+
+_CONFIG_SIZE_RULE = Rule(
+    cel=None,  # the size of a rendering is not something CEL can compute; the webhook checks it
+    message=f"the job rendered as its ConfigMap's job.yaml exceeds {MAX_CONFIG_BYTES} bytes "
+    "(1 MiB, the ConfigMap limit): keep large data such as reward params in files on a volume",
+    check=lambda m: config_bytes(m) <= MAX_CONFIG_BYTES,
+    cluster=True,
+)
+
+
 class LoRARLJob(ApiModel):
     model_config = ConfigDict(json_schema_extra=rules_schema_extra(_NAME_RULE))
 
@@ -61,7 +84,7 @@ class LoRARLJob(ApiModel):
     spec: LoRARLJobSpec = Field(description="What to train and how.")
     status: LoRARLJobStatus | None = Field(default=None, description="Observed state.")
 
-    _rules = enforce(_NAME_RULE)
+    _rules = enforce(_NAME_RULE, _CONFIG_SIZE_RULE)
 
     @property
     def name(self) -> str:

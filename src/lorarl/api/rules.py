@@ -7,7 +7,9 @@ evaluates every CEL rule with a real CEL engine against the examples and checks 
 
 A `cluster` rule holds only for jobs that run as pods (the CRD is only ever a cluster's): Python
 enforces it when validation runs with the context `{"cluster": True}` (`CLUSTER`), so
-`lorarl run --local` and the processes reading a rendered config are not held to it.
+`lorarl run --local` and the processes reading a rendered config are not held to it. A rule
+without CEL (quantity arithmetic, the rendered config's size) is Python only: the webhook
+enforces it in the cluster.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from pydantic import ValidationInfo, model_validator
 from pydantic_core import PydanticCustomError
 
 CLUSTER = {"cluster": True}  # validation context of a job that runs as pods
+# What the CRD alone enforces (no Python-only rules): for tests that compare the two.
+CRD_ONLY = {"cluster": True, "crd_only": True}
 
 
 def in_cluster(info: ValidationInfo | None) -> bool:
@@ -28,7 +32,7 @@ def in_cluster(info: ValidationInfo | None) -> bool:
 
 @dataclass(frozen=True)
 class Rule:
-    cel: str
+    cel: str | None  # None: Python only (the webhook enforces it; the CRD cannot)
     message: str
     check: Callable[[Any], bool]
     field: str | None = None  # the field the error is reported on, relative to the object
@@ -43,7 +47,7 @@ class Rule:
 
 
 def rules_schema_extra(*rules: Rule) -> dict[str, Any]:
-    return {"x-kubernetes-validations": [r.to_crd() for r in rules]}
+    return {"x-kubernetes-validations": [r.to_crd() for r in rules if r.cel]}
 
 
 def enforce(*rules: Rule):
@@ -51,8 +55,9 @@ def enforce(*rules: Rule):
 
     def _check(self, info: ValidationInfo):
         cluster = in_cluster(info)
+        crd_only = bool(isinstance(info.context, dict) and info.context.get("crd_only"))
         for rule in rules:
-            if rule.cluster and not cluster:
+            if (rule.cluster and not cluster) or (crd_only and not rule.cel):
                 continue
             if not rule.check(self):
                 value = _field_value(self, rule.field)

@@ -8,7 +8,16 @@ from typing import Annotated, Any, Literal
 from pydantic import ConfigDict, Field
 
 from lorarl.api.base import ApiModel
-from lorarl.api.k8s import EnvVar, ResourceRequirements, Toleration, VolumeClaim
+from lorarl.api.k8s import (
+    DNS1123_LABEL,
+    GPU_RESOURCE,
+    EnvVar,
+    LabelValue,
+    ObjectName,
+    ResourceRequirements,
+    Toleration,
+    VolumeClaim,
+)
 from lorarl.api.rules import Rule, enforce, rules_schema_extra
 
 GROUP_ALGORITHMS = ("grpo", "dr_grpo", "dapo", "rloo")
@@ -355,7 +364,7 @@ class PodTemplateFields(ApiModel):
     resources: ResourceRequirements = Field(
         default_factory=ResourceRequirements, description="Container resources."
     )
-    node_selector: dict[str, str] = Field(default_factory=dict, description="Node selector.")
+    node_selector: dict[str, LabelValue] = Field(default_factory=dict, description="Node selector.")
     tolerations: list[Toleration] = Field(default_factory=list, description="Tolerations.")
     env: list[EnvVar] = Field(
         default_factory=list,
@@ -364,12 +373,22 @@ class PodTemplateFields(ApiModel):
     )
 
 
+# lorarl sets the GPU limit from gpusPerReplica; a user's own would clash with it.
+_NO_GPU_RESOURCE = Rule(
+    cel=f"!('{GPU_RESOURCE}' in self.resources.requests) && "
+    f"!('{GPU_RESOURCE}' in self.resources.limits)",
+    message=f"must not name {GPU_RESOURCE}: set gpusPerReplica instead",
+    check=lambda m: (
+        GPU_RESOURCE not in m.resources.requests and GPU_RESOURCE not in m.resources.limits
+    ),
+    field="resources",
+)
 _TRAINER_ENV_RULE = _env_rule()
 
 
 class TrainerSpec(PodTemplateFields):
     model_config = ConfigDict(
-        json_schema_extra=rules_schema_extra(_TRAINER_ENV_RULE, _ENV_VALUE_RULE)
+        json_schema_extra=rules_schema_extra(_TRAINER_ENV_RULE, _ENV_VALUE_RULE, _NO_GPU_RESOURCE)
     )
 
     replicas: int = Field(default=1, ge=1, le=1024, description="Trainer nodes (pods).")
@@ -384,7 +403,7 @@ class TrainerSpec(PodTemplateFields):
     )
     fsdp: FsdpSpec = Field(default_factory=FsdpSpec, description="FSDP2 options.")
 
-    _rules = enforce(_TRAINER_ENV_RULE, _ENV_VALUE_RULE)
+    _rules = enforce(_TRAINER_ENV_RULE, _ENV_VALUE_RULE, _NO_GPU_RESOURCE)
 
 
 _TEMPERATURE_RULE = Rule(
@@ -430,7 +449,7 @@ _TP_CPU_RULE = Rule(
 class RolloutSpec(PodTemplateFields):
     model_config = ConfigDict(
         json_schema_extra=rules_schema_extra(
-            _ROLLOUT_ENV_RULE, _ENV_VALUE_RULE, _TP_RULE, _TP_CPU_RULE
+            _ROLLOUT_ENV_RULE, _ENV_VALUE_RULE, _TP_RULE, _TP_CPU_RULE, _NO_GPU_RESOURCE
         )
     )
 
@@ -458,7 +477,7 @@ class RolloutSpec(PodTemplateFields):
         default_factory=list, description="Extra engine command-line flags."
     )
 
-    _rules = enforce(_ROLLOUT_ENV_RULE, _ENV_VALUE_RULE, _TP_RULE, _TP_CPU_RULE)
+    _rules = enforce(_ROLLOUT_ENV_RULE, _ENV_VALUE_RULE, _TP_RULE, _TP_CPU_RULE, _NO_GPU_RESOURCE)
 
 
 class RunPolicy(ApiModel):
@@ -484,12 +503,16 @@ class RunPolicy(ApiModel):
 
 class SchedulingSpec(ApiModel):
     queue_name: str | None = Field(
-        default=None, min_length=1, description="Kueue LocalQueue to admit the job through."
+        default=None,
+        min_length=1,
+        max_length=63,
+        pattern=DNS1123_LABEL,
+        description="Kueue LocalQueue to admit the job through (a pod label value).",
     )
     gang: Literal["none", "scheduler-plugins", "volcano"] = Field(
         default="none", description="Gang-schedule all pods of the job with a PodGroup."
     )
-    priority_class_name: str | None = Field(
+    priority_class_name: ObjectName | None = Field(
         default=None, description="PriorityClass for the job's pods."
     )
 
@@ -542,7 +565,49 @@ _OUTPUT_ON_VOLUME_RULE = Rule(
     field="training.outputDir",
     cluster=True,
 )
-_SPEC_RULES = (_MINI_BATCH_RULE, _SERVICE_REWARD_RULE, _OUTPUT_VOLUME_RULE, _OUTPUT_ON_VOLUME_RULE)
+# Paths lorarl mounts in every pod (the rendered config, shared memory, the writable /tmp).
+RESERVED_MOUNT_PATHS = ("/etc/lorarl", "/dev/shm", "/tmp")
+_CLAIMS = (
+    ("has(self.model.volume)", "self.model.volume.mountPath"),
+    ("has(self.data.volume)", "self.data.volume.mountPath"),
+    ("has(self.training) && has(self.training.volume)", "self.training.volume.mountPath"),
+)
+
+
+def _mount_paths_cel() -> str:
+    """The claims' mount paths must differ from each other and from lorarl's own."""
+    reserved = "[" + ", ".join(f"'{p}'" for p in RESERVED_MOUNT_PATHS) + "]"
+    checks = [f"!({h}) || !({p} in {reserved})" for h, p in _CLAIMS]
+    for i, (h1, p1) in enumerate(_CLAIMS):
+        for h2, p2 in _CLAIMS[i + 1 :]:
+            checks.append(f"!({h1}) || !({h2}) || {p1} != {p2}")
+    return " && ".join(f"({c})" for c in checks)
+
+
+def _claim_paths(m: LoRARLJobSpec) -> list[str]:
+    claims = (m.model.volume, m.data.volume, m.training.volume)
+    return [c.mount_path for c in claims if c is not None]
+
+
+# The API server refuses a Pod whose container mounts two volumes at one path.
+_MOUNT_PATHS_RULE = Rule(
+    cel=_mount_paths_cel(),
+    message="model.volume, data.volume and training.volume need distinct mountPaths, none of "
+    + ", ".join(RESERVED_MOUNT_PATHS)
+    + " (lorarl mounts those)",
+    check=lambda m: (
+        len(set(_claim_paths(m))) == len(_claim_paths(m))
+        and not set(_claim_paths(m)) & set(RESERVED_MOUNT_PATHS)
+    ),
+    cluster=True,
+)
+_SPEC_RULES = (
+    _MINI_BATCH_RULE,
+    _SERVICE_REWARD_RULE,
+    _OUTPUT_VOLUME_RULE,
+    _OUTPUT_ON_VOLUME_RULE,
+    _MOUNT_PATHS_RULE,
+)
 
 
 def _default_reward() -> RewardSpec:

@@ -15,7 +15,7 @@ import yaml
 from pydantic import ValidationError
 
 from lorarl.api.job import LoRARLJob
-from lorarl.api.rules import CLUSTER
+from lorarl.api.rules import CLUSTER, CRD_ONLY
 
 
 @dataclass(frozen=True)
@@ -57,12 +57,13 @@ def _context(cluster: bool) -> dict[str, bool] | None:
     return CLUSTER if cluster else None
 
 
-def check_manifest(doc: Any, *, cluster: bool = True) -> list[Problem]:
-    """What the cluster (CRD, webhook) says about a manifest; `cluster=False` for a local run."""
+def check_manifest(doc: Any, *, cluster: bool = True, crd_only: bool = False) -> list[Problem]:
+    """What the cluster (CRD, webhook) says about a manifest; `cluster=False` for a local run,
+    `crd_only` for the CRD alone (without the webhook's Python-only rules)."""
     if not isinstance(doc, dict):
         return [Problem("", f"a manifest must be a mapping (got {_show(doc)})")]
     try:
-        LoRARLJob.model_validate(doc, context=_context(cluster))
+        LoRARLJob.model_validate(doc, context=CRD_ONLY if crd_only else _context(cluster))
     except ValidationError as exc:
         return [_problem(err) for err in exc.errors(include_url=False)]
     return []

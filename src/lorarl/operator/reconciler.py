@@ -30,7 +30,7 @@ from lorarl.api.validation import ManifestError, parse_job
 from lorarl.operator import builders
 from lorarl.operator.config import OperatorConfig
 from lorarl.operator.decide import TERMINAL, Decision, Observed, decide, rfc3339
-from lorarl.operator.kube import Kube, job_path, path
+from lorarl.operator.kube import Kube, KubeError, job_path, path
 from lorarl.operator.metrics import OperatorMetrics
 from lorarl.operator.status import PodView, pod_view, set_condition
 from lorarl.plan import JobPlan, plan
@@ -38,6 +38,7 @@ from lorarl.plan import JobPlan, plan
 log = logging.getLogger("lorarl.operator")
 Key = tuple[str, str]
 LAG = 30.0  # seconds after which the pod index is trusted over our own memory
+PERMANENT_STATUSES = (400, 422)  # BadRequest, Invalid: the same request can never succeed
 
 
 @dataclass
@@ -178,7 +179,12 @@ class Reconciler:
             await self._invalid(state, previous, str(exc))
             return None
         if previous.phase not in TERMINAL:
-            await self._ensure_children(state, job, job_plan)
+            try:
+                await self._ensure_children(state, job, job_plan)
+            except KubeError as exc:
+                if not await self._rejected(state, previous, exc):
+                    raise
+                return None
         if poll and previous.phase not in (*TERMINAL, "Suspended"):
             state.progress = await self._poll(job) or state.progress
         decision = decide(
@@ -192,7 +198,12 @@ class Reconciler:
                 progress=state.progress,
             )
         )
-        await self._act(state, job, job_plan, decision, pods)
+        try:
+            await self._act(state, job, job_plan, decision, pods)
+        except KubeError as exc:
+            if not await self._rejected(state, previous, exc):
+                raise
+            return None
         if decision.status != previous:
             await self._write_status(state, decision.status)
         for ev in decision.events:
@@ -280,8 +291,25 @@ class Reconciler:
         )
         state.status, state.phase = status, status.phase
 
-    async def _invalid(self, state: JobState, previous: LoRARLJobStatus, problem: str) -> None:
-        """A spec the webhook would have refused (webhook off): fail it, do not retry."""
+    async def _rejected(self, state: JobState, previous: LoRARLJobStatus, exc: KubeError) -> bool:
+        """The API server refused a child as invalid (400, 422): the same write would be
+        refused forever, so the job fails with the server's words instead of retrying. Other
+        errors (conflicts, quota, an unreachable server) may pass: the caller retries."""
+        if exc.status not in PERMANENT_STATUSES:
+            return False
+        await self._invalid(state, previous, str(exc), reason="ChildRejected")
+        return True
+
+    async def _invalid(
+        self,
+        state: JobState,
+        previous: LoRARLJobStatus,
+        problem: str,
+        *,
+        reason: str = "InvalidSpec",
+    ) -> None:
+        """A spec the webhook would have refused (webhook off), or a child the API server
+        refused: fail it, do not retry."""
         if previous.phase == "Failed":
             return
         now = rfc3339(dt.datetime.now(dt.timezone.utc))
@@ -292,12 +320,12 @@ class Reconciler:
                 "completion_time": previous.completion_time or now,
                 "observed_generation": gen,
                 "conditions": set_condition(
-                    previous.conditions, "Failed", True, "InvalidSpec", problem, now, gen
+                    previous.conditions, "Failed", True, reason, problem, now, gen
                 ),
             }
         )
         await self._write_status(state, status)
-        kopf.event(state.body, type="Warning", reason="InvalidSpec", message=problem)
+        kopf.event(state.body, type="Warning", reason=reason, message=problem)
 
     async def _poll(self, job: LoRARLJob) -> Progress | None:
         url = f"{self.config.progress_base(job.namespace, job.name)}/progress"

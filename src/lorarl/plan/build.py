@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from lorarl.api.job import LoRARLJob
+from lorarl.api.job import LoRARLJob, rendered_config
 from lorarl.api.k8s import ResourceRequirements, VolumeClaim
 from lorarl.api.spec import RESERVED_ENV, LoRARLJobSpec
 from lorarl.plan.addressing import Addressing, ClusterAddressing
@@ -85,7 +85,7 @@ def plan(
         labels=labels,
         sync=sync,
         roles=roles,
-        config=job.model_dump(mode="json", by_alias=True, exclude_none=True, exclude={"status"}),
+        config=rendered_config(job),
     )
 
 
