@@ -293,3 +293,44 @@ def test_rl_loss_and_config_reject_bad_input():
         LossConfig(norm_len=512)
     with pytest.raises(ValueError, match="clip_high must be >= 0"):
         LossConfig(clip_high=-0.1)
+
+
+# ---------------------------------------------------------------- rollout correction (issue 13 #5)
+
+
+def test_tis_caps_the_trainer_over_engine_ratio_and_weighs_the_token_loss():
+    from lorarl.trainer.losses import rollout_correction
+
+    old = t([[-1.0, -1.0, -1.0, -1.0]])
+    engine = old - t([[0.0, math.log(1.5), math.log(3.0), -math.log(4.0)]])  # rho 1, 1.5, 3, 1/4
+    mask = t([[1.0, 1.0, 1.0, 1.0]])
+    w, m = rollout_correction(old, engine, mask, "tis", 2.0)
+    close(w, [[1.0, 1.5, 2.0, 0.25]])
+    close(m["tis_clip_frac"], 0.25)
+    w, m = rollout_correction(old, engine, mask, "mask-token", 2.0)
+    close(w, [[1.0, 1.0, 0.0, 0.0]])
+    close(m["tis_clip_frac"], 0.5)
+    w, _ = rollout_correction(old, engine, mask, "mask-sequence", 2.0)  # geo-mean rho 1.06
+    close(w, [[1.0, 1.0, 1.0, 1.0]])
+    w, _ = rollout_correction(old, engine, t([[0.0, 0.0, 1.0, 0.0]]), "mask-sequence", 2.0)
+    close(w, [[0.0, 0.0, 0.0, 0.0]])  # its only token has rho 3
+    # In the loss: with advantage 1 and ratio 1 the per-token loss is -1, weighted by w.
+    cfg = LossConfig(correction="tis", correction_threshold=2.0)
+    loss, metrics = rl_loss(old.clone(), old, t([[1.0] * 4]), mask, cfg, rollout_logprobs=engine)
+    close(loss, -(1.0 + 1.5 + 2.0 + 0.25) / 4)
+    close(metrics["tis_clip_frac"], 0.25)
+    plain, _ = rl_loss(old.clone(), old, t([[1.0] * 4]), mask, LossConfig(correction="off"))
+    close(plain, -1.0)
+
+
+def test_mse_is_k2_and_low_var_kl_is_k3():
+    lp, ref = t([[-1.0, -2.0]]), t([[-1.5, -1.0]])
+    close(kl_penalty(lp, ref, "mse"), kl_penalty(lp, ref, "k2"))
+    close(kl_penalty(lp, ref, "low_var_kl"), kl_penalty(lp, ref, "k3"))
+
+
+def test_seq_mean_token_sum_norm_divides_by_a_constant_length():
+    loss = aggregate(LOSS, MASK, "seq-mean-token-sum-norm", norm_len=10)
+    close(loss, aggregate(LOSS, MASK, "seq-mean-token-sum", norm_len=10))
+    with pytest.raises(ValueError, match="needs norm_len"):
+        aggregate(LOSS, MASK, "seq-mean-token-sum-norm")

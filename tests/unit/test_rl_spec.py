@@ -47,3 +47,19 @@ def test_both_engines_are_told_to_report_post_temperature_logprobs():
     assert vllm.command[flag + 1] == "processed_logprobs"
     sglang = _engine(make(rollout={"engine": "sglang"}))
     assert sglang.env["SGLANG_RETURN_ORIGINAL_LOGPROB"] == "false"
+
+
+def test_rollout_correction_and_dual_clip_are_on_by_default_and_can_be_turned_off():
+    from lorarl.trainer.settings import loss_config
+
+    cfg = loss_config(make())
+    assert (cfg.correction, cfg.correction_threshold, cfg.dual_clip) == ("tis", 2.0, 3.0)
+    off = loss_config(
+        make(algorithm={"dualClip": None, "rolloutCorrection": {"mode": "off"}})
+    )
+    assert (off.correction, off.dual_clip) == ("off", None)
+    masked = loss_config(make(algorithm={"rolloutCorrection": {"mode": "mask-token",
+                                                               "threshold": 3}}))  # fmt: skip
+    assert (masked.correction, masked.correction_threshold) == ("mask-token", 3.0)
+    assert any("rolloutCorrection.threshold" in p
+               for p in problems(algorithm={"rolloutCorrection": {"threshold": 1}}))  # fmt: skip

@@ -200,3 +200,21 @@ def test_reference_logprobs_use_the_sampling_temperature(policy):
                              micro_batch_size=6, temperature=0.5)  # fmt: skip
     mask = b.response_mask[:, 1:].bool()
     torch.testing.assert_close(ref[:, 1:][mask], want[mask], rtol=1e-5, atol=1e-5)
+
+
+def test_truncated_importance_sampling_against_the_engine_is_reported_per_step(policy):
+    """Issue 13 #5: tokens the engine found much less likely than the trainer (rho > 2) are
+    capped; the step reports how many, and the mismatch quantiles."""
+    model = copy.deepcopy(policy)
+    b = _scaled_rollout_batch(model, 1.0)
+    mask = b.response_mask.bool()
+    b.rollout_logprobs[:3] = torch.where(mask[:3], b.rollout_logprobs[:3] - 2.0, 0.0)  # rho e^2
+    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.0)
+    tis = UpdateConfig(LossConfig(correction="tis"), micro_batch_size=3)
+    metrics = update_policy(model, opt, b, tis)
+    share = float(mask[:3].sum() / mask.sum())
+    assert metrics["tis_clip_frac"] == pytest.approx(share)
+    assert metrics["logprob_mismatch_p50"] <= 1e-6  # half the tokens or more match exactly
+    assert 2.0 <= metrics["logprob_mismatch_p99"] <= 10 ** 0.5  # the shifted ones, binned
+    off = update_policy(model, opt, b, UpdateConfig(LossConfig(), micro_batch_size=3))
+    assert "tis_clip_frac" not in off

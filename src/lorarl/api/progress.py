@@ -32,6 +32,15 @@ class StepRecord(ApiModel):
     logprob_mismatch: float | None = Field(
         default=None, description="Mean |rollout logprob - trainer logprob| per token."
     )
+    logprob_mismatch_p50: float | None = Field(
+        default=None, description="Median |rollout - trainer| logprob per token (bin upper edge)."
+    )
+    logprob_mismatch_p90: float | None = None
+    logprob_mismatch_p99: float | None = None
+    tis_clip_frac: float | None = Field(
+        default=None,
+        description="Fraction of tokens whose rollout-correction weight was truncated or masked.",
+    )
     weight_version: int | None = Field(default=None, description="Version the samples came from.")
     step_seconds: float | None = None
     generate_seconds: float | None = None

@@ -140,6 +140,21 @@ class KLSpec(ApiModel):
     )
 
 
+class RolloutCorrectionSpec(ApiModel):
+    mode: Literal["tis", "mask-token", "mask-sequence", "off"] = Field(
+        default="tis",
+        description="Correction for the engines not sampling exactly the trainer's policy "
+        "(other precision and kernels, or one-step-old weights), from the ratio rho = "
+        "pi_trainer / pi_engine per token: tis (truncated importance sampling, the loss of each "
+        "token weighted by min(rho, threshold), as verl and TRL), mask-token (drop tokens with "
+        "rho outside [1/threshold, threshold]), mask-sequence (drop sequences whose "
+        "geometric-mean rho is outside it) or off.",
+    )
+    threshold: float = Field(
+        default=2.0, gt=1, le=1000, description="The cap (tis) or the mask bound on rho."
+    )
+
+
 class DynamicSamplingSpec(ApiModel):
     enabled: bool = Field(
         default=False,
@@ -184,7 +199,11 @@ class AlgorithmSpec(ApiModel):
         description="Upper clip: ratio <= 1 + clipRatioHigh (DAPO's clip-higher uses 0.28).",
     )
     dual_clip: float | None = Field(
-        default=None, gt=1, description="Dual-clip bound c for negative advantages (off if unset)."
+        default=3.0,
+        gt=1,
+        description="Dual-clip bound c (verl's default 3): the loss of a negative-advantage token "
+        "is capped at -A * c, so a token whose ratio exploded (stale or mismatched samples) "
+        "cannot dominate the step. null turns it off.",
     )
     loss_aggregation: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"] = Field(
         default="token-mean",
@@ -192,6 +211,10 @@ class AlgorithmSpec(ApiModel):
         "(GRPO paper) or seq-mean-token-sum (Dr.GRPO).",
     )
     kl: KLSpec = Field(default_factory=KLSpec, description="KL penalty to the base model.")
+    rollout_correction: RolloutCorrectionSpec = Field(
+        default_factory=RolloutCorrectionSpec,
+        description="Importance-sampling correction against the engines' logprobs (on: tis).",
+    )
     entropy_coef: float = Field(default=0.0, ge=0, description="Entropy bonus coefficient.")
     dynamic_sampling: DynamicSamplingSpec = Field(
         default_factory=DynamicSamplingSpec, description="DAPO dynamic sampling."

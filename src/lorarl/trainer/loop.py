@@ -30,7 +30,6 @@ from lorarl.trainer.batch import TrainSample, collate, shard_for_rank
 from lorarl.trainer.checkpoint import CheckpointManager, export_adapter
 from lorarl.trainer.data import DataPosition, PromptDataset, PromptSampler
 from lorarl.trainer.engine_gate import wait_for_synced_engines
-from lorarl.trainer.losses import LossConfig
 from lorarl.trainer.model import apply_lora, load_base_model
 from lorarl.trainer.parallel import DistContext, shard_model
 from lorarl.trainer.progress import ProgressServer, ProgressTracker
@@ -42,6 +41,7 @@ from lorarl.trainer.settings import (
     Endpoints,
     advantage_estimator,
     lora_settings,
+    loss_config,
     output_dirs,
 )
 from lorarl.trainer.update import UpdateConfig, update_policy
@@ -126,15 +126,7 @@ class Trainer:
         )  # fmt: skip
         a = spec.algorithm
         self.update_cfg = UpdateConfig(
-            loss=LossConfig(
-                clip_low=a.clip_ratio_low,
-                clip_high=a.clip_ratio_high,
-                dual_clip=a.dual_clip,
-                agg=a.loss_aggregation,
-                kl_coef=a.kl.coef,
-                kl_estimator=a.kl.estimator,
-                entropy_coef=a.entropy_coef,
-            ),
+            loss=loss_config(job),
             micro_batch_size=spec.training.micro_batch_size,
             mini_batches=self._mini_batches(),
             epochs=a.ppo_epochs,
@@ -376,6 +368,10 @@ class Trainer:
             tokens_per_second=tokens / step_s,
             response_length_mean=sum(lengths) / max(len(lengths), 1),
             logprob_mismatch=metrics["logprob_mismatch"],
+            logprob_mismatch_p50=metrics["logprob_mismatch_p50"],
+            logprob_mismatch_p90=metrics["logprob_mismatch_p90"],
+            logprob_mismatch_p99=metrics["logprob_mismatch_p99"],
+            tis_clip_frac=metrics.get("tis_clip_frac"),
             weight_version=min(s.weight_version for s in samples),
             step_seconds=step_s,
             generate_seconds=collected.generate_seconds,

@@ -6,6 +6,7 @@ force a device sync per micro-batch; the trainer converts them once per step.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -13,6 +14,7 @@ from torch import Tensor
 
 __all__ = [
     "AGG_MODES",
+    "CORRECTION_MODES",
     "KL_ESTIMATORS",
     "LossConfig",
     "aggregate",
@@ -20,11 +22,15 @@ __all__ = [
     "kl_penalty",
     "policy_loss",
     "rl_loss",
+    "rollout_correction",
     "token_logprobs_from_logits",
 ]
 
-AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
-KL_ESTIMATORS = ("k1", "k2", "k3", "low_var_kl")
+AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+# verl's names: low_var_kl is k3, mse is k2.
+KL_ESTIMATORS = ("k1", "k2", "k3", "low_var_kl", "mse")
+CORRECTION_MODES = ("tis", "mask-token", "mask-sequence", "off")
+_SUM_MODES = ("seq-mean-token-sum", "seq-mean-token-sum-norm")
 _LOG_RATIO_CLAMP = 20.0  # exp(20) ~ 5e8: far past any clip range, still finite in fp32
 
 
@@ -43,20 +49,24 @@ def aggregate(
 
     - ``token-mean``: every token weighs the same (DAPO); long answers are not diluted.
     - ``seq-mean-token-mean``: every sequence weighs the same (GRPO paper).
-    - ``seq-mean-token-sum``: per-sequence sums, mean over sequences (Dr.GRPO). With ``norm_len``
-      (Dr.GRPO's constant, the max response length) sums are divided by it, which keeps the loss
-      scale independent of batch content without re-introducing a length bias.
+    - ``seq-mean-token-sum``: per-sequence sums, mean over sequences. With ``norm_len`` sums are
+      divided by it.
+    - ``seq-mean-token-sum-norm`` (verl's name; Dr.GRPO): per-sequence sums divided by the
+      constant ``norm_len`` (required; the max response length), mean over sequences: no length
+      bias, and the loss scale does not grow with response length (so gradClip stays meaningful).
     Sequence modes average over sequences that have at least one token, so all-padding rows
     (micro-batch filler) do not shrink the loss. No tokens at all gives 0, still in the graph.
     """
     if mode not in AGG_MODES:
         raise ValueError(f"unknown loss aggregation {mode!r}; valid modes: {', '.join(AGG_MODES)}")
     _check_same_shape(loss_mat, mask=mask)
-    if norm_len is not None and (mode != "seq-mean-token-sum" or norm_len <= 0):
+    if norm_len is not None and (mode not in _SUM_MODES or norm_len <= 0):
         raise ValueError(
             f"norm_len applies to 'seq-mean-token-sum' only and must be > 0; "
             f"got norm_len={norm_len} with mode {mode!r}"
         )
+    if mode == "seq-mean-token-sum-norm" and norm_len is None:
+        raise ValueError("'seq-mean-token-sum-norm' needs norm_len (e.g. the max response length)")
     m = mask.to(loss_mat.dtype)
     masked = loss_mat * m
     if mode == "token-mean":
@@ -85,13 +95,15 @@ def policy_loss(
     dual_clip: float | None = None,
     agg: str = "token-mean",
     norm_len: int | None = None,
+    is_weights: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """PPO clipped surrogate, ratio clipped to ``[1 - clip_low, 1 + clip_high]``.
 
     Separate bounds are DAPO's clip-higher: a larger ``clip_high`` lets unlikely tokens with
     positive advantage grow, which keeps entropy from collapsing. ``dual_clip`` (c > 1) caps the
     loss of negative-advantage tokens at ``-A * c``, so a token whose ratio exploded cannot
-    dominate.
+    dominate. ``is_weights`` (detached, from ``rollout_correction``) multiply the per-token loss
+    after clipping, as verl's rollout IS and TRL's vLLM IS correction do.
     ``clip_frac`` counts tokens whose gradient the clipping removed.
     """
     _check_same_shape(logprobs, old_logprobs=old_logprobs, advantages_tok=advantages_tok, mask=mask)
@@ -113,6 +125,9 @@ def policy_loss(
         cap = -adv * dual_clip
         dual_active = (adv < 0) & (loss_mat > cap)
         loss_mat = torch.where(dual_active, cap, loss_mat)
+    if is_weights is not None:
+        _check_same_shape(logprobs, is_weights=is_weights)
+        loss_mat = loss_mat * is_weights.detach().to(loss_mat.dtype)
     loss = aggregate(loss_mat, mask, agg, norm_len=norm_len)
     m = mask.to(logprobs.dtype)
     metrics = {
@@ -124,12 +139,66 @@ def policy_loss(
     return loss, metrics
 
 
+def rollout_correction(
+    old_logprobs: Tensor,
+    rollout_logprobs: Tensor,
+    mask: Tensor,
+    mode: str = "tis",
+    threshold: float = 2.0,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """Per-token weights correcting for the engine not sampling from the trainer's policy.
+
+    ``rho = pi_old / pi_engine`` per token (trainer logprob vs the engine's reported one): the
+    engine computes in another precision, with other kernels, or with older weights.
+    - ``tis``: truncated importance sampling, ``w = min(rho, threshold)`` (verl's rollout IS,
+      TRL's vLLM IS correction with cap 2).
+    - ``mask-token``: ``w = 1`` where ``1/threshold <= rho <= threshold``, else 0.
+    - ``mask-sequence``: a sequence is kept (``w = 1``) only if its geometric-mean ratio
+      ``exp(mean_t log rho)`` is within ``[1/threshold, threshold]``.
+    - ``off``: ``w = 1``.
+    Masked tokens keep their place in the loss denominator (weight 0), as TRL's masking does.
+    ``tis_clip_frac`` is the fraction of tokens whose weight was truncated or zeroed.
+    """
+    _check_same_shape(old_logprobs, rollout_logprobs=rollout_logprobs, mask=mask)
+    if mode not in CORRECTION_MODES:
+        raise ValueError(f"unknown correction {mode!r}; valid: {', '.join(CORRECTION_MODES)}")
+    if not threshold > 1.0:
+        raise ValueError(f"threshold must be > 1, got {threshold}")
+    m = mask.to(old_logprobs.dtype)
+    log_rho = ((old_logprobs - rollout_logprobs) * m).detach()
+    log_rho = log_rho.clamp(-_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
+    rho = torch.exp(log_rho)
+    log_c = math.log(threshold)
+    if mode == "tis":
+        weights = rho.clamp(max=threshold)
+        hit = rho > threshold
+    elif mode == "mask-token":
+        hit = log_rho.abs() > log_c
+        weights = (~hit).to(rho.dtype)
+    elif mode == "mask-sequence":
+        seq = log_rho.sum(dim=1) / m.sum(dim=1).clamp(min=1.0)
+        hit = (seq.abs() > log_c).unsqueeze(1).expand_as(rho)
+        weights = (~hit).to(rho.dtype)
+    else:
+        weights = torch.ones_like(rho)
+        hit = torch.zeros_like(rho, dtype=torch.bool)
+    weights = weights * m
+    metrics = {
+        "tis_clip_frac": _masked_mean(hit.to(m.dtype), m),
+        "tis_weight_mean": _masked_mean(weights, m),
+    }
+    return weights, metrics
+
+
 def kl_penalty(logprobs: Tensor, ref_logprobs: Tensor, estimator: str = "low_var_kl") -> Tensor:
     """Per-token estimate of KL(pi || pi_ref) from sampled-token logprobs.
 
-    ``k1`` is unbiased but noisy and can be negative; ``k2`` is its squared form; ``k3`` /
-    ``low_var_kl`` (``exp(d) - d - 1`` with ``d = ref - logp``) is non-negative and low variance,
-    clamped to [-10, 10] as in verl so one outlier token cannot blow up the loss.
+    ``k1`` is an unbiased estimate of the KL *value* but, used as a loss, its gradient is zero
+    in expectation (E_pi[grad log pi] = 0): it does not pull the policy toward the reference.
+    ``k2`` / ``mse`` (``0.5 * d^2``) is the one whose gradient as a loss equals the gradient of
+    KL(pi || ref) in expectation (on-policy samples). ``k3`` / ``low_var_kl``
+    (``exp(d) - d - 1`` with ``d = ref - logp``) is a non-negative low-variance value estimate
+    whose loss gradient is that of KL(ref || pi) instead; clamped to [-10, 10] as in verl.
     """
     if estimator not in KL_ESTIMATORS:
         raise ValueError(
@@ -143,7 +212,7 @@ def kl_penalty(logprobs: Tensor, ref_logprobs: Tensor, estimator: str = "low_var
     diff = logprobs - ref_logprobs.detach()
     if estimator == "k1":
         return diff
-    if estimator == "k2":
+    if estimator in ("k2", "mse"):
         return 0.5 * diff.square()
     d = (-diff).clamp(-_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
     return (torch.exp(d) - d - 1.0).clamp(-10.0, 10.0)
@@ -214,6 +283,8 @@ class LossConfig:
     dual_clip: float | None = None
     agg: str = "token-mean"
     norm_len: int | None = None
+    correction: str = "off"
+    correction_threshold: float = 2.0
     kl_coef: float = 0.0
     kl_estimator: str = "low_var_kl"
     entropy_coef: float = 0.0
@@ -231,11 +302,19 @@ class LossConfig:
             raise ValueError(f"clip_high must be >= 0, got {self.clip_high}")
         if self.dual_clip is not None and self.dual_clip <= 1.0:
             raise ValueError(f"dual_clip must be > 1, got {self.dual_clip}")
-        if self.norm_len is not None and (self.agg != "seq-mean-token-sum" or self.norm_len <= 0):
+        if self.norm_len is not None and (self.agg not in _SUM_MODES or self.norm_len <= 0):
             raise ValueError(
                 f"norm_len applies to agg 'seq-mean-token-sum' only and must be > 0; "
                 f"got norm_len={self.norm_len} with agg {self.agg!r}"
             )
+        if self.agg == "seq-mean-token-sum-norm" and self.norm_len is None:
+            raise ValueError("agg 'seq-mean-token-sum-norm' needs norm_len")
+        if self.correction not in CORRECTION_MODES:
+            raise ValueError(
+                f"correction must be one of {', '.join(CORRECTION_MODES)}; got {self.correction!r}"
+            )
+        if not self.correction_threshold > 1.0:
+            raise ValueError(f"correction_threshold must be > 1, got {self.correction_threshold}")
         if self.kl_coef < 0:
             raise ValueError(f"kl_coef must be >= 0, got {self.kl_coef}")
         if self.entropy_coef < 0:
@@ -251,17 +330,26 @@ def rl_loss(
     *,
     ref_logprobs: Tensor | None = None,
     entropy: Tensor | None = None,
+    rollout_logprobs: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """``policy + kl_coef * agg(kl) - entropy_coef * agg(entropy)`` with its parts as metrics.
 
     KL and entropy are reported whenever given, even with a zero coefficient, so a run without
-    the penalty still shows how far it drifted.
+    the penalty still shows how far it drifted. With ``rollout_logprobs`` (the engine's) and a
+    correction other than ``off``, the policy term is weighted by ``rollout_correction``.
     """
     cfg = config or LossConfig()
     if cfg.kl_coef > 0 and ref_logprobs is None:
         raise ValueError("kl_coef > 0 needs ref_logprobs")
     if cfg.entropy_coef > 0 and entropy is None:
         raise ValueError("entropy_coef > 0 needs entropy")
+    weights, correction = None, {}
+    if cfg.correction != "off":
+        if rollout_logprobs is None:
+            raise ValueError(f"correction {cfg.correction!r} needs rollout_logprobs")
+        weights, correction = rollout_correction(
+            old_logprobs, rollout_logprobs, mask, cfg.correction, cfg.correction_threshold
+        )
     pg, metrics = policy_loss(
         logprobs,
         old_logprobs,
@@ -272,7 +360,9 @@ def rl_loss(
         dual_clip=cfg.dual_clip,
         agg=cfg.agg,
         norm_len=cfg.norm_len,
+        is_weights=weights,
     )
+    metrics.update(correction)
     total = pg
     metrics["policy_loss"] = pg.detach()
     if ref_logprobs is not None:

@@ -9,6 +9,7 @@ from pathlib import Path
 from lorarl.api.job import LoRARLJob
 from lorarl.api.validation import ManifestError, load_job_file
 from lorarl.plan.engines import ENGINE_API_KEY_ENV
+from lorarl.trainer.losses import LossConfig
 from lorarl.trainer.model import LoraSettings
 
 
@@ -68,6 +69,22 @@ def lora_settings(job: LoRARLJob) -> LoraSettings:
         exclude_modules=list(lora.exclude_modules),
         use_rslora=lora.use_rslora,
         adapter_path=lora.adapter_path,
+    )
+
+
+def loss_config(job: LoRARLJob) -> LossConfig:
+    """The spec's algorithm section as the loss sees it (defaults already resolved by the spec)."""
+    a = job.spec.algorithm
+    return LossConfig(
+        clip_low=a.clip_ratio_low,
+        clip_high=a.clip_ratio_high,
+        dual_clip=a.dual_clip,
+        agg=a.loss_aggregation,
+        kl_coef=a.kl.coef,
+        kl_estimator=a.kl.estimator,
+        entropy_coef=a.entropy_coef,
+        correction=a.rollout_correction.mode,
+        correction_threshold=a.rollout_correction.threshold,
     )
 
 

@@ -28,8 +28,10 @@ class UpdateConfig:
     mini_batches: int = 1
     epochs: int = 1
     grad_clip: float = 1.0
-    # Samples may come from older weights than the trainer's (one-step off-policy): the ratio's
-    # denominator is then the engines' logprobs, the policy that really generated them.
+    # Samples may come from older weights than the trainer's (one-step off-policy). Without a
+    # correction the ratio's denominator is the engines' logprobs (the policy that generated
+    # them); with one it is the trainer's policy at the start of the step (decoupled PPO: clip
+    # around the current weights) and the correction weighs that against the engines'.
     behavior_from_rollout: bool = False
     # The engines' sampling temperature: every logprob pass scores softmax(logits / T).
     temperature: float = 1.0
@@ -64,9 +66,10 @@ def update_policy(
     on_policy = cfg.mini_batches == 1 and cfg.epochs == 1
     mbs = cfg.micro_batch_size
     old = None
-    if cfg.behavior_from_rollout:
+    correcting = cfg.loss.correction != "off"
+    if cfg.behavior_from_rollout and not correcting:
         old = torch.where(batch.response_mask.bool(), batch.rollout_logprobs, 0.0)
-    elif not on_policy:  # later mini-batches must see the policy that generated the samples
+    elif not on_policy:  # later mini-batches must see the policy the step started from
         with torch.no_grad():
             old, _ = sequence_logprobs(
                 model, batch.input_ids, batch.attention_mask, batch.response_mask,
@@ -108,6 +111,7 @@ def update_policy(
                 loss, metrics = rl_loss(
                     lp, old_lp, adv_tok[idx], sub.response_mask, cfg.loss,
                     ref_logprobs=None if ref is None else ref[idx], entropy=ent,
+                    rollout_logprobs=sub.rollout_logprobs,
                 )  # fmt: skip
                 tokens, seqs = _counts(sub)
                 share = (tokens if token_level else seqs) / denominator
@@ -120,22 +124,52 @@ def update_policy(
     return _finish(sums, grad_norms)
 
 
+# |trainer - engine| logprob per token is histogrammed on fixed log-spaced edges (1e-9 .. 1e2, four
+# per decade), so ranks sum counts with one all-reduce and quantiles need no gather.
+MISMATCH_EDGES = tuple(10.0 ** (k / 4) for k in range(-36, 9))
+MISMATCH_QUANTILES = (0.5, 0.9, 0.99)
+_METRICS = ("policy_loss", "kl", "entropy", "clip_frac", "loss", "tis_clip_frac", "tis_weight_mean")
+
+
 def _accumulate(sums, metrics, lp: torch.Tensor, sub: TensorBatch, tokens: float) -> None:
-    mask = sub.response_mask
+    mask = sub.response_mask.bool()
     sums["tokens"] += tokens
-    sums["mismatch"] += ((sub.rollout_logprobs - lp.detach()).abs() * mask).sum().item()
-    for key in ("policy_loss", "kl", "entropy", "clip_frac", "loss"):
+    gap = (sub.rollout_logprobs - lp.detach()).abs()[mask]
+    sums["mismatch"] += gap.sum().item()
+    edges = torch.tensor(MISMATCH_EDGES, dtype=gap.dtype)
+    counts = torch.bincount(torch.bucketize(gap, edges), minlength=len(MISMATCH_EDGES) + 1)
+    for i, c in enumerate(counts.tolist()):
+        sums[f"hist{i}"] += c
+    for key in _METRICS:
         if key in metrics:
             sums[key] += float(metrics[key]) * tokens
 
 
+def mismatch_quantiles(counts: list[float]) -> dict[str, float]:
+    """Upper bin edge at each quantile; past the last edge (1e2): 1e3 (JSON has no inf)."""
+    total = sum(counts)
+    out: dict[str, float] = {}
+    edges = (*MISMATCH_EDGES, MISMATCH_EDGES[-1] * 10)
+    for q in MISMATCH_QUANTILES:
+        acc, value = 0.0, edges[-1]
+        for i, c in enumerate(counts):
+            acc += c
+            if acc >= q * total:
+                value = edges[i]
+                break
+        out[f"logprob_mismatch_p{round(q * 100)}"] = value if total > 0 else 0.0
+    return out
+
+
 def _finish(sums: dict[str, float], grad_norms: list[float]) -> dict[str, float]:
-    keys = ["tokens", "mismatch", "policy_loss", "kl", "entropy", "clip_frac", "loss"]
-    present = [k for k in keys if k in sums or k in ("tokens", "mismatch")]
-    totals = dict(zip(present, _all_reduce([sums.get(k, 0.0) for k in present]), strict=True))
+    hist = [f"hist{i}" for i in range(len(MISMATCH_EDGES) + 1)]
+    keys = ["tokens", "mismatch", *[k for k in _METRICS if k in sums], *hist]
+    totals = dict(zip(keys, _all_reduce([sums.get(k, 0.0) for k in keys]), strict=True))
+    counts = [totals.pop(k) for k in hist]
     tokens = max(totals.pop("tokens"), 1.0)
     out = {k: v / tokens for k, v in totals.items()}
     out["logprob_mismatch"] = out.pop("mismatch")
+    out.update(mismatch_quantiles(counts))
     out["grad_norm"] = grad_norms[-1] if grad_norms else 0.0
     out["trained_tokens"] = tokens
     return out
