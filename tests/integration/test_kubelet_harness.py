@@ -172,7 +172,9 @@ def test_read_only_root_with_writable_volumes(cluster: tuple[KubeApi, Kubelet], 
     assert not Path("/probe").exists()  # the host's root was never written
 
 
-def test_missing_claim_keeps_the_pod_pending(cluster: tuple[KubeApi, Kubelet], ns: str) -> None:
+def test_missing_claim_keeps_the_pod_pending_until_it_exists(
+    cluster: tuple[KubeApi, Kubelet], ns: str
+) -> None:
     kube, kubelet = cluster
     create(
         kube,
@@ -194,6 +196,9 @@ def test_missing_claim_keeps_the_pod_pending(cluster: tuple[KubeApi, Kubelet], n
     cond = kubelet.wait(scheduled_false, 30, "PodScheduled=False")
     assert 'persistentvolumeclaim "nope" not found' in cond["message"]
     assert kube.emulator.get("v1/pods", ns, "nopvc")["status"]["phase"] == "Pending"
+    create(kube, {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+                  "metadata": {"name": "nope", "namespace": ns}, "spec": {}})  # fmt: skip
+    assert finished(kube, kubelet, ns, "nopvc")["status"]["phase"] == "Succeeded"
 
 
 # -- env ---------------------------------------------------------------------------------------
@@ -230,7 +235,9 @@ def test_env_expansion_and_key_references(cluster: tuple[KubeApi, Kubelet], ns: 
     assert seen["HOME"] == "/tmp"  # the trainer image's ENV, underneath the container's
 
 
-def test_missing_secret_is_a_config_error(cluster: tuple[KubeApi, Kubelet], ns: str) -> None:
+def test_missing_secret_is_a_config_error_until_it_exists(
+    cluster: tuple[KubeApi, Kubelet], ns: str
+) -> None:
     kube, kubelet = cluster
     env = [{"name": "KEY", "valueFrom": {"secretKeyRef": {"name": "absent", "key": "k"}}}]
     create(kube, pod(ns, "nosecret", "print(1)", env=env))
@@ -243,6 +250,9 @@ def test_missing_secret_is_a_config_error(cluster: tuple[KubeApi, Kubelet], ns: 
     state = kubelet.wait(waiting, 30, "a waiting container")
     assert state == {"reason": "CreateContainerConfigError", "message": 'secret "absent" not found'}
     assert kube.emulator.get("v1/pods", ns, "nosecret")["status"]["phase"] == "Pending"
+    create(kube, {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "absent",
+           "namespace": ns}, "stringData": {"k": "v"}})  # fmt: skip
+    assert finished(kube, kubelet, ns, "nosecret")["status"]["phase"] == "Succeeded"
 
 
 def test_image_the_repo_does_not_build_is_err_image_pull(

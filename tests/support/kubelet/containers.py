@@ -123,11 +123,9 @@ def _image_cmd(image: Image) -> list[str]:
     from tests.unit.test_images import stages
 
     final = stages(image.dockerfile.read_text())[-1].instructions
-    for keyword in ("ENTRYPOINT", "CMD"):
-        found = [a for k, a in final if k == keyword]
-        if found:
-            return json.loads(found[-1])
-    return []
+    entrypoint = [json.loads(a) for k, a in final if k == "ENTRYPOINT"]
+    cmd = [json.loads(a) for k, a in final if k == "CMD"]
+    return [*(entrypoint[-1] if entrypoint else []), *(cmd[-1] if cmd else [])]
 
 
 def _user(image: Image) -> tuple[int | None, int | None]:

@@ -13,6 +13,7 @@ directory it made, also when the test failed.
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import threading
 import time
@@ -34,7 +35,7 @@ from .network import (
     unmount_under,
 )
 from .pod import PodRun
-from .policy import Endpoint, ruleset
+from .policy import TABLE, Endpoint, ruleset
 
 Obj = dict[str, Any]
 OPERATOR_LABELS = {"app.kubernetes.io/name": "lorarl", "app.kubernetes.io/component": "operator"}
@@ -178,6 +179,9 @@ class Kubelet:
         for run_ in list(self.pods.values()):
             if run_.stopping:
                 continue
+            if run_.waiting_to_start() and time.monotonic() - run_.tried >= 1.0:
+                run_.tried = time.monotonic()
+                self._try_start(run_)
             run_.step()
             self._report(run_)
         if time.monotonic() - self._last_gc > 1.0:
@@ -195,15 +199,23 @@ class Kubelet:
                 return
         folder = self.folder / "pods" / f"{meta['namespace']}_{meta['name']}_{meta['uid'][:8]}"
         folder.mkdir(parents=True)
-        run_ = PodRun(pod=pod, folder=folder)
-        self.pods[meta["uid"]] = run_
-        run_.sandbox(self.api, self.bridge, self.claim_dir)
-        if run_.net is not None:
-            hosts = self.dns.pod_file(meta["uid"], pod, run_.net.ip, folder / "hosts")
+        self.pods[meta["uid"]] = PodRun(pod=pod, folder=folder)
+        self._try_start(self.pods[meta["uid"]])
+
+    def _try_start(self, run_: PodRun) -> None:
+        """Sandbox, rules, containers; a pod waiting on a volume (a claim not there yet) or a
+        container waiting on its config (a Secret not there yet) is retried every pass."""
+        if run_.net is None:
+            run_.sandbox(self.api, self.bridge, self.claim_dir)
+            if run_.net is None:
+                return
+            hosts = self.dns.pod_file(run_.uid, run_.pod, run_.net.ip, run_.folder / "hosts")
             run_.create_containers(self.api, hosts)
             # Rules before the first process: a policy that blocks must block from the start.
             self._sync_policies()
-            run_.start_containers()
+        else:
+            run_.retry_config(self.api)
+        run_.start_containers()
 
     def _teardown(self, run_: PodRun, grace: float) -> None:
         try:
@@ -247,3 +259,11 @@ class Kubelet:
         pod = self.pod(namespace, name)
         assert pod is not None and pod.uid in self._rules
         return self._rules[pod.uid]
+
+    def dropped(self, namespace: str, name: str, direction: str = "ingress") -> int:
+        """Packets the pod's policy rules refused so far."""
+        pod = self.pod(namespace, name)
+        assert pod is not None and pod.net is not None
+        text = run("ip", "netns", "exec", pod.net.netns, "nft", "list", "chain", "inet",
+                   TABLE, direction)  # fmt: skip
+        return sum(int(n) for n in re.findall(r"counter packets (\d+)", text))

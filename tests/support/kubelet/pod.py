@@ -34,6 +34,8 @@ class PodRun:
     started: str = field(default_factory=now)
     stopping: bool = False
     stopped: threading.Event = field(default_factory=threading.Event)
+    tried: float = 0.0  # when starting was last attempted (monotonic)
+    hosts_file: Path | None = None
 
     @property
     def uid(self) -> str:
@@ -63,6 +65,11 @@ class PodRun:
     def sandbox(self, api: Api, bridge: Bridge, claim_dir: Any) -> None:
         """Volumes, then the network; a failure leaves the pod Pending with the reason."""
         fs_group = (self.pod["spec"].get("securityContext") or {}).get("fsGroup")
+        volumes = self.folder / "volumes"
+        if volumes.exists():  # a retry: start from nothing
+            unmount_under(volumes)
+            shutil.rmtree(volumes)
+        self.pending = None
         try:
             self.volumes = prepare(api, self.pod, self.folder, claim_dir, fs_group)
         except VolumeError as exc:
@@ -71,8 +78,8 @@ class PodRun:
         self.net = bridge.attach(self.key)
 
     def create_containers(self, api: Api, hosts_file: Path) -> None:
-        spec = self.pod["spec"]
-        for c in spec["containers"]:
+        self.hosts_file = hosts_file
+        for c in self.pod["spec"]["containers"]:
             run = ContainerRun(
                 name=c["name"],
                 image=c.get("image", ""),
@@ -82,16 +89,32 @@ class PodRun:
                 termination_policy=c.get("terminationMessagePolicy", "File"),
             )
             self.containers.append(run)
-            try:
-                image = load(c.get("image", ""))
-                run.launch = launch(api, self.pod, c, image)
-                run.mounts = self._mounts(c, hosts_file)
-                if any(m["mountPath"] == SHM_PATH for m in c.get("volumeMounts") or []):
-                    run.shm = "0"  # replaced by the pod's own volume
-            except ImagePullError as exc:
-                run.waiting = ("ErrImagePull", str(exc))
-            except ConfigError as exc:
-                run.waiting = (exc.reason, str(exc))
+            self._configure(api, run, c)
+
+    def _configure(self, api: Api, run: ContainerRun, c: Obj) -> None:
+        try:
+            image = load(c.get("image", ""))
+            run.launch = launch(api, self.pod, c, image)
+            run.mounts = self._mounts(c, self.hosts_file)
+            if any(m["mountPath"] == SHM_PATH for m in c.get("volumeMounts") or []):
+                run.shm = "0"  # replaced by the pod's own volume
+            run.waiting = None
+        except ImagePullError as exc:
+            run.waiting = ("ErrImagePull", str(exc))
+        except ConfigError as exc:
+            run.waiting = (exc.reason, str(exc))
+
+    def retry_config(self, api: Api) -> None:
+        """kubelet retries a container whose Secret/ConfigMap was missing (not a bad image)."""
+        specs = {c["name"]: c for c in self.pod["spec"]["containers"]}
+        for run in self.containers:
+            if run.waiting and run.waiting[0] == ConfigError.reason:
+                self._configure(api, run, specs[run.name])
+
+    def waiting_to_start(self) -> bool:
+        if self.net is None:
+            return self.pending is not None
+        return any(r.waiting and r.waiting[0] == ConfigError.reason for r in self.containers)
 
     def _mounts(self, container: Obj, hosts_file: Path) -> list[dict[str, Any]]:
         out = [{"src": str(hosts_file), "dst": "/etc/hosts", "ro": True}]
@@ -106,7 +129,7 @@ class PodRun:
 
     def start_containers(self) -> None:
         for run in self.containers:
-            if run.launch is not None and run.waiting is None:
+            if run.launch is not None and run.waiting is None and not run.started_once:
                 run.start()
 
     # -- supervision ---------------------------------------------------------------------------

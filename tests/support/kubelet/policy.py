@@ -171,6 +171,7 @@ def ruleset(
             f'    {iface} "lo" accept',
             "    ct state established,related accept",
             *(f"    {r}" for r in rules),
+            "    counter drop",  # what the policy refused, countable (`Kubelet.dropped`)
             "  }",
         ]
     lines.append("}")

@@ -163,9 +163,10 @@ class ContainerRun:
             while time.monotonic() < deadline and self.proc.poll() is None:
                 time.sleep(0.05)
         if self.proc.poll() is None:
+            pid1 = self.pid1
             _signal(self.proc.pid, signal.SIGKILL)  # --kill-child takes PID 1 along
-            if self.pid1 is not None:
-                _signal(self.pid1, signal.SIGKILL)
+            if pid1 is not None:
+                _signal(pid1, signal.SIGKILL)
         self.proc.wait(timeout=30)
         self.poll()
 
