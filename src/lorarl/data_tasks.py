@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 __all__ = [
+    "NEXT_LETTER_PROMPTS",
     "TASKS",
     "addition",
     "larger",
@@ -46,7 +47,10 @@ def repeat(rng: random.Random, digits: int = 4) -> Row:
     return {"prompt": f"Repeat this number: {n}. Answer with just the number.", "answer": str(n)}
 
 
-def next_letter(rng: random.Random, letters: str = "abcdefgh") -> Row:
+NEXT_LETTER_PROMPTS = "abcdefgh"  # "after a" .. "after h"; the quickstart's model knows these
+
+
+def next_letter(rng: random.Random, letters: str = NEXT_LETTER_PROMPTS) -> Row:
     """For tiny random models (the quickstart): "after c" -> "d", scored by `regex_match` on the
     row's `pattern` (the letter within the first four characters)."""
     c = rng.choice(letters)

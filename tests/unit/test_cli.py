@@ -137,16 +137,19 @@ def test_missing_file_and_bad_yaml(command: list[str], tmp_path: Path):
 def test_run_local_names_a_missing_model_and_how_to_make_it(tmp_path: Path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # the quickstart's relative paths do not exist here
     line = one_line_error(invoke("run", str(QUICKSTART), "--local"))
-    assert "spec.model.path: .cache/lorarl/models/tiny-llama is not a folder here" in line
+    model = yaml.safe_load(QUICKSTART.read_text())["spec"]["model"]["path"]
+    assert f"spec.model.path: {model} is not a folder here" in line
     assert "spec.data.trainFiles[0]" in line and "lorarl prepare quickstart" in line
 
 
 def test_run_local_without_an_engine_interpreter_says_how_to_build_it(tmp_path, monkeypatch):
     job = tmp_path / "job.yaml"
-    job.write_text(QUICKSTART.read_text().replace(".cache/lorarl", str(tmp_path)))
-    (tmp_path / "models" / "tiny-llama").mkdir(parents=True)
-    (tmp_path / "data").mkdir()
-    (tmp_path / "data" / "next-letter.jsonl").write_text("{}\n")
+    manifest = yaml.safe_load(QUICKSTART.read_text())
+    manifest["spec"]["model"]["path"] = str(tmp_path / "model")
+    manifest["spec"]["data"]["trainFiles"] = [str(tmp_path / "data.jsonl")]
+    job.write_text(yaml.safe_dump(manifest))
+    (tmp_path / "model").mkdir()
+    (tmp_path / "data.jsonl").write_text("{}\n")
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("LORARL_ENGINE_PYTHON", raising=False)
     monkeypatch.setattr("lorarl.local.engine_python.checkout_root", lambda: tmp_path / "nowhere")

@@ -77,22 +77,31 @@ def prepare_smollm2(cache_dir: str | Path = DEFAULT_CACHE) -> Path:
     return out
 
 
-TINY_NAME = "tiny-llama"
+# A new name whenever what `prepare quickstart` makes changes: an old cache is never trusted, and
+# a run still reading the old folder is not disturbed.
+TINY_NAME = "tiny-llama-letters"
 
 
 def prepare_tiny_llama(cache_dir: str | Path = DEFAULT_CACHE) -> Path:
-    """A 2-layer Llama with a character tokenizer, random weights (seeded): the quickstart's model.
+    """The quickstart's model: a 2-layer Llama with a character tokenizer, random weights (seeded),
+    then taught for a few seconds to answer "after c" with a random letter near c (c..f).
 
-    It knows nothing, which is the point: its rising reward can only come from the RL loop."""
-    from lorarl.local.tiny import make_tiny_model
+    It knows the answer's format but not the rule (1 answer in 4 is right), so GRPO has reward
+    variance in every group from the first step, and every rise comes from the RL loop."""
+    from lorarl.data_tasks import NEXT_LETTER_PROMPTS
+    from lorarl.local.tiny import make_tiny_model, teach_letter_neighbourhood
 
     out = Path(cache_dir) / TINY_NAME
-    if (out / "config.json").is_file():
+    if (out / PREPARED_MARKER).is_file():
         return out
     tmp = out.with_name(f".tmp-{out.name}-{uuid.uuid4().hex[:8]}")
     try:
         make_tiny_model(tmp, "llama", seed=0, init_std=0.1)
+        teach_letter_neighbourhood(tmp, NEXT_LETTER_PROMPTS)
+        (tmp / PREPARED_MARKER).write_text("tiny llama, letter neighbourhood\n")
         out.parent.mkdir(parents=True, exist_ok=True)
+        if out.exists():
+            shutil.rmtree(out)
         tmp.rename(out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -88,3 +88,51 @@ def make_tiny_model(
     model.save_pretrained(path, safe_serialization=True)
     make_tokenizer().save_pretrained(path)
     return path
+
+
+def teach_letter_neighbourhood(
+    path: str | Path,
+    letters: str,
+    offsets: tuple[int, ...] = (0, 1, 2, 3),
+    steps: int = 150,
+    lr: float = 3e-3,
+    batch: int = 64,
+    seed: int = 0,
+) -> Path:
+    """Fine-tune the model at `path` in place (seconds on CPU) to answer "after c" with one letter
+    drawn uniformly from c+offsets, then stop.
+
+    Why: a random model says the right letter ~3% of the time, so most GRPO groups are all wrong
+    and carry no signal (the quickstart went 0.03 -> 0.13 in 30 steps at a KL of 3.5 nats). This
+    model knows the answer's format and neighbourhood but not which letter is right (p = 1/4 with
+    the default offsets), as a pretrained LLM half knows a task; every rise above that comes from
+    the RL loop.
+    """
+    path = Path(path)
+    tok = make_tokenizer()
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    torch.manual_seed(seed)
+    rng = torch.Generator().manual_seed(seed)
+    # Rendered as the trainer renders a prompt: the chat template, then no special tokens.
+    chats = [[{"role": "user", "content": f"after {c}"}] for c in letters]
+    texts = [tok.apply_chat_template(m, add_generation_prompt=True, tokenize=False) for m in chats]
+    prompts = [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
+    answers = [[tok.convert_tokens_to_ids(chr(ord(c) + o)) for o in offsets] for c in letters]
+    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    model.train()
+    for _ in range(steps):
+        rows = torch.randint(len(letters), (batch,), generator=rng).tolist()
+        picks = torch.randint(len(offsets), (batch,), generator=rng).tolist()
+        pairs = zip(rows, picks, strict=True)
+        ids = [prompts[r] + [answers[r][p], tok.eos_token_id] for r, p in pairs]
+        width = max(map(len, ids))
+        x = torch.tensor([s + [tok.pad_token_id] * (width - len(s)) for s in ids])
+        labels = torch.full_like(x, -100)  # only the answer and the stop token are taught
+        for i, s in enumerate(ids):
+            labels[i, len(s) - 2 : len(s)] = x[i, len(s) - 2 : len(s)]
+        loss = model(input_ids=x, labels=labels).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    model.save_pretrained(path, safe_serialization=True)
+    return path
