@@ -5,7 +5,7 @@
 # Why not `pip install sglang`: it pins a CUDA torch, flashinfer, sgl-kernel, ... (many GBs, and
 # nothing of it runs without a GPU). We install the CPU torch first, then sglang --no-deps, then
 # only the light packages `sglang.srt.server_args`, `sglang.srt.managers.io_struct` and
-# `sglang.srt.entrypoints.http_server` import (DESIGN §11), under a torch constraint. Where
+# `sglang.srt.entrypoints.http_server` import (docs/architecture.md#measured-facts), under a torch constraint. Where
 # SGLang's wheel pins one of them, its own pin is used. torchvision is deliberately absent (the
 # PyPI build is CUDA-linked): the tests put a stand-in on sys.path instead.
 #
@@ -16,7 +16,7 @@ VENV="${1:-.venv-sglang}"
 TORCH_VERSION="${TORCH_VERSION:-2.13.0}"
 SGLANG_VERSION="${SGLANG_VERSION:-0.5.23}"
 
-# Import-time needs of the three modules above, measured with sglang 0.5.23 (DESIGN §11).
+# Import-time needs of the three modules above, measured with sglang 0.5.23 (docs/architecture.md#measured-facts).
 LIGHT_DEPS=(
   numpy orjson psutil pybase64 requests triton packaging pillow starlette msgspec pyzmq tqdm
   ipython pydantic aiohttp

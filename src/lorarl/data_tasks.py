@@ -1,7 +1,8 @@
 """Synthetic verifiable tasks for tests and `make demo`: jsonl rows {prompt, answer, task}.
 
-Chosen from DESIGN.md §11: SmolLM2-135M starts at ~0.23 reward on "which is larger" and ~0.31 on
-"repeat this 4-digit number" (learnable), ~0.02 on two-digit addition (a harder control).
+Chosen from docs/architecture.md#measured-facts: SmolLM2-135M starts at ~0.23 reward on "which is
+larger" and ~0.31 on "repeat this 4-digit number" (learnable), ~0.02 on two-digit addition (a
+harder control).
 Every answer is a bare integer, so the `math_answer` reward (last number) scores them.
 """
 

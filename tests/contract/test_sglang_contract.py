@@ -1,4 +1,4 @@
-"""Our SGLang flags and payloads, judged by SGLang 0.5.23's own code (DESIGN §7, §11).
+"""Our SGLang flags and payloads, judged by SGLang 0.5.23's own code (docs/architecture.md#testing).
 
 Launch flags go through SGLang's `ServerArgs` parser; every body we send goes through SGLang's
 real FastAPI routes (parsing, 400 handler, API-key middleware) and, statically, against the

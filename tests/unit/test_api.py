@@ -37,7 +37,7 @@ def test_defaults_are_what_a_lora_rl_user_expects():
     assert spec.optim.lr == pytest.approx(1e-5)
     assert spec.reward.function == "math_answer"
     assert spec.rollout.sync_mode == "merged"
-    assert spec.trainer.fsdp.reshard_after_forward is True  # DESIGN §11 pitfall
+    assert spec.trainer.fsdp.reshard_after_forward is True  # docs/architecture.md#measured-facts
 
 
 def test_round_trip_is_stable():

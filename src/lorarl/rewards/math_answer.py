@@ -2,7 +2,8 @@
 
 Extraction order: the last `\\boxed{...}`, else the last GSM8K `#### answer`, else the *last*
 number in the text. The last, not the first: small models say "The answer is 11." after restating
-the question's numbers, and first-number extraction scores 0 on addition (DESIGN.md §11).
+the question's numbers, and first-number extraction scores 0 on addition
+(docs/architecture.md#measured-facts).
 """
 
 from __future__ import annotations

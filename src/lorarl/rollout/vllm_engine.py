@@ -3,7 +3,7 @@
 Weight pushes go through a *partial* safetensors folder on /dev/shm and the worker's
 `reload_weights` (via `/collective_rpc`): vLLM's RL weight-transfer backends need an accelerator
 and, when they fail on CPU, leave layers on the meta device. Writing into parameters directly does
-not work either: CPU layers are repacked after loading. See DESIGN §11.
+not work either: CPU layers are repacked after loading. See docs/architecture.md#measured-facts.
 
 Side effect to know: vLLM's `reload_weights(weights_path=...)` repoints the engine's
 `model_config.model` at that folder, so a later path-less reload would read the (deleted) partial

@@ -1,4 +1,5 @@
-"""The RL training loop: one object that owns the parts and runs the steps (DESIGN §5).
+"""The RL training loop: one object that owns the parts and runs the steps
+(docs/architecture.md#one-rl-step).
 
 Rank 0 generates and scores; every rank trains on its share under FSDP2; rank 0 publishes the new
 adapter to the sidecars; checkpoints are collective.

@@ -123,7 +123,8 @@ def shard_model(model: nn.Module, ctx: DistContext, mixed_precision: bool = True
 
     `reshard_after_forward` stays True on purpose: PEFT's `disable_adapter()` toggles
     `requires_grad` on whatever parameters are registered, and with resharding off those are
-    unsharded copies, leaving the real (sharded) LoRA weights frozen (DESIGN §11).
+    unsharded copies, leaving the real (sharded) LoRA weights frozen
+    (docs/architecture.md#measured-facts).
     Mixed precision only on GPU: gloo has no use for bf16 compute and CPU bf16 is slow.
     """
     if not ctx.distributed:

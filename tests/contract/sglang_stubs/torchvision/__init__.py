@@ -1,4 +1,5 @@
-"""Import-only stand-in for torchvision in the SGLang contract env (DESIGN §11).
+"""Import-only stand-in for torchvision in the SGLang contract env
+(docs/architecture.md#measured-facts).
 
 SGLang's `io_struct` reaches torchvision through a multimodal config chain at import time, but
 the PyPI torchvision build is CUDA-linked and must not be installed next to the CPU torch. Only
