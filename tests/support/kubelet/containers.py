@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -46,6 +47,7 @@ class Launch:
     no_new_privs: bool = False
     drop_caps: bool = False
     read_only_root: bool = False
+    reachable: list[str] = field(default_factory=list)  # host paths the user must be able to exec
 
 
 def _key_ref(api: Api, ns: str, kind: str, ref: Obj) -> str | None:
@@ -163,4 +165,5 @@ def launch(api: Api, pod: Obj, container: Obj, image: Image) -> Launch:
         no_new_privs=csc.get("allowPrivilegeEscalation") is False,
         drop_caps="ALL" in drop,
         read_only_root=bool(csc.get("readOnlyRootFilesystem")),
+        reachable=[os.path.realpath(image.python)],
     )

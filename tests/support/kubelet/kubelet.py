@@ -228,6 +228,8 @@ class Kubelet:
 
     def _report(self, run_: PodRun) -> None:
         status = run_.status(self.host_ip)
+        if status["phase"] == "Running" and run_.running_at is None:
+            run_.running_at = time.monotonic()
         if self._reported.get(run_.uid) == status:
             return
         meta = run_.pod["metadata"]

@@ -35,6 +35,7 @@ class PodRun:
     stopping: bool = False
     stopped: threading.Event = field(default_factory=threading.Event)
     tried: float = 0.0  # when starting was last attempted (monotonic)
+    running_at: float | None = None  # when the pod was first Running (monotonic)
     hosts_file: Path | None = None
 
     @property

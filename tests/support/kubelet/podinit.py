@@ -79,6 +79,8 @@ class Rootfs:
         for name in ("proc", "sys"):
             os.mkdir(f"{self.root}/{name}", 0o555)
             mount("--rbind", f"/{name}", f"{self.root}/{name}")
+        for path in self.spec.get("reachable") or []:
+            self._reachable(path)
         for point in mounts_under(self.root):
             if not point.startswith(f"{self.root}/proc"):
                 mount("-o", "remount,bind,ro", point)
@@ -86,6 +88,27 @@ class Rootfs:
         os.chmod(f"{self.root}/tmp", 0o1777)
         os.mkdir(f"{self.root}/run", 0o755)
         self._dev()
+
+    def _reachable(self, path: str) -> None:
+        """Let the container's user reach `path` (the local interpreter standing in for the
+        image's, which may live under a private directory such as /root on a dev machine): a
+        directory on the way that others cannot search is replaced by a tmpfs holding only the
+        next step, bound from the host. An image's own interpreter is reachable, so this only
+        removes an artefact of running images from local venvs."""
+        parts = Path(path).parts[1:]
+        current = ""
+        for i, part in enumerate(parts[:-1]):
+            current += f"/{part}"
+            if os.stat(current).st_mode & 0o001:
+                continue
+            nxt = f"{current}/{parts[i + 1]}"
+            target = f"{self.root}{nxt}"
+            mount("-t", "tmpfs", "-o", "mode=755", "lorarl-path", f"{self.root}{current}")
+            if os.path.isdir(nxt):
+                os.mkdir(target)
+            else:
+                Path(target).touch()
+            mount("--rbind", nxt, target)
 
     def _dev(self) -> None:
         dev = f"{self.root}/dev"

@@ -80,6 +80,7 @@ class ContainerRun:
             "groups": launch.groups,
             "no_new_privs": launch.no_new_privs,
             "drop_caps": launch.drop_caps,
+            "reachable": launch.reachable,
             "argv": launch.argv,
             "env": launch.env,
             "status_file": str(status),
