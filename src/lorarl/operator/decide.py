@@ -18,6 +18,7 @@ from lorarl.operator.builders import rollout_selector
 from lorarl.operator.status import (
     PodView,
     apply_progress,
+    final_progress,
     is_true,
     phase_of,
     reason_word,
@@ -203,6 +204,7 @@ def decide(obs: Observed) -> Decision:
     current = [x for x in trainers if x.attempt >= st.restarts]
     rank0 = next((x for x in current if x.index == 0), None)
     if rank0 is not None and rank0.phase == "Succeeded":
+        p.d.status = apply_progress(p.st, final_progress(rank0.message))
         p.cond("Succeeded", True, "TrainerSucceeded", f"trainer pod {rank0.name} completed")
         p.finish("Succeeded", "TrainerSucceeded", f"trainer pod {rank0.name} completed")
         return p.d

@@ -82,6 +82,21 @@ def termination(status: Mapping[str, Any]) -> tuple[str, str, int | None]:
     return (failed or found or [("", "", None)])[0]
 
 
+def final_progress(message: str) -> Progress | None:
+    """The trainer's last report, left by rank 0 as its termination message when it succeeds.
+
+    By the time a trainer pod shows Succeeded its progress endpoint is gone with its process, so
+    the steps after the operator's last poll would never reach the status (a finished job would
+    show Step 22/30). A message that is not such a report (a log tail) is None."""
+    text = message.strip()
+    if not text.startswith("{"):
+        return None
+    try:
+        return Progress.model_validate_json(text)
+    except ValueError:
+        return None
+
+
 def reason_word(text: str, fallback: str) -> str:
     """A metav1.Condition reason (CamelCase word); free text falls back."""
     return text if text and _REASON.match(text) and len(text) <= 1024 else fallback
