@@ -24,7 +24,9 @@ from bench.render import main as render_main
 
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
-BENCHMARKS = ("trainer_step", "sync", "reward_service", "operator_scale", "vs_trl", "demo")
+BENCHMARKS = (
+    "trainer_step", "sync", "reward_service", "operator_scale", "vs_trl", "demo", "quickstart",
+)  # fmt: skip
 
 
 @dataclass
