@@ -206,3 +206,13 @@ def test_a_bug_keeps_its_traceback(monkeypatch):
     monkeypatch.setattr("lorarl.plan.plan", bug)
     result = invoke("plan", str(QUICKSTART))
     assert isinstance(result.exception, KeyError)
+
+
+def test_run_without_local_checks_the_cluster_rules_before_applying(tmp_path: Path):
+    manifest = yaml.safe_load(QUICKSTART.read_text())
+    del manifest["spec"]["training"]["volume"], manifest["spec"]["training"]["outputDir"]
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump(manifest))
+    result = invoke("run", str(job), "--kubeconfig", str(tmp_path / "never-read"))
+    assert isinstance(result.exception, SystemExit) and result.exit_code == 1
+    assert "spec.training.volume: a cluster run needs a PersistentVolumeClaim" in result.output
