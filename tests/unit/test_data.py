@@ -290,3 +290,17 @@ def test_written_task_loads_and_scores(tmp_path):
     a, b = map(int, re.findall(r"\d+", item.prompt))
     assert reward(item.prompt, f"{a} + {b} is {a + b}.", item.answer, item.metadata).score == 1.0
     assert reward(item.prompt, f"{a + b} or {a + b + 1}", item.answer, item.metadata).score == 0.0
+
+
+def test_long_prompts_are_dropped_at_load_and_nothing_left_fails_fast(tokenizer):
+    """Issue 13 #9: a prompt over maxPromptTokens used to fail the step that sampled it."""
+    from lorarl.trainer.data import PromptDataset, drop_long_prompts
+
+    rows = [{"prompt": "ab", "answer": "1"}, {"prompt": "hello world", "answer": "2"},
+            {"prompt": "c", "answer": "3"}]  # fmt: skip  # 20, 29 and 19 tokens rendered
+    data = PromptDataset.from_rows(rows, "prompt", "answer", source="t.jsonl")
+    kept, dropped = drop_long_prompts(data, tokenizer, 20)
+    assert dropped == 1 and [it.answer for it in kept] == ["1", "3"]
+    assert encode_prompts(tokenizer, [it.prompt for it in kept], 20)  # every kept one encodes
+    with pytest.raises(DataError, match=r"all 3 prompts are longer than data.maxPromptTokens=10"):
+        drop_long_prompts(data, tokenizer, 10)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import copy
 
+import pytest
+
 from lorarl.api import LoRARLJob
 from lorarl.api.validation import check_manifest
 from lorarl.plan import plan
@@ -54,12 +56,83 @@ def test_rollout_correction_and_dual_clip_are_on_by_default_and_can_be_turned_of
 
     cfg = loss_config(make())
     assert (cfg.correction, cfg.correction_threshold, cfg.dual_clip) == ("tis", 2.0, 3.0)
-    off = loss_config(
-        make(algorithm={"dualClip": None, "rolloutCorrection": {"mode": "off"}})
-    )
+    off = loss_config(make(algorithm={"dualClip": None, "rolloutCorrection": {"mode": "off"}}))
     assert (off.correction, off.dual_clip) == ("off", None)
     masked = loss_config(make(algorithm={"rolloutCorrection": {"mode": "mask-token",
                                                                "threshold": 3}}))  # fmt: skip
     assert (masked.correction, masked.correction_threshold) == ("mask-token", 3.0)
     assert any("rolloutCorrection.threshold" in p
                for p in problems(algorithm={"rolloutCorrection": {"threshold": 1}}))  # fmt: skip
+
+
+def test_dapo_is_the_dapo_recipe_and_each_part_can_be_overridden():
+    """Issue 13 #7: `dapo` used to be GRPO advantages and nothing else."""
+    from lorarl.trainer.settings import algorithm_choices, loss_config
+
+    dapo = algorithm_choices(make(algorithm={"name": "dapo"}))
+    assert (dapo.clip_high, dapo.dynamic_sampling, dapo.agg) == (0.28, True, "token-mean")
+    assert (dapo.soft_punishment, dapo.buffer_tokens, dapo.overlong_mask) == (True, 256 // 5, False)
+    assert loss_config(make(algorithm={"name": "dapo"})).clip_high == 0.28
+    custom = algorithm_choices(make(algorithm={
+        "name": "dapo", "clipRatioHigh": 0.25, "dynamicSampling": {"enabled": False},
+        "lossAggregation": "seq-mean-token-mean",
+        "overlong": {"softPunishment": False, "mask": True},
+    }))  # fmt: skip
+    assert (custom.clip_high, custom.dynamic_sampling, custom.agg) == (
+        0.25, False, "seq-mean-token-mean",
+    )  # fmt: skip
+    assert (custom.soft_punishment, custom.overlong_mask) == (False, True)
+    grpo = algorithm_choices(make())
+    assert (grpo.clip_high, grpo.dynamic_sampling, grpo.agg, grpo.soft_punishment) == (
+        0.2, False, "token-mean", False,
+    )  # fmt: skip
+    on = algorithm_choices(make(algorithm={"dynamicSampling": {"enabled": True},
+                                           "overlong": {"softPunishment": True,
+                                                        "bufferTokens": 32}}))  # fmt: skip
+    assert (on.dynamic_sampling, on.soft_punishment, on.buffer_tokens) == (True, True, 32)
+
+
+def test_dr_grpo_divides_by_a_constant_length():
+    """Issue 13 #10: seq-mean-token-sum had no constant, so the loss grew with length."""
+    from lorarl.trainer.settings import loss_config
+
+    cfg = loss_config(
+        make(
+            algorithm={"name": "dr_grpo"},
+            data={"trainFiles": ["t.jsonl"], "maxResponseTokens": 300},
+        )
+    )
+    assert (cfg.agg, cfg.norm_len) == ("seq-mean-token-sum-norm", 300)
+    cfg = loss_config(make(algorithm={"name": "dr_grpo", "lossNormLength": 128}))
+    assert cfg.norm_len == 128
+    assert loss_config(make()).norm_len is None
+
+
+def test_name_dependent_defaults_are_left_unset_in_the_crd():
+    """The API server must not fill in a default the algorithm name would change."""
+    from lorarl.api.crd import crd
+
+    algo = crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"][
+        "spec"]["properties"]["algorithm"]["properties"]  # fmt: skip
+    for field in ("clipRatioHigh", "lossAggregation", "lossNormLength"):
+        assert "default" not in algo[field], field
+        assert "Default" in algo[field]["description"], field
+    assert "default" not in algo["dynamicSampling"]["properties"]["enabled"]
+    assert "default" not in algo["overlong"]["properties"]["softPunishment"]
+
+
+@pytest.mark.parametrize(("alias", "same"), [("mse", "k2"), ("low_var_kl", "k3")])
+def test_verl_kl_names_are_accepted(alias, same):
+    from lorarl.trainer.settings import loss_config
+
+    cfg = loss_config(make(algorithm={"kl": {"coef": 0.1, "estimator": alias}}))
+    assert cfg.kl_estimator == alias
+    assert problems(algorithm={"kl": {"estimator": alias}}) == []
+
+
+def test_k1_as_a_loss_is_warned_about(caplog):
+    from lorarl.trainer.settings import loss_config
+
+    with caplog.at_level("WARNING"):
+        loss_config(make(algorithm={"kl": {"coef": 0.1, "estimator": "k1"}}))
+    assert "zero gradient in expectation" in caplog.text

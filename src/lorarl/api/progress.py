@@ -41,6 +41,9 @@ class StepRecord(ApiModel):
         default=None,
         description="Fraction of tokens whose rollout-correction weight was truncated or masked.",
     )
+    truncated_fraction: float | None = Field(
+        default=None, description="Fraction of completions cut at maxResponseTokens."
+    )
     weight_version: int | None = Field(default=None, description="Version the samples came from.")
     step_seconds: float | None = None
     generate_seconds: float | None = None
@@ -61,6 +64,9 @@ class Progress(ApiModel):
     last_sync: SyncStatus | None = None
     checkpoint: CheckpointStatus | None = None
     adapter_path: str | None = None
+    dropped_prompts: int = Field(
+        default=0, ge=0, description="Training prompts dropped at load: over maxPromptTokens."
+    )
     message: str = ""
     started_at: float | None = None
     updated_at: float | None = None

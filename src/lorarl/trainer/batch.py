@@ -17,6 +17,9 @@ class TrainSample:
     advantage: float
     reward: float
     weight_version: int
+    # False: the sample takes no part in the loss (overlong masking); it still counts in its
+    # group's advantages, as in DAPO's overlong filtering.
+    in_loss: bool = True
 
 
 @dataclass
@@ -54,7 +57,7 @@ def collate(samples: list[TrainSample], pad_id: int) -> TensorBatch:
         p, c = len(s.prompt_ids), len(s.completion_ids)
         ids[i, : p + c] = torch.tensor(s.prompt_ids + s.completion_ids, dtype=torch.long)
         attn[i, : p + c] = 1
-        resp[i, p : p + c] = 1.0
+        resp[i, p : p + c] = 1.0 if s.in_loss else 0.0
         lps[i, p : p + c] = torch.tensor(s.rollout_logprobs, dtype=torch.float32)
     adv = torch.tensor([s.advantage for s in samples], dtype=torch.float32)
     return TensorBatch(ids, attn, resp, lps, adv)

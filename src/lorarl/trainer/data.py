@@ -280,6 +280,24 @@ def encode_prompts(
     return encoded
 
 
+def drop_long_prompts(
+    dataset: PromptDataset, tokenizer: Any, max_prompt_tokens: int
+) -> tuple[PromptDataset, int]:
+    """The prompts that fit `max_prompt_tokens` once rendered, and how many were dropped.
+
+    Done once at load time (verl's `filter_overlong_prompts`): a long prompt sampled mid-run
+    would otherwise fail the step. Fails only if nothing is left.
+    """
+    lengths = [len(ids) for ids in encode_prompts(tokenizer, [it.prompt for it in dataset], 2**62)]
+    kept = [it for it, n in zip(dataset, lengths, strict=True) if n <= max_prompt_tokens]
+    if not kept:
+        raise DataError(
+            f"{dataset.source}: all {len(dataset)} prompts are longer than "
+            f"data.maxPromptTokens={max_prompt_tokens} (the shortest has {min(lengths)} tokens)"
+        )
+    return PromptDataset(kept, dataset.source), len(dataset) - len(kept)
+
+
 @dataclass(frozen=True)
 class DataPosition:
     """Where the sampler stands: `index` items into epoch `epoch`'s permutation."""

@@ -29,9 +29,10 @@ from lorarl.sync.adapter_files import adapter_fingerprint
 from lorarl.sync.protocol import adapter_name
 from lorarl.trainer.batch import TrainSample, collate, shard_for_rank
 from lorarl.trainer.checkpoint import CheckpointManager, export_adapter
-from lorarl.trainer.data import DataPosition, PromptDataset, PromptSampler
+from lorarl.trainer.data import DataPosition, PromptDataset, PromptSampler, drop_long_prompts
 from lorarl.trainer.engine_gate import wait_for_synced_engines
 from lorarl.trainer.model import apply_lora, load_base_model
+from lorarl.trainer.overlong import OverlongConfig
 from lorarl.trainer.parallel import DistContext, shard_model
 from lorarl.trainer.progress import ProgressServer, ProgressTracker
 from lorarl.trainer.rollout_client import RolloutClient
@@ -41,6 +42,7 @@ from lorarl.trainer.settings import (
     ConfigError,
     Endpoints,
     advantage_estimator,
+    algorithm_choices,
     lora_settings,
     loss_config,
     output_dirs,
@@ -109,15 +111,23 @@ class Trainer:
             raise ConfigError("no rollout endpoints (LORARL_ROLLOUT_ENDPOINTS is empty)")
         self.output_dir, ckpt_dir, self.adapter_dir = output_dirs(job)
         self.checkpoints = CheckpointManager(ckpt_dir, spec.training.keep_checkpoints)
-        self.dataset = PromptDataset.from_files(
+        loaded = PromptDataset.from_files(
             spec.data.train_files, spec.data.prompt_key, spec.data.answer_key,
             system_prompt=spec.data.system_prompt,
         )  # fmt: skip
+        base = load_base_model(spec.model.path, spec.model.dtype)
+        self.tokenizer = AutoTokenizer.from_pretrained(spec.model.path)
+        self.dataset, self.dropped_prompts = drop_long_prompts(
+            loaded, self.tokenizer, spec.data.max_prompt_tokens
+        )
+        if self.dropped_prompts and ctx.is_main:
+            log.warning(
+                "dropped %d of %d prompts longer than data.maxPromptTokens=%d",
+                self.dropped_prompts, len(loaded), spec.data.max_prompt_tokens,
+            )  # fmt: skip
         self.sampler = PromptSampler(
             len(self.dataset), spec.training.prompts_per_step, spec.data.seed, spec.data.shuffle
         )
-        base = load_base_model(spec.model.path, spec.model.dtype)
-        self.tokenizer = AutoTokenizer.from_pretrained(spec.model.path)
         self.model = apply_lora(base, lora_settings(job))
         shard_model(self.model, ctx, mixed_precision=spec.trainer.fsdp.mixed_precision)
         o = spec.optim
@@ -160,6 +170,7 @@ class Trainer:
     def _setup_main(self) -> None:
         spec, ep = self.job.spec, self.endpoints
         self.tracker = ProgressTracker(self.job.name, spec.training.total_steps, self.output_dir)
+        self.tracker.progress.dropped_prompts = self.dropped_prompts
         if ep.progress_port is not None:
             self.server = ProgressServer(self.tracker, ep.progress_port).start()
         if ep.sync_world_size > 1:
@@ -182,7 +193,7 @@ class Trainer:
             seed=spec.training.seed,
             stop_token_ids=(eos,) if eos is not None else (),
         )
-        ds = spec.algorithm.dynamic_sampling
+        ds, choices = spec.algorithm.dynamic_sampling, algorithm_choices(self.job)
         self.worker = RolloutWorker(
             dataset=self.dataset,
             sampler=self.sampler,
@@ -198,7 +209,14 @@ class Trainer:
             group_size=spec.algorithm.group_size,
             max_prompt_tokens=spec.data.max_prompt_tokens,
             sampling=sampling,
-            dynamic_rounds=ds.max_rounds if ds.enabled else 0,
+            dynamic_rounds=ds.max_rounds if choices.dynamic_sampling else 0,
+            overlong=OverlongConfig(
+                max_tokens=spec.data.max_response_tokens,
+                mask=choices.overlong_mask,
+                soft_punishment=choices.soft_punishment,
+                buffer_tokens=choices.buffer_tokens,
+                penalty_factor=choices.penalty_factor,
+            ),
         )
 
     def _scorer(self):
@@ -373,6 +391,7 @@ class Trainer:
             logprob_mismatch_p90=metrics["logprob_mismatch_p90"],
             logprob_mismatch_p99=metrics["logprob_mismatch_p99"],
             tis_clip_frac=metrics.get("tis_clip_frac"),
+            truncated_fraction=collected.truncated_fraction,
             weight_version=min(s.weight_version for s in samples),
             step_seconds=step_s,
             generate_seconds=collected.generate_seconds,

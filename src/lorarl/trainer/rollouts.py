@@ -18,6 +18,7 @@ from lorarl.trainer.data import (
     prompt_text,
 )
 from lorarl.trainer.dynamic_sampling import DynamicSampler
+from lorarl.trainer.overlong import OverlongConfig, soft_overlong_penalty, truncated
 from lorarl.trainer.rollout_client import RolloutClient
 from lorarl.trainer.rollout_types import Sample, SamplingParams
 
@@ -31,6 +32,7 @@ class Collected:
     reward_seconds: float
     generated_tokens: int
     rounds: int = 1
+    truncated_fraction: float = 0.0  # of every sample generated this step
 
 
 @dataclass
@@ -45,6 +47,7 @@ class RolloutWorker:
     max_prompt_tokens: int
     sampling: SamplingParams
     dynamic_rounds: int = 0  # 0: dynamic sampling off
+    overlong: OverlongConfig | None = None  # None: truncated samples are treated like others
 
     def collect(
         self, position: DataPosition, version: int, model_name: str, step: int = 0
@@ -52,6 +55,7 @@ class RolloutWorker:
         gen_s = rew_s = 0.0
         tokens = 0
         all_rewards: list[torch.Tensor] = []
+        n_truncated = n_samples = 0
         dynamic = None
         if self.dynamic_rounds:
             dynamic = DynamicSampler(
@@ -75,6 +79,11 @@ class RolloutWorker:
             rewards = self._score(items, groups)
             rew_s += time.perf_counter() - t0
             all_rewards.append(rewards)
+            cut = truncated([s.finish_reason for s in flat])
+            n_truncated, n_samples = n_truncated + int(cut.sum()), n_samples + len(flat)
+            if self.overlong is not None and self.overlong.soft_punishment:
+                lengths = torch.tensor([len(s.completion_ids) for s in flat])
+                rewards = rewards + soft_overlong_penalty(lengths, self.overlong)
             if dynamic is None:
                 chosen, chosen_rewards = flat, rewards
                 break
@@ -87,8 +96,13 @@ class RolloutWorker:
                     chosen, chosen_rewards = taken.samples, taken.rewards
                 break
         advantages = compute_advantages(self.estimator, chosen_rewards, self.group_size)
-        samples = [_train_sample(s, float(a), float(r))
-                   for s, a, r in zip(chosen, advantages, chosen_rewards, strict=True)]  # fmt: skip
+        mask_cut = self.overlong is not None and self.overlong.mask
+        samples = [
+            _train_sample(
+                s, float(a), float(r), in_loss=not (mask_cut and s.finish_reason == "length")
+            )
+            for s, a, r in zip(chosen, advantages, chosen_rewards, strict=True)
+        ]
         return Collected(
             samples=samples,
             rewards=torch.cat(all_rewards),
@@ -97,6 +111,7 @@ class RolloutWorker:
             reward_seconds=rew_s,
             generated_tokens=tokens,
             rounds=len(all_rewards),
+            truncated_fraction=n_truncated / max(n_samples, 1),
         )
 
     def _params(self, step: int, round_: int) -> SamplingParams:
@@ -121,7 +136,7 @@ class RolloutWorker:
         return self.tokenizer.decode(sample.completion_ids, skip_special_tokens=True)
 
 
-def _train_sample(s: Sample, advantage: float, reward: float) -> TrainSample:
+def _train_sample(s: Sample, advantage: float, reward: float, in_loss: bool = True) -> TrainSample:
     return TrainSample(
         prompt_ids=list(s.prompt_ids),
         completion_ids=list(s.completion_ids),
@@ -129,4 +144,5 @@ def _train_sample(s: Sample, advantage: float, reward: float) -> TrainSample:
         advantage=advantage,
         reward=reward,
         weight_version=s.weight_version,
+        in_loss=in_loss,
     )

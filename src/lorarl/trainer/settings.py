@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -11,6 +12,8 @@ from lorarl.api.validation import ManifestError, load_job_file
 from lorarl.plan.engines import ENGINE_API_KEY_ENV
 from lorarl.trainer.losses import LossConfig
 from lorarl.trainer.model import LoraSettings
+
+log = logging.getLogger(__name__)
 
 
 class ConfigError(ValueError):
@@ -72,14 +75,58 @@ def lora_settings(job: LoRARLJob) -> LoraSettings:
     )
 
 
+@dataclass(frozen=True)
+class AlgorithmChoices:
+    """The algorithm's name-dependent defaults, resolved (the CRD leaves these fields unset so
+    that the name can decide; its descriptions state the defaults)."""
+
+    clip_high: float
+    agg: str
+    norm_len: int | None
+    dynamic_sampling: bool
+    overlong_mask: bool
+    soft_punishment: bool
+    buffer_tokens: int
+    penalty_factor: float
+
+
+def algorithm_choices(job: LoRARLJob) -> AlgorithmChoices:
+    a, max_response = job.spec.algorithm, job.spec.data.max_response_tokens
+    dapo = a.name == "dapo"
+    agg = a.loss_aggregation or ("seq-mean-token-sum-norm" if a.name == "dr_grpo" else "token-mean")
+    norm = a.loss_norm_length
+    if agg == "seq-mean-token-sum-norm" and norm is None:
+        norm = max_response
+    o = a.overlong
+    return AlgorithmChoices(
+        clip_high=a.clip_ratio_high if a.clip_ratio_high is not None else (0.28 if dapo else 0.2),
+        agg=agg,
+        norm_len=norm,
+        dynamic_sampling=(
+            a.dynamic_sampling.enabled if a.dynamic_sampling.enabled is not None else dapo
+        ),
+        overlong_mask=bool(o.mask),
+        soft_punishment=o.soft_punishment if o.soft_punishment is not None else dapo,
+        buffer_tokens=o.buffer_tokens or max(1, max_response // 5),
+        penalty_factor=o.penalty_factor,
+    )
+
+
 def loss_config(job: LoRARLJob) -> LossConfig:
-    """The spec's algorithm section as the loss sees it (defaults already resolved by the spec)."""
-    a = job.spec.algorithm
+    """The spec's algorithm section as the loss sees it, name-dependent defaults resolved."""
+    a, c = job.spec.algorithm, algorithm_choices(job)
+    if a.kl.coef > 0 and a.kl.estimator == "k1":
+        log.warning(
+            "spec.algorithm.kl.estimator k1 as a loss has zero gradient in expectation: the KL "
+            "term will not pull the policy toward the reference; use k2/mse (the gradient of "
+            "KL(pi || ref)) or k3/low_var_kl"
+        )
     return LossConfig(
         clip_low=a.clip_ratio_low,
-        clip_high=a.clip_ratio_high,
+        clip_high=c.clip_high,
         dual_clip=a.dual_clip,
-        agg=a.loss_aggregation,
+        agg=c.agg,
+        norm_len=c.norm_len,
         kl_coef=a.kl.coef,
         kl_estimator=a.kl.estimator,
         entropy_coef=a.entropy_coef,
