@@ -22,6 +22,11 @@ from lorarl.jsonhttp import JsonHttpServer
 
 log = logging.getLogger(__name__)
 
+# Kubernetes mounts this file into every container (terminationMessagePath's default) and shows
+# what is written there as the container's termination message, at most 4096 bytes.
+TERMINATION_LOG = Path("/dev/termination-log")
+TERMINATION_LIMIT = 4096
+
 
 class ProgressTracker:
     """Thread-safe state behind the endpoint; the training loop is the only writer."""
@@ -67,7 +72,9 @@ class ProgressTracker:
             self.progress.message = message
             self.progress.adapter_path = adapter_path
             self.progress.updated_at = time.time()
+            final = self.progress.model_copy(deep=True)
         self._write_files()
+        write_termination_message(final)
 
     def snapshot(self) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         with self._lock:
@@ -81,6 +88,31 @@ class ProgressTracker:
             write_history(self.output_dir, history)
         elif append is not None:
             append_history(self.output_dir, append)
+
+
+def write_termination_message(progress: Progress, path: Path | None = None) -> bool:
+    """Leave the final report where the operator can read it after the pod has stopped.
+
+    The progress endpoint dies with the trainer, so steps after the operator's last poll would
+    never reach the job's status (docs/architecture.md, "The operator"). Only where the file already
+    exists (the kubelet created it): a local run has none and must not create one in /dev. The
+    history is left out; if the report is still over the limit, the free-text message goes."""
+    path = path or TERMINATION_LOG
+    if not path.is_file():
+        return False
+    text = progress.model_dump_json(by_alias=True, exclude_none=True)
+    if len(text.encode()) > TERMINATION_LIMIT:
+        short = progress.model_copy(update={"message": ""})
+        text = short.model_dump_json(by_alias=True, exclude_none=True)
+    if len(text.encode()) > TERMINATION_LIMIT:
+        log.warning("final progress (%d bytes) over the termination message limit", len(text))
+        return False
+    try:
+        path.write_text(text)
+    except OSError as exc:
+        log.warning("could not write the termination message %s: %s", path, exc)
+        return False
+    return True
 
 
 class ProgressServer(JsonHttpServer):
