@@ -80,6 +80,7 @@ class Run:
     pods_running_s: dict[str, float]  # pod -> seconds from apply to Running
     served: list[Obj] = field(default_factory=list)  # the status API's step history, last seen
     forbidden: int | None = None  # what the status API answered a token without the Role
+    timeline: dict[str, dict[str, float]] = field(default_factory=dict)  # pod -> event -> s
 
 
 def run_job(c: Cluster, job: Obj, timeout: float) -> Run:
@@ -114,7 +115,12 @@ def run_job(c: Cluster, job: Obj, timeout: float) -> Run:
         for run in c.kubelet.pods.values()
         if (run.pod["metadata"].get("labels") or {}).get(JOB_LABEL) == name and run.running_at
     }
-    return Run(name, seconds, obj, pods, served, forbidden)
+    timeline: dict[str, dict[str, float]] = {}
+    for when, key, what in list(c.kubelet.events):
+        pod = key.split("/", 1)[1]
+        if when >= start and pod.startswith(f"{name}-"):
+            timeline.setdefault(pod, {}).setdefault(what, round(when - start, 1))
+    return Run(name, seconds, obj, pods, served, forbidden, timeline)
 
 
 def trainer_log(c: Cluster, name: str) -> str:

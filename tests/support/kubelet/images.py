@@ -97,8 +97,12 @@ def interpreter(engine: str | None, root: Path = ROOT) -> Path:
     return local if local.exists() else Path(sys.executable)
 
 
-def _image_env(final_instructions: list[tuple[str, str]], python: Path) -> dict[str, str]:
-    env = {"PATH": BASE_PATH}
+def _image_env(
+    final_instructions: list[tuple[str, str]], python: Path, root: Path
+) -> dict[str, str]:
+    # The image holds this checkout's code (it is built from it), whichever checkout the venv's
+    # editable install points at.
+    env = {"PATH": BASE_PATH, "PYTHONPATH": str(root / "src")}
     for keyword, args in final_instructions:
         if keyword != "ENV":
             continue
@@ -134,7 +138,7 @@ def load(ref: str, root: Path = ROOT) -> Image:
         dockerfile=dockerfile,
         engine=engine,
         python=python,
-        env=_image_env(final, python),
+        env=_image_env(final, python, root),
         user=users[-1] if users else None,
         workdir=workdirs[-1] if workdirs else "/",
     )

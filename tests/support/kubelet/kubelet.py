@@ -71,6 +71,8 @@ class Kubelet:
         self.dns = ClusterDns(self.folder, host_namespace)
         self.pods: dict[str, PodRun] = {}
         self.errors: list[str] = []
+        # (monotonic time, "namespace/pod", what): admitted, each new phase, deleted, stopped.
+        self.events: list[tuple[float, str, str]] = []
         self._reported: dict[str, Obj] = {}
         self._rules: dict[str, str] = {}
         self._stop = threading.Event()
@@ -200,6 +202,7 @@ class Kubelet:
         folder = self.folder / "pods" / f"{meta['namespace']}_{meta['name']}_{meta['uid'][:8]}"
         folder.mkdir(parents=True)
         self.pods[meta["uid"]] = PodRun(pod=pod, folder=folder)
+        self.events.append((time.monotonic(), f"{meta['namespace']}/{meta['name']}", "admitted"))
         self._try_start(self.pods[meta["uid"]])
 
     def _try_start(self, run_: PodRun) -> None:
@@ -218,6 +221,7 @@ class Kubelet:
         run_.start_containers()
 
     def _teardown(self, run_: PodRun, grace: float) -> None:
+        self.events.append((time.monotonic(), run_.key, "deleted"))
         try:
             run_.stop(grace, self.bridge)
         except Exception:
@@ -225,12 +229,14 @@ class Kubelet:
         finally:
             self.dns.forget(run_.uid)
             run_.stopped.set()
+            self.events.append((time.monotonic(), run_.key, "stopped"))
 
     def _report(self, run_: PodRun) -> None:
         status = run_.status(self.host_ip)
         if status["phase"] == "Running" and run_.running_at is None:
             run_.running_at = time.monotonic()
-        if self._reported.get(run_.uid) == status:
+        before = self._reported.get(run_.uid)
+        if before == status:
             return
         meta = run_.pod["metadata"]
         path = f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}/status"
@@ -239,6 +245,8 @@ class Kubelet:
             return  # a newer pod of the same name; ours is gone
         if self.api.patch(path, {"status": status}) is not None:
             self._reported[run_.uid] = status
+            if before is None or before["phase"] != status["phase"]:
+                self.events.append((time.monotonic(), run_.key, status["phase"]))
 
     # -- NetworkPolicy -------------------------------------------------------------------------
     def _sync_policies(self) -> None:
