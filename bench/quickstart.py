@@ -99,6 +99,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     info = machine()
+    from lorarl.local.models import PREPARED_MARKER, TINY_NAME
+
+    cached = (ROOT / ".cache" / "lorarl" / "models" / TINY_NAME / PREPARED_MARKER).is_file()
     start = time.monotonic()
     subprocess.run(lorarl("prepare", "quickstart"), cwd=ROOT, check=True, capture_output=True)
     prepare_s = time.monotonic() - start
@@ -112,6 +115,7 @@ def main(argv: list[str] | None = None) -> None:
         "machine": info,
         "command": "lorarl prepare quickstart && lorarl run examples/quickstart.yaml --local",
         "prepare_s": round(prepare_s, 1),
+        "prepare_model_cached": cached,  # a cached model skips the few seconds of teaching
         "seeds": len(runs),
         "reward_first5_mean": mean([r["reward_first5"] for r in runs]),
         "reward_last5_mean": mean([r["reward_last5"] for r in runs]),
