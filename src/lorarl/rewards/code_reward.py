@@ -2,14 +2,14 @@
 
 Tests come from `metadata[tests_key]` or else the ground truth (a JSON string or Python test code):
 - assert tests: a list of Python snippets (`["assert add(1, 2) == 3", ...]`, MBPP style) or one
-  string of test code. The solution and every test run in one sandboxed interpreter; each test
-  gets its own SIGALRM timeout and reports through a per-run random prefix on stdout.
+  string of test code. The solution runs in one sandbox and the tests in another that calls into
+  it over a pipe and judges the asserts itself (`assert_judge.py`), so a solution cannot forge a
+  pass: it can only return values.
 - stdin/stdout tests: `[{"input": "1 2\\n", "output": "3\\n"}, ...]` or `{"inputs": [...],
   "outputs": [...]}` (APPS style). Each case is a separate sandbox run and the comparison happens
-  here, outside the sandbox, so the program cannot forge a pass.
-A deliberately adversarial program could find the assert-mode prefix in its own interpreter's
-memory; stdin/stdout mode has no such hole. Any refused action (socket, fork, write outside the
-temp dir, ...) scores 0 by default, so a policy gains nothing by probing the sandbox.
+  here, outside the sandbox.
+Every sandbox is an OS boundary (bubblewrap namespaces, seccomp, rlimits; `isolation.py`); where it
+cannot run, the reward raises `SandboxUnavailable` instead of scoring with weaker isolation.
 """
 
 from __future__ import annotations
@@ -18,14 +18,14 @@ import dataclasses
 import json
 import math
 import re
-import secrets
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from lorarl.rewards.assert_judge import judge_asserts
 from lorarl.rewards.registry import RewardResult, register
-from lorarl.rewards.sandbox import SandboxLimits, SandboxResult, run_python
+from lorarl.rewards.sandbox import SandboxLimits, check_available, run_python
 
 __all__ = ["IOCase", "TestSuite", "extract_code", "load_tests", "python_tests"]
 
@@ -110,7 +110,6 @@ def _check(
     test_timeout_seconds: float = 4.0,
     memory_mb: int = 512,
     tests_key: str = "tests",
-    penalize_violations: bool = True,
 ) -> None:
     for name, v in (
         ("timeout_seconds", timeout_seconds),
@@ -132,8 +131,8 @@ def python_tests(
     test_timeout_seconds: float = 4.0,
     memory_mb: int = 512,
     tests_key: str = "tests",
-    penalize_violations: bool = True,
 ) -> RewardResult:
+    check_available()  # raises SandboxUnavailable, with what to do, where it cannot run
     suite = load_tests(ground_truth, metadata, tests_key)
     code = extract_code(completion)
     limits = SandboxLimits(
@@ -145,7 +144,7 @@ def python_tests(
         outcome = _run_asserts(code, suite.asserts, limits, float(test_timeout_seconds))
     else:
         outcome = _run_io(code, suite.io, limits, float(test_timeout_seconds))
-    return _result(outcome, suite.total, penalize_violations)
+    return _result(outcome, suite.total)
 
 
 @dataclass
@@ -155,10 +154,9 @@ class _Outcome:
     failures: list[dict[str, Any]]
     status: str
     reason: str
-    refused: list[str]
 
 
-def _result(o: _Outcome, total: int, penalize: bool) -> RewardResult:
+def _result(o: _Outcome, total: int) -> RewardResult:
     info: dict[str, Any] = {
         "mode": o.mode,
         "passed": o.passed,
@@ -167,97 +165,32 @@ def _result(o: _Outcome, total: int, penalize: bool) -> RewardResult:
         "reason": o.reason,
         "failures": o.failures[:_MAX_FAILURES_IN_INFO],
     }
-    if o.refused:
-        info["refused"] = o.refused[:_MAX_FAILURES_IN_INFO]
-        if penalize:
-            info["reason"] = f"refused by the sandbox: {o.refused[0]}"
-            return RewardResult(0.0, info)
     return RewardResult(o.passed / total, info)
-
-
-_ASSERT_HARNESS = """
-import json as _json, os as _os, signal as _signal, sys as _sys
-_DATA = _json.loads({data})
-_OUT = _os.dup(1)
-
-class _TestTimeout(BaseException):
-    pass
-
-class _Sink:
-    def write(self, s):
-        return len(s)
-    def flush(self):
-        pass
-
-def _alarm(signum, frame):
-    raise _TestTimeout()
-
-def _report(obj):
-    _os.write(_OUT, (_DATA["nonce"] + _json.dumps(obj) + "\\n").encode())
-
-def _run(code, label, ns):
-    _signal.setitimer(_signal.ITIMER_REAL, _DATA["per_test"])
-    try:
-        exec(compile(code, label, "exec"), ns)
-        return None
-    except _TestTimeout:
-        return "timed out after %g s" % _DATA["per_test"]
-    except BaseException as exc:
-        return ("%s: %s" % (type(exc).__name__, exc))[:300]
-    finally:
-        _signal.setitimer(_signal.ITIMER_REAL, 0)
-
-_signal.signal(_signal.SIGALRM, _alarm)
-_sys.stdout = _Sink()
-_ns = {{"__name__": "__solution__"}}
-_err = _run(_DATA["solution"], "<solution>", _ns)
-if _err is not None:
-    _report({{"solution_error": _err}})
-else:
-    for _i, _test in enumerate(_DATA["tests"]):
-        _err = _run(_test, "<test %d>" % _i, _ns)
-        _report({{"test": _i, "error": _err}})
-"""
 
 
 def _run_asserts(
     code: str, tests: Sequence[str], limits: SandboxLimits, per_test: float
 ) -> _Outcome:
-    nonce = f"@@{secrets.token_hex(16)}@@"
-    data = {"nonce": nonce, "solution": code, "tests": list(tests), "per_test": per_test}
-    program = _ASSERT_HARNESS.format(data=repr(json.dumps(data)))
-    run = run_python(program, limits=limits)
-    errors: dict[int, str | None] = {}
-    solution_error = None
-    for line in run.stdout.splitlines():
-        if not line.startswith(nonce):
-            continue
-        report = json.loads(line[len(nonce) :])
-        if "solution_error" in report:
-            solution_error = report["solution_error"]
-        else:
-            errors[int(report["test"])] = report["error"]
+    verdict = judge_asserts(code, tests, limits, per_test)
+    judge = verdict.judge
     failures = []
     for i in range(len(tests)):
-        if i not in errors:
-            why = solution_error or f"not run: {run.reason}"
+        if i not in verdict.errors:
+            why = verdict.solution_error or f"not run: {judge.reason}"
             failures.append({"test": i, "error": why})
-        elif errors[i] is not None:
-            failures.append({"test": i, "error": errors[i]})
+        elif verdict.errors[i] is not None:
+            failures.append({"test": i, "error": verdict.errors[i]})
     passed = len(tests) - len(failures)
-    reason = _reason(run, solution_error)
-    return _Outcome("assert", passed, failures, run.status, reason, run.refused)
-
-
-def _reason(run: SandboxResult, solution_error: str | None) -> str:
-    if solution_error is not None:
-        return f"solution failed: {solution_error}"
-    return run.reason
+    if verdict.solution_error is not None:
+        status, reason = "error", f"solution failed: {verdict.solution_error}"
+    else:
+        status, reason = judge.status, judge.reason
+    return _Outcome("assert", passed, failures, status, reason)
 
 
 def _run_io(code: str, cases: Sequence[IOCase], limits: SandboxLimits, per_test: float) -> _Outcome:
     deadline = time.monotonic() + limits.wall_seconds
-    passed, failures, refused = 0, [], []
+    passed, failures = 0, []
     status, reason = "ok", "all cases ran"
     for i, case in enumerate(cases):
         left = deadline - time.monotonic()
@@ -267,7 +200,6 @@ def _run_io(code: str, cases: Sequence[IOCase], limits: SandboxLimits, per_test:
             continue
         case_limits = _with_wall(limits, min(per_test, left))
         run = run_python(code, limits=case_limits, stdin=case.stdin)
-        refused.extend(run.refused)
         if not run.ok:
             failures.append({"test": i, "error": run.reason})
             status, reason = run.status, run.reason
@@ -275,7 +207,7 @@ def _run_io(code: str, cases: Sequence[IOCase], limits: SandboxLimits, per_test:
             failures.append({"test": i, "error": f"wrong output: {_show(run.stdout)}"})
         else:
             passed += 1
-    return _Outcome("io", passed, failures, status, reason, refused)
+    return _Outcome("io", passed, failures, status, reason)
 
 
 def _with_wall(limits: SandboxLimits, wall: float) -> SandboxLimits:

@@ -1,28 +1,20 @@
-"""Run untrusted Python (model completions) in a child process behind layered limits.
+"""Run untrusted Python (model completions) in a fresh process behind an OS boundary.
 
-Each layer works without privileges, because reward pods run as non-root:
+The boundary itself (namespaces, a read-only root with a private size-capped tmpfs, seccomp,
+the caller's environment cleared) is built in `isolation.py` with bubblewrap. This module adds the
+per-run limits and the bookkeeping:
 
-- own session / process group: the wall-clock timeout SIGKILLs the whole group, so children
-  spawned despite the other layers die with their parent;
-- rlimits set by the child on itself before any untrusted code runs (hard = soft, so the code
-  can't raise them back): CPU seconds (SIGXCPU), address space (big allocations raise
-  MemoryError), processes (RLIMIT_NPROC counts *every* process of the uid, so only 0 is a
-  meaningful value in a shared container; root ignores it), file size (SIGXFSZ), open files,
-  no core dumps;
-- a fresh temp dir as cwd and HOME, an isolated interpreter (`-I -S -B`: no PYTHON* env, no
-  site-packages, no bytecode writes) and an environment with only PATH/HOME/TMPDIR/LANG;
-- a `sys.addaudithook` hook installed before the untrusted code: it refuses sockets and DNS,
-  process creation (fork/exec/spawn/system/subprocess/posix_spawn), signalling other processes,
-  rlimit changes, ctypes and `_posixsubprocess` imports, and any write, create, delete, rename or
-  chmod outside the temp dir. Every refusal is also written to stderr, so it shows up in the
-  result even if the code swallows the exception;
-- when `unshare -rn` works here (user namespaces allowed), the child also gets an empty network
-  namespace: even code that slipped past the hook has no interface to talk to.
-
-What these layers cannot stop: audit hooks are not a security boundary in CPython (C extensions
-already imported and memory corruption bypass them), reads are allowed everywhere the uid can
-read, and without a network namespace a native-code escape could reach the network. Pod-level
-controls (read-only root filesystem, NetworkPolicy, seccomp, a non-root uid) are the backstop.
+- rlimits the interpreter sets on itself before any untrusted code runs (hard = soft, so the code
+  cannot raise them back): CPU seconds (SIGXCPU), address space (big allocations raise
+  MemoryError), file size (SIGXFSZ / EFBIG), open files, no core dumps, and processes;
+- process creation is off by default (seccomp makes fork/vfork/clone fail with EPERM; threads
+  still work). `max_processes > 0` allows forking, bounded by RLIMIT_NPROC, which the kernel
+  enforces for a non-root uid outside the user namespace (the reward image's user); when lorarl
+  itself runs as root the wall-clock kill and the pid namespace are what bound them;
+- the wall-clock timeout SIGKILLs the pid namespace's init, and the kernel then kills every
+  process in the namespace, double-forked daemons included, before `run_python` returns;
+- stdout/stderr go to files outside the sandbox, bounded by the file size limit and truncated to
+  `max_output_bytes`.
 """
 
 from __future__ import annotations
@@ -30,29 +22,38 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import select
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
-from functools import lru_cache
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from lorarl.rewards.isolation import (
+    SandboxUnavailable,
+    bwrap_argv,
+    check_available,
+    interpreter,
+    seccomp_filter,
+)
+
 __all__ = [
+    "Sandbox",
     "SandboxLimits",
     "SandboxResult",
+    "SandboxUnavailable",
     "Status",
-    "network_namespace_available",
+    "check_available",
+    "classify",
     "run_python",
 ]
 
-Status = Literal["ok", "error", "refused", "memory", "timeout", "cpu_limit", "file_limit", "killed"]
+Status = Literal["ok", "error", "memory", "timeout", "cpu_limit", "file_limit", "killed"]
 
 _MIB = 1024 * 1024
-_REFUSAL_PREFIX = "lorarl-sandbox: refused "
 
 
 @dataclass(frozen=True)
@@ -62,16 +63,21 @@ class SandboxLimits:
     wall_seconds: float = 10.0
     cpu_seconds: int = 10
     memory_bytes: int = 512 * _MIB
-    max_processes: int = 0
+    max_processes: int = 0  # 0: fork/clone of processes fails (EPERM); threads still work
     max_file_bytes: int = 8 * _MIB
     max_open_files: int = 64
     max_output_bytes: int = 1 * _MIB
-    network_namespace: bool | None = None  # None: use `unshare -rn` when it works here
-    audit_hook: bool = True  # turn off only to test the other layers on their own
-    temp_root: str | None = None  # where work dirs are created (default: the system temp dir)
+    tmpfs_bytes: int = 64 * _MIB  # the only writable place, /tmp, counts against memory
+    temp_root: str | None = None  # where stdout/stderr files are kept (outside the sandbox)
 
     def __post_init__(self) -> None:
-        for name in ("wall_seconds", "cpu_seconds", "memory_bytes", "max_file_bytes"):
+        for name in (
+            "wall_seconds",
+            "cpu_seconds",
+            "memory_bytes",
+            "max_file_bytes",
+            "tmpfs_bytes",
+        ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"SandboxLimits.{name} must be > 0 (got {getattr(self, name)})")
         if self.max_open_files < 16:
@@ -91,15 +97,14 @@ class SandboxResult:
     stderr: str
     duration_s: float
     reason: str
-    refused: list[str] = field(default_factory=list)  # audit events the hook refused
 
     @property
     def ok(self) -> bool:
         return self.status == "ok"
 
 
-# The child's first code: lower its own limits, install the audit hook, then run the program.
-# Kept as source (run with `-c`) so the child needs nothing importable from lorarl.
+# The interpreter's first code inside the sandbox: lower its own limits, then run the program.
+# Kept as source (run with `-c`) so nothing importable from lorarl is needed in there.
 _BOOTSTRAP = r"""
 import io, json, os, resource, sys
 _cfg = json.loads(sys.argv[1])
@@ -114,163 +119,157 @@ for _name, _soft, _hard in _cfg["rlimits"]:
     if _cap != resource.RLIM_INFINITY:
         _soft, _hard = min(_soft, _cap), min(_hard, _cap)
     resource.setrlimit(_res, (_soft, _hard))
-
-class SandboxViolation(PermissionError):
-    pass
-
-def _install_hook(work, prefix):
-    import os as _os
-    work = _os.path.realpath(work)
-    write_flags = _os.O_WRONLY | _os.O_RDWR | _os.O_APPEND | _os.O_CREAT | _os.O_TRUNC
-    blocked = ("socket.", "subprocess.", "ctypes.", "os.exec", "os.spawn", "os.posix_spawn",
-               "os.fork", "os.forkpty", "os.system", "os.kill", "os.killpg",
-               "signal.pthread_kill", "resource.setrlimit", "resource.prlimit")
-    blocked_imports = {"_posixsubprocess", "_ctypes", "ctypes", "multiprocessing"}
-    path_args = {"os.remove": (0,), "os.rmdir": (0,), "os.mkdir": (0,), "os.rename": (0, 1),
-                 "os.symlink": (0, 1), "os.link": (0, 1), "os.chmod": (0,), "os.chown": (0,),
-                 "os.chflags": (0,), "os.truncate": (0,), "os.utime": (0,),
-                 "os.setxattr": (0,), "os.removexattr": (0,), "shutil.rmtree": (0,),
-                 "shutil.move": (0, 1), "shutil.copyfile": (1,), "shutil.copytree": (1,),
-                 "os.mkfifo": (0,), "os.mknod": (0,)}
-    write = _os.write
-
-    def inside(path):
-        if isinstance(path, int):
-            return True  # an fd we already hold
-        try:
-            path = _os.fsdecode(path)
-        except TypeError:
-            return False
-        real = _os.path.realpath(path)
-        return real == work or real.startswith(work + _os.sep)
-
-    def refuse(event, why):
-        try:
-            write(2, (prefix + event + ": " + why + "\n").encode())
-        except OSError:
-            pass
-        raise SandboxViolation(event + " refused: " + why)
-
-    def hook(event, args):
-        if event == "open":
-            path, mode, flags = args
-            writing = (mode is not None and any(c in mode for c in "wax+")) or (
-                mode is None and isinstance(flags, int) and flags & write_flags)
-            if writing and not inside(path):
-                refuse(event, "writes are allowed only inside the sandbox temp dir")
-        elif event == "import":
-            if args[0] in blocked_imports:
-                refuse(event, "module " + args[0] + " is not available in the sandbox")
-        elif event.startswith(blocked):
-            why = "no network in the sandbox" if event.startswith("socket.") else "not allowed"
-            refuse(event, why)
-        elif event in path_args:
-            for i in path_args[event]:
-                if i < len(args) and not inside(args[i]):
-                    refuse(event, "changes are allowed only inside the sandbox temp dir")
-
-    sys.addaudithook(hook)
-
+sys.argv = ["<sandbox>", *_cfg["args"]]
 _program = _payload["program"]
-if _cfg["hook"]:
-    _install_hook(_cfg["work"], _cfg["prefix"])
-del _cfg, _payload, _fd, _name, _soft, _hard, _cap, _res, _install_hook
+del _cfg, _payload, _fd, _name, _soft, _hard, _cap, _res
 exec(compile(_program, "<sandbox>", "exec"), {"__name__": "__main__", "__builtins__": __builtins__})
 """
 
 
-@lru_cache(maxsize=1)
-def network_namespace_available() -> bool:
-    """Whether `unshare -rn` can give a child an empty network namespace on this machine."""
-    exe = shutil.which("unshare")
-    if exe is None:
-        return False
-    try:
-        done = subprocess.run(
-            [exe, "-rn", "true"], capture_output=True, timeout=5, check=False, env={}
+class Sandbox:
+    """One program running in its own sandbox; `wait()` returns its result and leaves nothing.
+
+    `pass_fds` are the caller's descriptors the program may use (pipes to another sandbox);
+    they keep their numbers and the program gets them as `sys.argv[1:]`.
+    """
+
+    def __init__(
+        self,
+        program: str,
+        *,
+        limits: SandboxLimits | None = None,
+        stdin: str = "",
+        pass_fds: tuple[int, ...] = (),
+    ) -> None:
+        check_available()
+        self.limits = limits or SandboxLimits()
+        self._root = Path(tempfile.mkdtemp(prefix="lorarl-sbx-", dir=self.limits.temp_root))
+        self._init_pidfd = -1
+        self._timed_out = False
+        self._result: SandboxResult | None = None
+        try:
+            self._start(program, stdin, pass_fds)
+        except BaseException:
+            shutil.rmtree(self._root, ignore_errors=True)
+            raise
+
+    def _start(self, program: str, stdin: str, pass_fds: tuple[int, ...]) -> None:
+        limits = self.limits
+        config = {"rlimits": _rlimits(limits), "args": [str(fd) for fd in pass_fds]}
+        exe, _ = interpreter()
+        inner = [exe, "-I", "-S", "-B", "-c", _BOOTSTRAP, json.dumps(config)]
+        seccomp_r, seccomp_w = os.pipe()
+        info_r, info_w = os.pipe()
+        try:
+            os.write(seccomp_w, seccomp_filter(limits.max_processes > 0))
+            os.close(seccomp_w)
+            seccomp_w = -1
+            argv = bwrap_argv(
+                seccomp_fd=seccomp_r, info_fd=info_w, tmpfs_bytes=limits.tmpfs_bytes, argv=inner
+            )
+            self._out = open(self._root / "stdout", "wb")  # noqa: SIM115 (closed in wait)
+            self._err = open(self._root / "stderr", "wb")  # noqa: SIM115
+            self._start_time = time.monotonic()
+            self._proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.PIPE,
+                stdout=self._out,
+                stderr=self._err,
+                env={},
+                pass_fds=(seccomp_r, info_w, *pass_fds),
+                start_new_session=True,
+            )
+        finally:
+            for fd in (seccomp_r, seccomp_w, info_w):
+                if fd >= 0:
+                    os.close(fd)
+        self._init_pidfd = _open_init(info_r, self._start_time + limits.wall_seconds)
+        payload = json.dumps({"program": program, "stdin": stdin}).encode()
+        assert self._proc.stdin is not None
+        try:  # the bootstrap reads all of it first thing
+            self._proc.stdin.write(payload)
+            self._proc.stdin.close()
+        except OSError:  # it died before reading its program
+            pass
+
+    def wait(self) -> SandboxResult:
+        """Wait up to the wall-clock limit (from start), kill the namespace, return the result."""
+        if self._result is not None:
+            return self._result
+        left = self._start_time + self.limits.wall_seconds - time.monotonic()
+        try:
+            self._proc.wait(timeout=max(left, 0.0))
+        except subprocess.TimeoutExpired:
+            self._timed_out = True
+        self.kill()
+        duration = time.monotonic() - self._start_time
+        self._out.close()
+        self._err.close()
+        cap = self.limits.max_output_bytes
+        stdout = _read_capped(self._root / "stdout", cap)
+        stderr = _read_capped(self._root / "stderr", cap)
+        shutil.rmtree(self._root, ignore_errors=True)
+        code = self._proc.returncode
+        status, reason = classify(code, self._timed_out, stderr, self.limits)
+        self._result = SandboxResult(
+            status=status,
+            returncode=None if self._timed_out else code,
+            stdout=stdout,
+            stderr=stderr,
+            duration_s=duration,
+            reason=reason,
         )
-    except (OSError, subprocess.SubprocessError):
-        return False
-    return done.returncode == 0
+        return self._result
+
+    def kill(self) -> None:
+        """SIGKILL the namespace's init (the kernel then kills the rest) and reap bubblewrap."""
+        if self._init_pidfd >= 0:
+            with contextlib.suppress(OSError):
+                signal.pidfd_send_signal(self._init_pidfd, signal.SIGKILL)
+        if self._proc.poll() is None:
+            try:
+                self._proc.wait(timeout=2)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(self._proc.pid, signal.SIGKILL)
+                self._proc.wait()
+        if self._init_pidfd >= 0:
+            # readable once the init has exited, which is after every process in it has died
+            select.select([self._init_pidfd], [], [], 2)
+            os.close(self._init_pidfd)
+            self._init_pidfd = -1
+
+
+def _open_init(info_r: int, deadline: float) -> int:
+    """A pidfd for the sandbox's pid-namespace init, from bubblewrap's `--info-fd` JSON."""
+    data = b""
+    try:
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([info_r], [], [], max(deadline - time.monotonic(), 0))
+            if not ready:
+                break
+            chunk = os.read(info_r, 4096)
+            if not chunk:
+                break
+            data += chunk
+            with contextlib.suppress(ValueError):
+                pid = int(json.loads(data)["child-pid"])
+                return os.pidfd_open(pid)
+    except OSError:
+        pass
+    finally:
+        os.close(info_r)
+    return -1
 
 
 def run_python(
     program: str, *, limits: SandboxLimits | None = None, stdin: str = ""
 ) -> SandboxResult:
-    """Run `program` as `__main__` in a fresh sandboxed interpreter; never raises for its failures.
+    """Run `program` as `__main__` in a fresh sandbox; never raises for the program's failures.
 
-    `stdin` is what the program reads from `sys.stdin`. stdout/stderr are captured to files
-    outside the program's temp dir (bounded by the file size limit) and truncated to
-    `max_output_bytes`.
+    Raises `SandboxUnavailable` when the OS sandbox cannot run on this machine.
     """
-    limits = limits or SandboxLimits()
-    root = Path(tempfile.mkdtemp(prefix="lorarl-sbx-", dir=limits.temp_root))
-    try:
-        return _run_in(root, program, stdin, limits)
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
-
-
-def _run_in(root: Path, program: str, stdin: str, limits: SandboxLimits) -> SandboxResult:
-    work = root / "work"
-    work.mkdir(mode=0o700)
-    config = {
-        "work": str(work),
-        "hook": limits.audit_hook,
-        "prefix": _REFUSAL_PREFIX,
-        "rlimits": _rlimits(limits),
-    }
-    argv = [sys.executable, "-I", "-S", "-B", "-c", _BOOTSTRAP, json.dumps(config)]
-    use_netns = (
-        network_namespace_available()
-        if limits.network_namespace is None
-        else limits.network_namespace
-    )
-    if use_netns:
-        argv = ["unshare", "-rn", *argv]
-    env = {"PATH": "/usr/bin:/bin", "HOME": str(work), "TMPDIR": str(work), "LANG": "C.UTF-8"}
-    payload = json.dumps({"program": program, "stdin": stdin}).encode()
-    start = time.monotonic()
-    with open(root / "stdout", "wb") as out, open(root / "stderr", "wb") as err:
-        proc = subprocess.Popen(
-            argv,
-            stdin=subprocess.PIPE,
-            stdout=out,
-            stderr=err,
-            cwd=work,
-            env=env,
-            start_new_session=True,  # own process group: one killpg stops every descendant
-            close_fds=True,
-        )
-        timed_out = False
-        try:
-            proc.communicate(payload, timeout=limits.wall_seconds)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-        except BrokenPipeError:  # the child died before reading its program
-            pass
-        _kill_group(proc.pid)  # also reaps anything the program left running
-        proc.wait()
-        if proc.stdin is not None:
-            proc.stdin.close()
-    duration = time.monotonic() - start
-    stdout = _read_capped(root / "stdout", limits.max_output_bytes)
-    stderr = _read_capped(root / "stderr", limits.max_output_bytes)
-    refused = [
-        line[len(_REFUSAL_PREFIX) :]
-        for line in stderr.splitlines()
-        if line.startswith(_REFUSAL_PREFIX)
-    ]
-    status, reason = classify(proc.returncode, timed_out, stderr, limits)
-    return SandboxResult(
-        status=status,
-        returncode=None if timed_out else proc.returncode,
-        stdout=stdout,
-        stderr=stderr,
-        duration_s=duration,
-        reason=reason,
-        refused=refused,
-    )
+    return Sandbox(program, limits=limits, stdin=stdin).wait()
 
 
 def _rlimits(limits: SandboxLimits) -> list[tuple[str, int, int]]:
@@ -278,17 +277,13 @@ def _rlimits(limits: SandboxLimits) -> list[tuple[str, int, int]]:
     cpu = max(1, int(limits.cpu_seconds))
     fixed = [
         ("RLIMIT_AS", int(limits.memory_bytes)),
-        ("RLIMIT_NPROC", int(limits.max_processes)),
         ("RLIMIT_FSIZE", int(limits.max_file_bytes)),
         ("RLIMIT_NOFILE", int(limits.max_open_files)),
         ("RLIMIT_CORE", 0),
     ]
+    if limits.max_processes > 0:
+        fixed.append(("RLIMIT_NPROC", int(limits.max_processes)))
     return [("RLIMIT_CPU", cpu, cpu + 1), *((name, v, v) for name, v in fixed)]
-
-
-def _kill_group(pgid: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, signal.SIGKILL)
 
 
 def _read_capped(path: Path, cap: int) -> str:
@@ -307,13 +302,18 @@ _SIGNAL_STATUS: dict[int, tuple[Status, str]] = {
 def classify(
     returncode: int | None, timed_out: bool, stderr: str, limits: SandboxLimits
 ) -> tuple[Status, str]:
-    """(status, human reason) for a finished run; pure so each outcome is testable."""
+    """(status, human reason) for a finished run; pure so each outcome is testable.
+
+    bubblewrap reports the program's death by signal N as exit status 128 + N.
+    """
     if timed_out:
         return "timeout", (
-            f"wall-clock limit of {limits.wall_seconds:g} s exceeded; process group killed"
+            f"wall-clock limit of {limits.wall_seconds:g} s exceeded; sandbox killed"
         )
     if returncode == 0:
         return "ok", "exited with status 0"
+    if returncode is not None and returncode > 128:
+        returncode = -(returncode - 128)
     if returncode is not None and returncode < 0:
         sig = -returncode
         if sig in _SIGNAL_STATUS:
@@ -321,10 +321,10 @@ def classify(
             return status, template.format(cpu=limits.cpu_seconds, fsize=limits.max_file_bytes)
         if sig == signal.SIGKILL:
             return "killed", f"killed by SIGKILL (CPU hard limit {limits.cpu_seconds} s or OOM)"
-        return "killed", f"killed by {signal.Signals(sig).name}"
+        with contextlib.suppress(ValueError):
+            return "killed", f"killed by {signal.Signals(sig).name}"
+        return "killed", f"killed by signal {sig}"
     last = _last_error_line(stderr)
-    if "SandboxViolation" in last:
-        return "refused", last
     if last.startswith("MemoryError"):
         return "memory", f"MemoryError: address space limit of {limits.memory_bytes} bytes"
     if "File too large" in last:  # Python ignores SIGXFSZ, so the write fails with EFBIG
@@ -333,9 +333,5 @@ def classify(
 
 
 def _last_error_line(stderr: str) -> str:
-    lines = [
-        ln.strip()
-        for ln in stderr.splitlines()
-        if ln.strip() and not ln.startswith(_REFUSAL_PREFIX) and ln != "[output truncated]"
-    ]
+    lines = [ln.strip() for ln in stderr.splitlines() if ln.strip() and ln != "[output truncated]"]
     return lines[-1] if lines else ""
