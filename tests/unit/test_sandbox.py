@@ -1,7 +1,7 @@
 """The sandbox and the `python_tests` reward against hostile programs.
 
 Every hostile run must end within its limits, score 0 with a reason, and leave the sandbox
-working for the next program.
+working for the next program. The attacks of issue 16 are in tests/security.
 """
 
 from __future__ import annotations
@@ -16,14 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from lorarl.rewards import get_reward
+from lorarl.rewards import get_reward, isolation
 from lorarl.rewards.code_reward import IOCase, extract_code, load_tests
-from lorarl.rewards.sandbox import (
-    SandboxLimits,
-    classify,
-    network_namespace_available,
-    run_python,
-)
+from lorarl.rewards.sandbox import SandboxLimits, SandboxUnavailable, classify, run_python
 
 FAST = SandboxLimits(wall_seconds=3.0, cpu_seconds=1, memory_bytes=256 * 1024 * 1024)
 ADD_TESTS = json.dumps(
@@ -68,17 +63,18 @@ def listener():
 
 
 def test_runs_a_program_with_stdin_in_a_fresh_temp_dir():
+    name = f"note-{os.getpid()}-{time.monotonic_ns()}.txt"
     program = (
         "import os\n"
-        "name = input()\n"
-        "open('note.txt', 'w').write(name)\n"
-        "print(open('note.txt').read(), os.getcwd() == os.environ['HOME'], sorted(os.environ))\n"
+        "who = input()\n"
+        f"open({name!r}, 'w').write(who)\n"
+        f"print(open({name!r}).read(), os.getcwd(), os.environ['HOME'], sorted(os.environ))\n"
     )
     run = run_python(program, limits=FAST, stdin="ada\n")
     assert run.status == "ok", run
-    assert run.stdout.startswith("ada True ")
-    assert "['HOME', 'LANG', 'PATH', 'TMPDIR']" in run.stdout  # nothing of ours leaks in
-    assert not Path(run.stdout.split()[0]).exists()
+    assert run.stdout.startswith("ada /tmp /tmp ")
+    assert "['HOME', 'LANG', 'PATH', 'PWD', 'TMPDIR']" in run.stdout  # nothing of ours leaks in
+    assert not Path("/tmp", name).exists()  # its /tmp is a private tmpfs
 
 
 def test_infinite_loop_is_stopped_by_the_cpu_limit():
@@ -101,65 +97,59 @@ def test_sleeping_forever_hits_the_wall_clock_timeout():
     assert_still_works()
 
 
-def test_fork_bomb_is_refused():
+def test_fork_bomb_fails_at_the_first_fork():
     start = time.monotonic()
     run = run_python("import os\nwhile True:\n    os.fork()", limits=FAST)
-    assert run.status == "refused"
-    assert run.refused == ["os.fork: not allowed"]
+    assert run.status == "error"
+    assert run.reason == "PermissionError: [Errno 1] Operation not permitted"
     assert time.monotonic() - start < 2
     assert_still_works()
 
 
+def test_threads_still_work():
+    program = (
+        "import threading\n"
+        "out = []\n"
+        "t = threading.Thread(target=out.append, args=(42,))\n"
+        "t.start(); t.join(); print(out)\n"
+    )
+    run = run_python(program, limits=FAST)
+    assert run.status == "ok" and run.stdout == "[42]\n", run
+
+
 @pytest.mark.parametrize(
-    "program, event",
+    "program",
     [
-        ("import subprocess\nsubprocess.run(['true'])", "import"),  # _posixsubprocess
-        ("import os\nos.system('true')", "os.system"),
-        ("import os\nos.execv('/bin/true', ['true'])", "os.exec"),
-        ("import ctypes", "import"),
-        ("import os, signal\nos.kill(1, signal.SIGTERM)", "os.kill"),
-        ("import resource\nresource.setrlimit(resource.RLIMIT_CPU, (100, 100))", "resource."),
+        "import subprocess\nsubprocess.run(['true'])",
+        "import os\nassert os.system('true') == 0",
+        "import os\nos.posix_spawn('/bin/true', ['true'], {})",
+        "import os, signal\nos.kill(1, signal.SIGTERM)",
+        "import os\nos.pidfd_open(1)",
+        "import resource\nresource.setrlimit(resource.RLIMIT_CPU, (100, 100))",
+        "import ctypes\nlibc = ctypes.CDLL(None)\nassert libc.ptrace(16, 1, 0, 0) == 0",
     ],
 )
-def test_process_and_limit_escapes_are_refused(program, event):
+def test_process_and_limit_escapes_fail(program):
     run = run_python(program, limits=FAST)
-    assert run.status == "refused", run
-    assert run.refused and run.refused[0].startswith(event)
+    assert run.status == "error", run
+    assert (
+        ("PermissionError" in run.reason)
+        or ("ValueError" in run.reason)
+        or ("AssertionError" in run.reason)
+    ), run.reason
 
 
-def test_timeout_kills_the_whole_process_group_when_the_hook_is_off():
-    # Without the hook, forks succeed (root ignores RLIMIT_NPROC); the group kill must still
-    # take every child down with the parent.
+@pytest.mark.skipif(os.geteuid() == 0, reason="the kernel does not apply RLIMIT_NPROC to root")
+def test_rlimit_nproc_bounds_forks_when_they_are_allowed():
     program = (
         "import os, time\n"
-        "kids = []\n"
-        "for _ in range(3):\n"
-        "    pid = os.fork()\n"
-        "    if pid == 0:\n"
-        "        time.sleep(1000)\n"
+        "for i in range(32):\n"
+        "    if os.fork() == 0:\n"
+        "        time.sleep(5)\n"
         "        os._exit(0)\n"
-        "    kids.append(pid)\n"
-        "print(*kids, flush=True)\n"
-        "time.sleep(1000)\n"
     )
-    limits = SandboxLimits(wall_seconds=1.5, cpu_seconds=5, audit_hook=False, max_processes=64)
+    limits = SandboxLimits(wall_seconds=3, cpu_seconds=2, max_processes=4)
     run = run_python(program, limits=limits)
-    assert run.status == "timeout"
-    kids = [int(p) for p in run.stdout.split()]
-    assert len(kids) == 3
-    time.sleep(0.2)
-    for pid in kids:
-        # a reaped zombie or a vanished pid are both dead; a live sleeper is a leak
-        status = Path(f"/proc/{pid}/status")
-        if status.exists():
-            state = next(ln for ln in status.read_text().splitlines() if ln.startswith("State"))
-            assert "Z" in state or "X" in state, f"child {pid} survived: {state}"
-
-
-@pytest.mark.skipif(os.geteuid() == 0, reason="root ignores RLIMIT_NPROC")
-def test_rlimit_nproc_stops_fork_without_the_hook():
-    limits = SandboxLimits(wall_seconds=3, cpu_seconds=2, audit_hook=False)
-    run = run_python("import os\nos.fork()", limits=limits)
     assert run.status == "error"
     assert "BlockingIOError" in run.reason or "Resource temporarily unavailable" in run.reason
 
@@ -173,51 +163,30 @@ def test_ten_gigabyte_allocation_fails_fast():
     assert_still_works()
 
 
-def test_connecting_to_localhost_is_refused(listener):
+def test_connecting_to_localhost_fails(listener):
     port, accepted = listener
     program = f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=1)"
     run = run_python(program, limits=FAST)
-    assert run.status == "refused"
-    assert run.refused[0].startswith("socket.")
-    assert "no network" in run.reason
+    assert run.status == "error"
+    assert "OSError" in run.reason or "ConnectionRefusedError" in run.reason, run.reason
     time.sleep(0.3)
     assert accepted == []
     assert_still_works()
 
 
-@pytest.mark.skipif(not network_namespace_available(), reason="no user/network namespaces here")
-def test_network_namespace_alone_blocks_localhost(listener):
-    port, accepted = listener
-    program = (
-        "import socket\n"
-        "try:\n"
-        f"    socket.create_connection(('127.0.0.1', {port}), timeout=1)\n"
-        "    print('connected')\n"
-        "except OSError as exc:\n"
-        "    print('failed', exc.errno)\n"
-    )
-    limits = SandboxLimits(wall_seconds=3, cpu_seconds=2, audit_hook=False, network_namespace=True)
-    run = run_python(program, limits=limits)
-    assert run.status == "ok", run
-    assert run.stdout.startswith("failed")
-    time.sleep(0.3)
-    assert accepted == []
-
-
-def test_writing_outside_the_temp_dir_is_refused(tmp_path):
-    target = tmp_path / "escaped.txt"
+def test_the_root_is_read_only_and_the_callers_files_are_not_there(tmp_path):
+    (tmp_path / "keep.txt").write_text("keep")
     for program in (
-        f"open({str(target)!r}, 'w').write('x')",
-        f"import os\nos.open({str(target)!r}, os.O_WRONLY | os.O_CREAT)",
-        "open('../escaped.txt', 'w').write('x')",
-        f"import os\nos.symlink('/etc/passwd', {str(tmp_path / 'link')!r})",
-        f"import os\nos.remove({str(tmp_path)!r} + '/keep.txt')",
+        f"open({str(tmp_path / 'escaped.txt')!r}, 'w').write('x')",
+        f"import os\nos.remove({str(tmp_path / 'keep.txt')!r})",
+        "open('/usr/escaped.txt', 'w').write('x')",
+        "import os\nos.symlink('/etc/passwd', '/etc/link')",
     ):
-        (tmp_path / "keep.txt").write_text("keep")
         run = run_python(program, limits=FAST)
-        assert run.status == "refused", (program, run)
-        assert "only inside the sandbox temp dir" in run.reason
-        assert not target.exists() and (tmp_path / "keep.txt").read_text() == "keep"
+        assert run.status == "error", (program, run)
+        assert "Read-only file system" in run.reason or "No such file" in run.reason, run.reason
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["keep.txt"]
+    assert not Path("/usr/escaped.txt").exists()
     assert_still_works()
 
 
@@ -233,14 +202,12 @@ def test_classify_names_each_limit():
     assert classify(-signal.SIGKILL, False, "", FAST)[0] == "killed"
     assert classify(None, True, "", FAST) == (
         "timeout",
-        "wall-clock limit of 3 s exceeded; process group killed",
+        "wall-clock limit of 3 s exceeded; sandbox killed",
     )
+    assert classify(128 + signal.SIGXCPU, False, "", FAST)[0] == "cpu_limit"  # as bwrap says it
     assert classify(1, False, "Traceback...\nValueError: boom\n", FAST) == (
         "error",
         "ValueError: boom",
-    )
-    assert classify(1, False, "x\nSandboxViolation: os.fork refused: not allowed", FAST)[0] == (
-        "refused"
     )
 
 
@@ -249,6 +216,24 @@ def test_limits_are_validated():
         SandboxLimits(wall_seconds=0)
     with pytest.raises(ValueError, match="max_open_files must be >= 16"):
         SandboxLimits(max_open_files=3)
+    with pytest.raises(ValueError, match="tmpfs_bytes must be > 0"):
+        SandboxLimits(tmpfs_bytes=0)
+
+
+def test_no_sandbox_means_a_loud_error_not_a_weaker_one(monkeypatch):
+    import lorarl.rewards.code_reward  # noqa: F401
+
+    isolation._probe.cache_clear()
+    monkeypatch.setenv("PATH", "/nonexistent")
+    try:
+        with pytest.raises(SandboxUnavailable, match="runtimeClassName: gvisor"):
+            run_python("print(1)", limits=FAST)
+        with pytest.raises(SandboxUnavailable, match="never falls back"):
+            get_reward("python_tests")("", GOOD, ADD_TESTS, {})
+    finally:
+        monkeypatch.undo()
+        isolation._probe.cache_clear()
+    assert_still_works()
 
 
 # ---------------------------------------------------------------- the python_tests reward
@@ -293,17 +278,40 @@ def test_hostile_solution_scores_zero_with_a_reason(reward, name):
     assert reward("", GOOD, ADD_TESTS, {}).score == 1.0  # and the next sample is fine
 
 
-def test_caught_refusal_still_scores_zero(reward):
-    sneaky = (
-        "import socket\n"
-        "try:\n    socket.socket()\nexcept Exception:\n    pass\n"
-        "def add(a, b):\n    return a + b\n"
+def test_solution_objects_are_reached_through_proxies(reward):
+    solution = (
+        "import math\n"
+        "SCALE = 2\n"
+        "class Acc:\n"
+        "    def __init__(self):\n"
+        "        self.items = []\n"
+        "    def add(self, x):\n"
+        "        self.items.append(x)\n"
+        "        return self\n"
+        "    def total(self):\n"
+        "        return {'sum': sum(self.items) * SCALE, 'seen': set(self.items), 'n': (1,)}\n"
     )
-    result = reward("", sneaky, ADD_TESTS, {})
+    tests = json.dumps(
+        [
+            "a = Acc()\nassert a.add(1).add(2).total() == {'sum': 6, 'seen': {1, 2}, 'n': (1,)}",
+            "assert SCALE == 2 and math.floor(2.5) == 2",
+            "assert Acc().total()['seen'] == set()",
+        ]
+    )
+    result = reward("", solution, tests, {})
+    assert result.score == 1.0, result.info
+
+
+def test_a_solution_that_fails_to_load_fails_every_test(reward):
+    result = reward("", "raise ValueError('nope')", ADD_TESTS, {})
     assert result.score == 0.0
-    assert result.info["reason"].startswith("refused by the sandbox: socket.")
-    lenient = get_reward("python_tests", timeout_seconds=3, penalize_violations=False)
-    assert lenient("", sneaky, ADD_TESTS, {}).score == 1.0
+    assert result.info["reason"] == "solution failed: ValueError: nope"
+    assert [f["error"] for f in result.info["failures"]] == ["ValueError: nope"] * 3
+
+
+def test_exiting_early_does_not_pass(reward):
+    result = reward("", "import os\nos._exit(0)", ADD_TESTS, {})
+    assert result.score == 0.0
 
 
 def test_printing_a_fake_report_does_not_pass(reward):
