@@ -149,7 +149,7 @@ def test_lora_dropout_never_makes_the_ratio_drift_at_lr_zero(dropout):
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=0.0)
     cfg = UpdateConfig(LossConfig(), micro_batch_size=2, mini_batches=3, epochs=2)
     metrics = update_policy(model, opt, b, cfg)
-    assert metrics["clip_frac"] == 0.0
+    assert metrics["clip_frac"] == 0.0 and metrics["clip_frac_first_update"] == 0.0
     # The configured value still travels with the adapter (for a later supervised fine-tune).
     assert model.peft_config["default"].lora_dropout == dropout
 
@@ -218,3 +218,17 @@ def test_truncated_importance_sampling_against_the_engine_is_reported_per_step(p
     assert 2.0 <= metrics["logprob_mismatch_p99"] <= 10**0.5  # the shifted ones, binned
     off = update_policy(model, opt, b, UpdateConfig(LossConfig(), micro_batch_size=3))
     assert "tis_clip_frac" not in off
+
+
+def test_mismatch_compares_engine_and_trainer_at_the_same_weights(policy):
+    """With two mini-batches the second one trains on a moved policy; the engine-vs-trainer
+    mismatch must still be measured against the weights that generated the samples."""
+    model = copy.deepcopy(policy)
+    b = _scaled_rollout_batch(model, 0.7)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    cfg = UpdateConfig(LossConfig(correction="tis"), micro_batch_size=3, mini_batches=2,
+                       temperature=0.7)  # fmt: skip
+    metrics = update_policy(model, opt, b, cfg)
+    assert metrics["clip_frac"] > 0  # the policy did move between the mini-batches...
+    assert metrics["logprob_mismatch"] < 1e-6  # ...but not between the engine and the trainer
+    assert metrics["tis_clip_frac"] == 0.0

@@ -25,6 +25,11 @@ class StepRecord(ApiModel):
     entropy: float | None = None
     loss: float | None = None
     clip_fraction: float | None = None
+    clip_fraction_first_update: float | None = Field(
+        default=None,
+        description="Clip fraction of the step's first optimizer update, before the policy moved: "
+        "0 unless the trainer scores a different distribution than its old-logprob pass.",
+    )
     grad_norm: float | None = None
     lr: float | None = None
     tokens_per_second: float | None = None

@@ -382,6 +382,7 @@ class Trainer:
             entropy=metrics.get("entropy"),
             loss=metrics.get("loss"),
             clip_fraction=metrics.get("clip_frac"),
+            clip_fraction_first_update=metrics["clip_frac_first_update"],
             grad_norm=metrics["grad_norm"],
             lr=self.optimizer.param_groups[0]["lr"],
             tokens_per_second=tokens / step_s,

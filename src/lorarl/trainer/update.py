@@ -67,7 +67,8 @@ def update_policy(
     mbs = cfg.micro_batch_size
     old = None
     correcting = cfg.loss.correction != "off"
-    if cfg.behavior_from_rollout and not correcting:
+    old_is_rollout = cfg.behavior_from_rollout and not correcting
+    if old_is_rollout:
         old = torch.where(batch.response_mask.bool(), batch.rollout_logprobs, 0.0)
     elif not on_policy:  # later mini-batches must see the policy the step started from
         with torch.no_grad():
@@ -117,7 +118,13 @@ def update_policy(
                 share = (tokens if token_level else seqs) / denominator
                 (loss * share * world).backward()
                 if epoch == 0:
-                    _accumulate(sums, metrics, lp, sub, tokens)
+                    # Engine vs trainer at the same weights: the step's starting policy (later
+                    # mini-batches' `lp` has already moved), unless `old` is the engine's own.
+                    trainer_lp = lp if old is None or old_is_rollout else old_lp
+                    _accumulate(sums, metrics, trainer_lp, sub, tokens)
+                    if mini is minis[0]:  # the policy has not moved yet: the ratio must be 1
+                        sums["first_tokens"] += tokens
+                        sums["first_clip"] += float(metrics["clip_frac"]) * tokens
             grad_norms.append(float(clip_grad_norm(model.parameters(), cfg.grad_clip)))
             optimizer.step()
     set_gradient_sync(model, True)
@@ -163,13 +170,16 @@ def mismatch_quantiles(counts: list[float]) -> dict[str, float]:
 
 def _finish(sums: dict[str, float], grad_norms: list[float]) -> dict[str, float]:
     hist = [f"hist{i}" for i in range(len(MISMATCH_EDGES) + 1)]
-    keys = ["tokens", "mismatch", *[k for k in _METRICS if k in sums], *hist]
+    keys = ["tokens", "mismatch", "first_tokens", "first_clip"]
+    keys += [*[k for k in _METRICS if k in sums], *hist]
     totals = dict(zip(keys, _all_reduce([sums.get(k, 0.0) for k in keys]), strict=True))
     counts = [totals.pop(k) for k in hist]
+    first = totals.pop("first_clip") / max(totals.pop("first_tokens"), 1.0)
     tokens = max(totals.pop("tokens"), 1.0)
     out = {k: v / tokens for k, v in totals.items()}
     out["logprob_mismatch"] = out.pop("mismatch")
     out.update(mismatch_quantiles(counts))
+    out["clip_frac_first_update"] = first
     out["grad_norm"] = grad_norms[-1] if grad_norms else 0.0
     out["trained_tokens"] = tokens
     return out
