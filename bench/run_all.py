@@ -26,6 +26,7 @@ BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
 BENCHMARKS = (
     "trainer_step", "sync", "reward_service", "operator_scale", "vs_trl", "demo", "quickstart",
+    "sandbox",
 )  # fmt: skip
 
 
