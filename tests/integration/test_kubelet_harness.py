@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import os
 import socket
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +24,7 @@ from tests.support.kube_emulator import KubeApi, kube_api
 from tests.support.kubelet import Kubelet, NamespacesUnavailable, leftovers
 from tests.support.kubelet import network as kubelet_network
 
+ROOT = Path(__file__).resolve().parents[2]
 TRAINER = "ghcr.io/lorarl/trainer:0.1.0"
 Obj = dict[str, Any]
 
@@ -275,6 +278,8 @@ def test_image_the_repo_does_not_build_is_err_image_pull(
 
 SERVER = """
 import socket
+import subprocess
+import sys
 import time
 s = socket.create_server(("0.0.0.0", 7000))
 while True:
@@ -490,3 +495,38 @@ def test_without_root_the_harness_says_why(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     with pytest.raises(NamespacesUnavailable, match="needs root"):
         kubelet_network.require_namespaces()
+
+
+KILLED_RUN = """
+import json, sys, time
+from tests.integration.test_kubelet_harness import SLEEPER, create, pids_of, pod, running
+from tests.support.kube_emulator import kube_api
+from tests.support.kubelet import Kubelet
+with kube_api() as kube:
+    kubelet = Kubelet(kube.url, kube.token).start()
+    create(kube, pod("default", "a", SLEEPER))
+    running(kube, kubelet, "default", "a")
+    netns = kubelet.pod("default", "a").net.netns
+    kubelet.wait(lambda: len(pids_of(netns)) >= 2, 20, "python and its child")
+    print(json.dumps({"kid": kubelet.kid, "pids": pids_of(netns)}), flush=True)
+    time.sleep(600)
+"""
+
+
+def test_a_killed_test_run_leaves_nothing_running() -> None:
+    """SIGKILL gives a test no teardown: the pods die with it (parent-death signal), and the
+    next kubelet's sweep removes the namespaces, links and state it left."""
+    proc = subprocess.Popen([sys.executable, "-c", KILLED_RUN], cwd=ROOT, stdout=subprocess.PIPE,
+                            text=True)  # fmt: skip
+    try:
+        seen = json.loads(proc.stdout.readline())
+    finally:
+        proc.kill()
+        proc.wait(30)
+    deadline = time.monotonic() + 10
+    while alive(seen["pids"]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert alive(seen["pids"]) == []
+    assert leftovers(seen["kid"]), "nothing left to sweep: the kill came too late to test this"
+    kubelet_network.sweep_stale()
+    assert leftovers(seen["kid"]) == []

@@ -327,6 +327,7 @@ def install(
         register_webhooks(kube, vwc, objs, deployment, env)
     log = tmp / "operator.log"
     run_argv = argv if hosts_file is None else with_hosts_file(argv, hosts_file)
+    run_argv = ["setpriv", "--pdeathsig", "TERM", "--", *run_argv]  # never outlives the test
     with log.open("wb") as out:
         proc = subprocess.Popen(run_argv, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=tmp)
     rel = Release(kube, objs, skipped, manifest, proc, log, argv, env)

@@ -135,6 +135,7 @@ def status_api(rel: Release, front: ApiFront, hosts_file: Path, tmp: Path) -> It
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
     }
     argv = _status_api_argv(list(container["command"]), sa_dir, hosts_file)
+    argv = ["setpriv", "--pdeathsig", "TERM", "--", *argv]  # never outlives the test
     log = tmp / "status-api.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=tmp)

@@ -14,6 +14,7 @@ import fcntl
 import ipaddress
 import os
 import re
+import shutil
 import signal
 import subprocess
 from contextlib import contextmanager, suppress
@@ -45,9 +46,10 @@ def require_namespaces() -> None:
             "the process kubelet runs pods in network and mount namespaces and needs root "
             f"(euid {os.geteuid()})"
         )
-    for tool, package in (("ip", "iproute2"), ("nft", "nftables"), ("unshare", "util-linux"),
-                          ("setpriv", "util-linux")):  # fmt: skip
-        if subprocess.run(["which", tool], capture_output=True).returncode != 0:
+    tools = (("ip", "iproute2"), ("nft", "nftables"), ("unshare", "util-linux"),
+             ("setpriv", "util-linux"), ("mount", "mount"))  # fmt: skip
+    for tool, package in tools:
+        if shutil.which(tool) is None:
             raise NamespacesUnavailable(f"`{tool}` not found: apt-get install {package}")
     probe = f"{PREFIX}probe{os.getpid() % 10000}"
     done = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)

@@ -88,7 +88,10 @@ class ContainerRun:
         spec_file = self.folder / f"{self.restarts}.spec.json"
         spec_file.write_text(json.dumps(spec))
         os.chmod(spec_file, 0o600)  # it holds the container's env, secrets included
-        argv = ["ip", "netns", "exec", self.netns, "unshare", "--mount", "--propagation",
+        # --pdeathsig: if this process dies without stopping its pods (a SIGKILLed test run),
+        # `unshare` is killed and --kill-child takes the container down with it.
+        argv = ["setpriv", "--pdeathsig", "KILL", "--",
+                "ip", "netns", "exec", self.netns, "unshare", "--mount", "--propagation",
                 "private", "--uts", "--pid", "--fork", "--kill-child", "--mount-proc",
                 sys.executable, "-I", str(PODINIT), str(spec_file)]  # fmt: skip
         with open(self.log_path, "ab") as log:
