@@ -1,0 +1,105 @@
+"""The cluster path for real: the Helm chart applied with kubectl, the operator and status API run
+as the chart's Deployments, and a job applied with `kubectl apply` whose every Pod runs under the
+process kubelet (own netns, read-only root, its volumes, the job's NetworkPolicy in nftables).
+
+The job is the quickstart (a tiny Llama learning the next-letter task; settings known to learn)
+reshaped for a cluster: model and data on read-only claims, outputs on a claim, 1 trainer pod with
+2 ranks, 2 vLLM rollout pods. Two jobs share one cluster and run one after the other (every
+pod start costs tens of seconds on 2 cores): merged sync with every check (learning, adapter on
+the claim, status API with RBAC, cleanup by the garbage collector); then a shorter one in adapter
+mode scored by the reward service pod.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support.cluster import Cluster, cluster
+from tests.support.cluster_jobs import (
+    check_adapter,
+    cluster_job,
+    history,
+    job_pods,
+    prepare_assets,
+    printed_columns,
+    provision,
+    run_job,
+)
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def c(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    prepare_assets()
+    with cluster(tmp_path_factory.mktemp("cluster")) as running:
+        provision(running)
+        yield running
+        running.kubelet.raise_errors()
+
+
+def test_merged_job_learns_on_the_cluster_path(c: Cluster) -> None:
+    job = cluster_job("e2e-merged")
+    total = job["spec"]["training"]["totalSteps"]
+    run = run_job(c, job, timeout=900)
+    status = run.job["status"]
+    assert status["step"] == total and status["lastSync"]["mode"] == "merged"
+    shown = printed_columns(c, "e2e-merged")
+    assert shown["PHASE"] == "Succeeded" and shown["STEP"] == str(total)
+    assert float(shown["REWARD"]) == pytest.approx(status["metrics"]["rewardMean"], abs=1e-3)
+
+    rewards = [s["rewardMean"] for s in history(c, "e2e-merged")]
+    assert len(rewards) == total
+    assert statistics.mean(rewards[-10:]) > statistics.mean(rewards[:3]) + 0.1, rewards
+
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    model_dir = c.kubelet.claim_dir("default", "models") / Path(job["spec"]["model"]["path"]).name
+    PeftModel.from_pretrained(
+        AutoModelForCausalLM.from_pretrained(model_dir), check_adapter(c, "e2e-merged")
+    )
+
+    # The status API served the trainer's history to the Role's token, and 403 to the other.
+    assert run.forbidden == 403
+    assert len(run.served) >= 3, run.served
+    steps = [s["step"] for s in run.served]
+    assert steps == list(range(1, len(steps) + 1))
+    by_step = {s["step"]: s["rewardMean"] for s in history(c, "e2e-merged")}
+    assert all(s["rewardMean"] == pytest.approx(by_step[s["step"]]) for s in run.served)
+
+    # Every pod ran here; the finished trainer is kept, running rollouts are stopped.
+    assert set(run.pods_running_s) == {"e2e-merged-trainer-0", "e2e-merged-rollout-0",
+                                       "e2e-merged-rollout-1"}  # fmt: skip
+    for pod in ("e2e-merged-rollout-0", "e2e-merged-rollout-1"):
+        c.kubelet.wait(lambda p=pod: c.kubelet.pod("default", p).stopped.is_set(), 60, pod)
+    kept = c.kube.emulator.get("v1/pods", "default", "e2e-merged-trainer-0")
+    assert kept["status"]["phase"] == "Succeeded"
+
+    # Deleting the job collects its children.
+    c.kubectl("delete", "lrj", "e2e-merged")
+    c.kubelet.wait(lambda: not job_pods(c, "e2e-merged"), 60, "the job's pods collected")
+
+
+def test_adapter_sync_scored_by_the_reward_service_pod(c: Cluster) -> None:
+    """Shorter: adapter sync, and the reward service pod (Ray Serve) the plan adds for a
+    `reward.service` without a URL, scoring every sample over the pod network."""
+    job = cluster_job("e2e-adapter", training__totalSteps=5)
+    job["spec"]["rollout"].update(syncMode="adapter", replicas=1)
+    job["spec"]["reward"]["service"] = {"replicas": 1}
+    run = run_job(c, job, timeout=900)
+    status = run.job["status"]
+    assert status["step"] == 5 and status["lastSync"]["mode"] == "adapter"
+    assert printed_columns(c, "e2e-adapter")["STEP"] == "5"
+    assert set(run.pods_running_s) == {"e2e-adapter-trainer-0", "e2e-adapter-rollout-0",
+                                       "e2e-adapter-reward-0"}  # fmt: skip
+    assert len(history(c, "e2e-adapter")) == 5
+    check_adapter(c, "e2e-adapter")
+    reward_log = c.kubelet.logs("default", "e2e-adapter-reward-0", "reward")
+    assert "POST /score 200" in reward_log, reward_log[-3000:]
+    c.kubectl("delete", "lrj", "e2e-adapter")
+    c.kubelet.wait(lambda: not job_pods(c, "e2e-adapter"), 60, "the job's pods collected")
