@@ -366,3 +366,20 @@ def test_bad_params_fail_at_bind_time():
         get_reward("python_tests", timeout_seconds=0)
     with pytest.raises(ValueError, match="memory_mb must be an integer >= 32"):
         get_reward("python_tests", memory_mb=4)
+
+
+def test_concurrent_samples_are_judged_by_their_own_judge(reward):
+    from concurrent.futures import ThreadPoolExecutor
+
+    wrong = "def add(a, b):\n    return 0"
+    with ThreadPoolExecutor(6) as pool:
+        scores = list(
+            pool.map(lambda i: reward("", GOOD if i % 2 else wrong, ADD_TESTS, {}).score, range(12))
+        )
+    assert scores == [1 / 3, 1.0] * 6  # add(-4, 4) == 0 is the one test `wrong` passes
+
+
+def test_humaneval_style_check_function_gets_the_solution_as_a_proxy(reward):
+    tests = "def check(candidate):\n    assert candidate(1, 2) == 3\n\ncheck(add)\n"
+    assert reward("", GOOD, tests, {}).score == 1.0
+    assert reward("", "def add(a, b):\n    return a * b", tests, {}).score == 0.0
