@@ -126,7 +126,6 @@ def test_threads_still_work():
         "import os, signal\nos.kill(1, signal.SIGTERM)",
         "import os\nos.pidfd_open(1)",
         "import resource\nresource.setrlimit(resource.RLIMIT_CPU, (100, 100))",
-        "import ctypes\nlibc = ctypes.CDLL(None)\nassert libc.ptrace(16, 1, 0, 0) == 0",
     ],
 )
 def test_process_and_limit_escapes_fail(program):
@@ -137,6 +136,20 @@ def test_process_and_limit_escapes_fail(program):
         or ("ValueError" in run.reason)
         or ("AssertionError" in run.reason)
     ), run.reason
+
+
+def test_seccomp_filter_refuses_calls_that_would_otherwise_succeed():
+    # ptrace(PTRACE_TRACEME) and unshare(0) succeed in any unfiltered process.
+    program = (
+        "import ctypes\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        "for call in (lambda: libc.ptrace(0, 0, 0, 0), lambda: libc.unshare(0)):\n"
+        "    print(call(), ctypes.get_errno())\n"
+        "print([l for l in open('/proc/self/status') if l.startswith('Seccomp:')][0].split())\n"
+    )
+    run = run_python(program, limits=FAST)
+    assert run.status == "ok", run
+    assert run.stdout.splitlines() == ["-1 1", "-1 1", "['Seccomp:', '2']"]  # EPERM, filtered
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="the kernel does not apply RLIMIT_NPROC to root")
