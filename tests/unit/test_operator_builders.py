@@ -317,3 +317,22 @@ def test_unknown_replica_is_an_error() -> None:
     j, p = job()
     with pytest.raises(ValueError, match="has no rollout replica 2"):
         builders.pod(p, j, "rollout", 2)
+
+
+def test_only_the_reward_pod_goes_without_the_engine_key() -> None:
+    """The reward service scores untrusted completions (python_tests): it must not be able to
+    drive the engines, so its pod gets no reference to the engine-key Secret."""
+    j, p = job(reward={"function": "exact_match", "service": {}})
+    for role in ("trainer", "rollout", "reward"):
+        pod = builders.pod(p, j, role, 0)
+        refs = [
+            e["valueFrom"]["secretKeyRef"]["name"]
+            for c in pod["spec"]["containers"]
+            for e in c["env"]
+            if "secretKeyRef" in e.get("valueFrom", {})
+        ]
+        values = " ".join(e.get("value", "") for c in pod["spec"]["containers"] for e in c["env"])
+        if role == "reward":
+            assert refs == [] and "LORARL_ENGINE_API_KEY" not in values
+        else:
+            assert builders.secret_name(j.name) in refs, role

@@ -191,7 +191,10 @@ def pod(plan: JobPlan, job: LoRARLJob, role: str, index: int, *, attempt: int = 
             "fsGroup": RUN_AS,
             "seccompProfile": {"type": "RuntimeDefault"},
         },
-        "containers": [_container(plan, c) for c in replica.containers],
+        # The reward service runs untrusted code (python_tests): it never gets the engine key.
+        "containers": [
+            _container(plan, c, engine_key=role != "reward") for c in replica.containers
+        ],
         "volumes": [_volume(v) for v in role_plan.volumes] + [_tmp_volume()],
     }
     if role_plan.node_selector:
@@ -220,15 +223,16 @@ def pod_names(plan: JobPlan) -> list[str]:
     return [r.name for role in plan.roles for r in role.replicas]
 
 
-def _container(plan: JobPlan, c: ContainerPlan) -> Obj:
+def _container(plan: JobPlan, c: ContainerPlan, *, engine_key: bool = True) -> Obj:
     user_names = {e.name for e in c.user_env}
-    # The key first: the kubelet expands `$(LORARL_ENGINE_API_KEY)` in later values only.
-    env: list[Obj] = [
-        {
-            "name": ENGINE_API_KEY_ENV,
-            "valueFrom": {"secretKeyRef": {"name": secret_name(plan.name), "key": API_KEY_KEY}},
-        }
-    ]
+    env: list[Obj] = []
+    if engine_key:  # first: the kubelet expands `$(LORARL_ENGINE_API_KEY)` in later values only
+        env.append(
+            {
+                "name": ENGINE_API_KEY_ENV,
+                "valueFrom": {"secretKeyRef": {"name": secret_name(plan.name), "key": API_KEY_KEY}},
+            }
+        )
     env += [{"name": k, "value": v} for k, v in c.env.items()]
     # A read-only root filesystem: caches (HF, torch, triton, vLLM) go to the /tmp emptyDir.
     for name, value in (("HOME", TMP_DIR), ("XDG_CACHE_HOME", f"{TMP_DIR}/.cache")):
