@@ -108,7 +108,20 @@ def teach_letter_neighbourhood(
     the default offsets), as a pretrained LLM half knows a task; every rise above that comes from
     the RL loop.
     """
-    path = Path(path)
+    # One thread: the batches are tiny, and on a busy 2-core machine two threads contend (50
+    # steps took 46 s with 2 threads, 7 s with 1, at load ~8).
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        _teach(Path(path), letters, offsets, steps, lr, batch, seed)
+    finally:
+        torch.set_num_threads(threads)
+    return Path(path)
+
+
+def _teach(
+    path: Path, letters: str, offsets: tuple[int, ...], steps: int, lr: float, batch: int, seed: int
+) -> None:
     tok = make_tokenizer()
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     torch.manual_seed(seed)
@@ -135,4 +148,3 @@ def teach_letter_neighbourhood(
         loss.backward()
         opt.step()
     model.save_pretrained(path, safe_serialization=True)
-    return path
