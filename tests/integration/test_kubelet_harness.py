@@ -204,6 +204,21 @@ def test_missing_claim_keeps_the_pod_pending_until_it_exists(
     assert finished(kube, kubelet, ns, "nopvc")["status"]["phase"] == "Succeeded"
 
 
+def test_what_the_harness_cannot_run_is_said(cluster: tuple[KubeApi, Kubelet], ns: str) -> None:
+    kube, kubelet = cluster
+    spec = pod(ns, "init", "print(1)")
+    spec["spec"]["initContainers"] = [dict(spec["spec"]["containers"][0], name="init")]
+    create(kube, spec)
+
+    def condition() -> Obj | None:
+        p = kube.emulator.get("v1/pods", ns, "init")
+        conds = (p.get("status") or {}).get("conditions") or []
+        return next((c for c in conds if c.get("reason") == "UnsupportedByHarness"), None)
+
+    cond = kubelet.wait(condition, 30, "UnsupportedByHarness")
+    assert "initContainers" in cond["message"]
+
+
 # -- env ---------------------------------------------------------------------------------------
 
 ENV_PROBE = """

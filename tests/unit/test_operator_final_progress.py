@@ -47,3 +47,15 @@ def test_the_message_is_read_from_the_trainer_container() -> None:
     }  # fmt: skip
     view = pod_view(body)
     assert view is not None and final_progress(view.message).step == 30
+
+
+def test_later_passes_keep_the_final_step() -> None:
+    """The pass after the one that finished the job (pod deletions, the timer) still holds the
+    last poll's report: it must not take the job back to step 22 (seen: Step 28 of 30)."""
+    polled = Progress(job="quickstart", phase="Running", step=22, total_steps=30)
+    done = pod("trainer", 0, "Succeeded", message=report(30, 0.75), exit_code=0)
+    first = observe([done, pod("rollout", 0), pod("rollout", 1)], progress=polled)
+    assert first.status.step == 30
+    again = observe([done], progress=polled, status=first.status)
+    assert (again.status.phase, again.status.step) == ("Succeeded", 30)
+    assert again.status.metrics.reward_mean == 0.75

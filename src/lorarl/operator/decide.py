@@ -80,7 +80,10 @@ class _Pass:
     def __init__(self, obs: Observed) -> None:
         self.obs = obs
         self.now = rfc3339(obs.now)
-        self.d = Decision(status=apply_progress(obs.status.model_copy(deep=True), obs.progress))
+        # A finished job keeps what it finished with: the last poll's cached report is older
+        # than the trainer's final one (its termination message) and must not overwrite it.
+        progress = None if obs.status.phase in TERMINAL else obs.progress
+        self.d = Decision(status=apply_progress(obs.status.model_copy(deep=True), progress))
         self.live = [p for p in obs.pods if not p.deleting]
 
     @property

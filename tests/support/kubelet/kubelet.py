@@ -181,7 +181,7 @@ class Kubelet:
         for run_ in list(self.pods.values()):
             if run_.stopping:
                 continue
-            if run_.waiting_to_start() and time.monotonic() - run_.tried >= 1.0:
+            if run_.waiting_to_start() and time.monotonic() >= run_.tried + 1.0:
                 run_.tried = time.monotonic()
                 self._try_start(run_)
             run_.step()

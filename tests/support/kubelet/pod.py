@@ -20,6 +20,9 @@ from .volumes import Volume, VolumeError, prepare
 
 Obj = dict[str, Any]
 SHM_PATH = "/dev/shm"
+# Pod features the process kubelet does not run (none of the operator's pods use them).
+UNSUPPORTED = {"initContainers", "ephemeralContainers", "hostNetwork", "hostPID", "hostIPC",
+               "shareProcessNamespace"}  # fmt: skip
 BACKOFF_BASE, BACKOFF_MAX = 1.0, 10.0  # kubelet's are 10 s and 5 min; tests cannot wait that long
 
 
@@ -65,6 +68,11 @@ class PodRun:
     # -- setup ---------------------------------------------------------------------------------
     def sandbox(self, api: Api, bridge: Bridge, claim_dir: Any) -> None:
         """Volumes, then the network; a failure leaves the pod Pending with the reason."""
+        unsupported = sorted(UNSUPPORTED & {k for k, v in self.pod["spec"].items() if v})
+        if unsupported:  # said, never half-emulated; not retried
+            self.pending = ("UnsupportedByHarness", f"the process kubelet cannot run {unsupported}")
+            self.tried = float("inf")
+            return
         fs_group = (self.pod["spec"].get("securityContext") or {}).get("fsGroup")
         volumes = self.folder / "volumes"
         if volumes.exists():  # a retry: start from nothing
