@@ -136,3 +136,11 @@ def test_k1_as_a_loss_is_warned_about(caplog):
     with caplog.at_level("WARNING"):
         loss_config(make(algorithm={"kl": {"coef": 0.1, "estimator": "k1"}}))
     assert "zero gradient in expectation" in caplog.text
+
+
+def test_kl_reference_initial_adapter_needs_an_adapter():
+    found = problems(algorithm={"kl": {"coef": 0.1, "reference": "initialAdapter"}})
+    assert any(p.startswith("spec.algorithm.kl.reference: initialAdapter needs") for p in found)
+    ok = problems(algorithm={"kl": {"coef": 0.1, "reference": "initialAdapter"}},
+                  lora={"adapterPath": "/adapters/sft"})  # fmt: skip
+    assert ok == []

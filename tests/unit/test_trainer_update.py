@@ -232,3 +232,32 @@ def test_mismatch_compares_engine_and_trainer_at_the_same_weights(policy):
     assert metrics["clip_frac"] > 0  # the policy did move between the mini-batches...
     assert metrics["logprob_mismatch"] < 1e-6  # ...but not between the engine and the trainer
     assert metrics["tis_clip_frac"] == 0.0
+
+
+def test_kl_reference_can_be_the_frozen_initial_adapter(policy):
+    """Issue 13 #12: starting from an adapter, the KL reference may be that adapter (kept frozen
+    on the same base) instead of the raw base."""
+    from lorarl.trainer.logprobs import (
+        adapter_reference_logprobs,
+        reference_logprobs,
+        snapshot_lora,
+    )
+
+    model = copy.deepcopy(policy)
+    b = batch()
+    args = (b.input_ids, b.attention_mask, b.response_mask)
+    initial = snapshot_lora(model)
+    with torch.no_grad():
+        want, _ = sequence_logprobs(model, *args, micro_batch_size=6, temperature=0.7)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    update_policy(model, opt, b, UpdateConfig(LossConfig(), micro_batch_size=3))  # it moves
+    trained = snapshot_lora(model)
+    got = adapter_reference_logprobs(model, initial, *args, micro_batch_size=6, temperature=0.7)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    assert all(torch.equal(p, trained[n]) for n, p in model.named_parameters() if n in trained)
+    base = reference_logprobs(model, *args, micro_batch_size=6, temperature=0.7)
+    assert (base - want).abs().max() > 1e-3  # the initial adapter is not the base
+    cfg = UpdateConfig(LossConfig(kl_coef=0.1), micro_batch_size=3)
+    kl_initial = update_policy(copy.deepcopy(model), opt, b, cfg, reference=initial)["kl"]
+    kl_base = update_policy(copy.deepcopy(model), opt, b, cfg)["kl"]
+    assert kl_initial != kl_base

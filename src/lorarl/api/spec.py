@@ -129,6 +129,12 @@ class LoraSpec(ApiModel):
 
 
 class KLSpec(ApiModel):
+    reference: Literal["base", "initialAdapter"] = Field(
+        default="base",
+        description="The KL reference policy: base (the base model, adapter disabled) or "
+        "initialAdapter (the adapter at lora.adapterPath as loaded, kept frozen on the same "
+        "base: no second model copy).",
+    )
     coef: float = Field(
         default=0.0,
         ge=0,
@@ -708,7 +714,14 @@ _MOUNT_PATHS_RULE = Rule(
     ),
     cluster=True,
 )
+_KL_REFERENCE_RULE = Rule(
+    cel="self.algorithm.kl.reference != 'initialAdapter' || has(self.lora.adapterPath)",
+    message="initialAdapter needs lora.adapterPath (the adapter training starts from)",
+    check=lambda m: m.algorithm.kl.reference != "initialAdapter" or bool(m.lora.adapter_path),
+    field="algorithm.kl.reference",
+)
 _SPEC_RULES = (
+    _KL_REFERENCE_RULE,
     _MINI_BATCH_RULE,
     _SERVICE_REWARD_RULE,
     _OUTPUT_VOLUME_RULE,

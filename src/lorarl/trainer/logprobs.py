@@ -14,6 +14,7 @@ import inspect
 import torch
 from peft import PeftModel
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 
 def _check_shapes(
@@ -165,4 +166,48 @@ def reference_logprobs(
         for name, p in peft_model.named_parameters():
             if p.requires_grad != flags.get(name, p.requires_grad):
                 p.requires_grad_(flags[name])
+    return logprobs
+
+
+def _local(p: torch.Tensor) -> torch.Tensor:
+    return p.to_local() if isinstance(p, DTensor) else p
+
+
+def snapshot_lora(peft_model: PeftModel) -> dict[str, torch.Tensor]:
+    """This rank's LoRA tensors (local shards under FSDP2), copied: the frozen initial adapter
+    for `kl.reference: initialAdapter` costs one copy of the adapter, not of the model."""
+    return {
+        n: _local(p).detach().clone() for n, p in peft_model.named_parameters() if ".lora_" in n
+    }
+
+
+def adapter_reference_logprobs(
+    peft_model: PeftModel,
+    reference: dict[str, torch.Tensor],
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    response_mask: torch.Tensor,
+    *,
+    micro_batch_size: int,
+    temperature: float = 1.0,
+) -> torch.Tensor:
+    """Logprobs under a frozen adapter (`snapshot_lora`) on the same base: its tensors are swapped
+    into the LoRA parameters for one no-grad pass and the policy's are put back, even on error.
+    Collective under FSDP2 like every forward."""
+    params = {n: p for n, p in peft_model.named_parameters() if ".lora_" in n}
+    if set(params) != set(reference):
+        raise ValueError("the reference adapter does not match the model's LoRA parameters")
+    current = snapshot_lora(peft_model)
+    try:
+        with torch.no_grad():
+            for n, p in params.items():
+                _local(p).copy_(reference[n])
+            logprobs, _ = sequence_logprobs(
+                peft_model, input_ids, attention_mask, response_mask,
+                micro_batch_size=micro_batch_size, temperature=temperature,
+            )  # fmt: skip
+    finally:
+        with torch.no_grad():
+            for n, p in params.items():
+                _local(p).copy_(current[n])
     return logprobs

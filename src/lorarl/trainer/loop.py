@@ -31,6 +31,7 @@ from lorarl.trainer.batch import TrainSample, collate, shard_for_rank
 from lorarl.trainer.checkpoint import CheckpointManager, export_adapter
 from lorarl.trainer.data import DataPosition, PromptDataset, PromptSampler, drop_long_prompts
 from lorarl.trainer.engine_gate import wait_for_synced_engines
+from lorarl.trainer.logprobs import snapshot_lora
 from lorarl.trainer.model import apply_lora, load_base_model
 from lorarl.trainer.overlong import OverlongConfig
 from lorarl.trainer.parallel import DistContext, shard_model
@@ -130,6 +131,9 @@ class Trainer:
         )
         self.model = apply_lora(base, lora_settings(job))
         shard_model(self.model, ctx, mixed_precision=spec.trainer.fsdp.mixed_precision)
+        self.kl_reference = None  # the base model; else the frozen initial adapter
+        if spec.algorithm.kl.reference == "initialAdapter":
+            self.kl_reference = snapshot_lora(self.model)
         o = spec.optim
         self.optimizer = torch.optim.AdamW(
             [p for p in self.model.parameters() if p.requires_grad],
@@ -299,8 +303,9 @@ class Trainer:
         t_train = time.perf_counter()
         mine = shard_for_rank(samples, self.ctx.rank, self.ctx.world_size)
         metrics = update_policy(
-            self.model, self.optimizer, collate(mine, self.pad_id), self.update_cfg
-        )
+            self.model, self.optimizer, collate(mine, self.pad_id), self.update_cfg,
+            reference=self.kl_reference,
+        )  # fmt: skip
         train_s = time.perf_counter() - t_train
         self.state = StepState(step, collected.position, step)
         self._finish_prefetch()  # the engines must be idle before their weights change

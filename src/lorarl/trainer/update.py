@@ -16,7 +16,11 @@ from peft import PeftModel
 
 from lorarl.trainer.advantages import to_token_advantages
 from lorarl.trainer.batch import TensorBatch
-from lorarl.trainer.logprobs import reference_logprobs, sequence_logprobs
+from lorarl.trainer.logprobs import (
+    adapter_reference_logprobs,
+    reference_logprobs,
+    sequence_logprobs,
+)
 from lorarl.trainer.losses import LossConfig, rl_loss
 from lorarl.trainer.parallel import clip_grad_norm, set_gradient_sync
 
@@ -35,6 +39,15 @@ class UpdateConfig:
     behavior_from_rollout: bool = False
     # The engines' sampling temperature: every logprob pass scores softmax(logits / T).
     temperature: float = 1.0
+
+
+def reference_pass(model, batch: TensorBatch, cfg: UpdateConfig, reference) -> torch.Tensor:
+    """KL reference logprobs: the base (adapter disabled) or a frozen adapter snapshot."""
+    args = (batch.input_ids, batch.attention_mask, batch.response_mask)
+    kw = {"micro_batch_size": cfg.micro_batch_size, "temperature": cfg.temperature}
+    if reference is None:
+        return reference_logprobs(model, *args, **kw)
+    return adapter_reference_logprobs(model, reference, *args, **kw)
 
 
 def _all_reduce(values: list[float]) -> list[float]:
@@ -59,7 +72,9 @@ def update_policy(
     optimizer: torch.optim.Optimizer,
     batch: TensorBatch,
     cfg: UpdateConfig,
+    reference: dict[str, torch.Tensor] | None = None,
 ) -> dict[str, float]:
+    """`reference`: a frozen adapter (`snapshot_lora`) for the KL term; None: the base model."""
     world = dist.get_world_size() if dist.is_initialized() else 1
     token_level = cfg.loss.agg == "token-mean"
     adv_tok = to_token_advantages(batch.advantages, batch.response_mask)
@@ -78,10 +93,7 @@ def update_policy(
             )  # fmt: skip
     ref = None
     if cfg.loss.kl_coef > 0:
-        ref = reference_logprobs(
-            model, batch.input_ids, batch.attention_mask, batch.response_mask,
-            micro_batch_size=mbs, temperature=cfg.temperature,
-        )  # fmt: skip
+        ref = reference_pass(model, batch, cfg, reference)
 
     sums: dict[str, float] = defaultdict(float)  # token-weighted metric sums on this rank
     grad_norms: list[float] = []
