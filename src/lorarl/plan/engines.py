@@ -11,6 +11,8 @@ SERVED_MODEL_NAME = "base"
 # Importable wherever the engine runs (rollout image, `.venv-engine`); see rollout/vllm_worker_ext.
 VLLM_WORKER_EXTENSION = "lorarl.rollout.vllm_worker_ext.LoraRLWorkerExtension"
 # vLLM's LoRAConfig.max_lora_rank is a Literal of these.
+# vLLM's own default for an OpenAI server on CPU (arg_utils); made explicit with the step budget.
+VLLM_CPU_MAX_NUM_SEQS = 128
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 _SGLANG_LORA_TARGETS_ALL = "all"
 # The per-job engine key: a Secret in a cluster, generated per run locally. Engines get it as a
@@ -135,6 +137,8 @@ def vllm_server_args(
         argv += ["--gpu-memory-utilization", f"{gpu_memory_utilization:g}"]
     else:
         argv += ["--enforce-eager"]
+        if max_model_len is not None:
+            argv += cpu_batch_budget(max_model_len)
     if trust_remote_code:
         argv.append("--trust-remote-code")
     if max_lora_rank is not None:
@@ -143,6 +147,20 @@ def vllm_server_args(
     if worker_extension_cls:
         argv += ["--worker-extension-cls", worker_extension_cls]
     return argv + list(extra_args)
+
+
+def cpu_batch_budget(max_model_len: int, max_num_seqs: int = VLLM_CPU_MAX_NUM_SEQS) -> list[str]:
+    """A CPU engine's step budget, large enough that no prompt's prefill is ever split.
+
+    vLLM 0.32 on CPU crashes ("CPU Generator does not use offset") when a seeded request's
+    prefill is chunked across steps: it rewinds the request's generator, which CPU generators
+    cannot do. With the CPU server's default budget (2048 tokens, 128 sequences) that happens as
+    soon as the waiting prompts exceed 2048 tokens: 128 seeded requests of ~25 tokens on one
+    engine killed it (seen in the cluster e2e's one-replica job; tests/integration/
+    test_vllm_cpu_budget.py). A budget of max_num_seqs full-length sequences never splits one.
+    """
+    return ["--max-num-seqs", str(max_num_seqs),
+            "--max-num-batched-tokens", str(max_num_seqs * max_model_len)]  # fmt: skip
 
 
 def engine_env(spec: LoRARLJobSpec) -> dict[str, str]:
