@@ -112,7 +112,7 @@ def run_job(c: Cluster, job: Obj, timeout: float) -> Run:
     assert phase == "Succeeded", f"{name}: {obj.get('status')}\n{trainer_log(c, name)}"
     pods = {
         run.pod["metadata"]["name"]: run.running_at - start
-        for run in c.kubelet.pods.values()
+        for run in list(c.kubelet.pods.values())  # the kubelet thread adds pods
         if (run.pod["metadata"].get("labels") or {}).get(JOB_LABEL) == name and run.running_at
     }
     timeline: dict[str, dict[str, float]] = {}

@@ -88,7 +88,7 @@ class ClusterDns:
                 self._records[key] = (ns, hostname, sub, ip)
                 self._published.add(key)
                 self._append(self.host_file, record(hostname, sub, ns, ip, same_ns=False))
-                for pod_ns, path in self._pods.values():
+                for pod_ns, path in list(self._pods.values()):
                     self._append(path, record(hostname, sub, ns, ip, same_ns=pod_ns == ns))
 
     @staticmethod

@@ -97,7 +97,7 @@ class Kubelet:
 
     def pod(self, namespace: str, name: str) -> PodRun | None:
         """The newest run of a pod by name (a deleted one stays until the next pod of that name)."""
-        runs = [p for p in self.pods.values() if p.key == f"{namespace}/{name}"]
+        runs = [p for p in list(self.pods.values()) if p.key == f"{namespace}/{name}"]
         return runs[-1] if runs else None
 
     def log_path(self, namespace: str, name: str, container: str) -> Path:
