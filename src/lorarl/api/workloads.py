@@ -1,0 +1,235 @@
+"""The pod-shaped sections of the LoRARLJob spec: trainer and rollout pods, sampling, run policy
+and scheduling, and the environment variables lorarl reserves for its own wiring."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import ConfigDict, Field
+
+from lorarl.api.base import ApiModel
+from lorarl.api.k8s import (
+    DNS1123_LABEL,
+    GPU_RESOURCE,
+    EnvVar,
+    LabelValue,
+    ObjectName,
+    ResourceRequirements,
+    Toleration,
+)
+from lorarl.api.rules import Rule, enforce, rules_schema_extra
+
+# Variables lorarl renders for every process; a user value would silently break the job's wiring.
+RESERVED_ENV = (
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "WORLD_SIZE",
+    "RANK",
+    "LOCAL_RANK",
+    "NODE_RANK",
+    "NPROC_PER_NODE",
+    "LORARL_JOB_NAME",
+    "LORARL_CONFIG",
+    "LORARL_SYNC_ADDR",
+    "LORARL_SYNC_PORT",
+    "LORARL_SYNC_WORLD_SIZE",
+    "LORARL_SYNC_BACKEND",
+    "LORARL_SYNC_RANK",
+    "LORARL_ROLLOUT_ENDPOINTS",
+    "LORARL_SIDECAR_ENDPOINTS",
+    "LORARL_REWARD_ENDPOINT",
+    "LORARL_ENGINE_URL",
+    "LORARL_PROGRESS_PORT",
+    "LORARL_SIDECAR_PORT",
+)
+_RESERVED_CEL = "[" + ", ".join(f"'{n}'" for n in RESERVED_ENV) + "]"
+
+
+def _env_rule() -> Rule:
+    return Rule(
+        cel=f"self.env.all(e, !(e.name in {_RESERVED_CEL}))",
+        message="must not set reserved variables (" + ", ".join(RESERVED_ENV) + ")",
+        check=lambda m: all(e.name not in RESERVED_ENV for e in m.env),
+        field="env",
+    )
+
+
+_ENV_VALUE_RULE = Rule(
+    cel="self.env.all(e, has(e.value) != has(e.valueFrom))",
+    message="each variable needs exactly one of value or valueFrom",
+    check=lambda m: all((e.value is None) != (e.value_from is None) for e in m.env),
+    field="env",
+)
+
+
+class FsdpSpec(ApiModel):
+    reshard_after_forward: bool = Field(
+        default=True,
+        description="Free gathered parameters after forward (keep true with LoRA: PEFT's "
+        "disable_adapter misbehaves otherwise).",
+    )
+    mixed_precision: bool = Field(
+        default=True, description="bf16 parameters with fp32 reductions on GPU."
+    )
+
+
+class PodTemplateFields(ApiModel):
+    image: str | None = Field(
+        default=None,
+        description="Container image; unset: lorarl's own (for rollout pods, the image of the "
+        "chosen engine).",
+    )
+    resources: ResourceRequirements = Field(
+        default_factory=ResourceRequirements, description="Container resources."
+    )
+    node_selector: dict[str, LabelValue] = Field(default_factory=dict, description="Node selector.")
+    tolerations: list[Toleration] = Field(default_factory=list, description="Tolerations.")
+    env: list[EnvVar] = Field(
+        default_factory=list,
+        max_length=128,
+        description="Extra environment (secrets through valueFrom.secretKeyRef only).",
+    )
+
+
+# lorarl sets the GPU limit from gpusPerReplica; a user's own would clash with it.
+_NO_GPU_RESOURCE = Rule(
+    cel=f"!('{GPU_RESOURCE}' in self.resources.requests) && "
+    f"!('{GPU_RESOURCE}' in self.resources.limits)",
+    message=f"must not name {GPU_RESOURCE}: set gpusPerReplica instead",
+    check=lambda m: (
+        GPU_RESOURCE not in m.resources.requests and GPU_RESOURCE not in m.resources.limits
+    ),
+    field="resources",
+)
+_TRAINER_ENV_RULE = _env_rule()
+
+
+class TrainerSpec(PodTemplateFields):
+    model_config = ConfigDict(
+        json_schema_extra=rules_schema_extra(_TRAINER_ENV_RULE, _ENV_VALUE_RULE, _NO_GPU_RESOURCE)
+    )
+
+    replicas: int = Field(default=1, ge=1, le=1024, description="Trainer nodes (pods).")
+    gpus_per_replica: int = Field(
+        default=1, ge=0, le=16, description="GPUs per trainer pod (0 trains on CPU)."
+    )
+    processes_per_replica: int | None = Field(
+        default=None,
+        ge=1,
+        le=64,
+        description="torchrun processes per pod; defaults to gpusPerReplica (1 on CPU).",
+    )
+    fsdp: FsdpSpec = Field(default_factory=FsdpSpec, description="FSDP2 options.")
+
+    _rules = enforce(_TRAINER_ENV_RULE, _ENV_VALUE_RULE, _NO_GPU_RESOURCE)
+
+
+_TEMPERATURE_RULE = Rule(
+    cel="self.temperature > 0",
+    message="must be > 0 for training: RL needs sampled completions and the logprobs of the "
+    "distribution they were sampled from (temperature 0 is greedy decoding)",
+    check=lambda m: m.temperature > 0,
+    field="temperature",
+)
+
+
+class SamplingSpec(ApiModel):
+    model_config = ConfigDict(json_schema_extra=rules_schema_extra(_TEMPERATURE_RULE))
+
+    temperature: float = Field(
+        default=1.0,
+        ge=0,
+        le=10,
+        description="Sampling temperature (> 0). The trainer scores softmax(logits / "
+        "temperature), the distribution the engines sample from and report logprobs of.",
+    )
+    top_p: float = Field(default=1.0, gt=0, le=1, description="Nucleus sampling mass.")
+    top_k: int = Field(default=-1, ge=-1, description="Top-k (-1: off).")
+
+    _rules = enforce(_TEMPERATURE_RULE)
+
+
+_ROLLOUT_ENV_RULE = _env_rule()
+_TP_RULE = Rule(
+    cel="self.gpusPerReplica == 0 || self.gpusPerReplica % self.tensorParallelSize == 0",
+    message="must divide gpusPerReplica",
+    check=lambda m: m.gpus_per_replica == 0 or m.gpus_per_replica % m.tensor_parallel_size == 0,
+    field="tensorParallelSize",
+)
+_TP_CPU_RULE = Rule(
+    cel="self.gpusPerReplica > 0 || self.tensorParallelSize == 1",
+    message="must be 1 when gpusPerReplica is 0",
+    check=lambda m: m.gpus_per_replica > 0 or m.tensor_parallel_size == 1,
+    field="tensorParallelSize",
+)
+
+
+class RolloutSpec(PodTemplateFields):
+    model_config = ConfigDict(
+        json_schema_extra=rules_schema_extra(
+            _ROLLOUT_ENV_RULE, _ENV_VALUE_RULE, _TP_RULE, _TP_CPU_RULE, _NO_GPU_RESOURCE
+        )
+    )
+
+    engine: Literal["sglang", "vllm"] = Field(
+        default="sglang", description="Inference engine: sglang (GPU) or vllm (GPU and CPU)."
+    )
+    replicas: int = Field(default=1, ge=1, le=1024, description="Rollout engine pods.")
+    gpus_per_replica: int = Field(default=1, ge=0, le=16, description="GPUs per rollout pod.")
+    tensor_parallel_size: int = Field(
+        default=1, ge=1, le=16, description="Tensor parallel size of each engine."
+    )
+    sync_mode: Literal["merged", "adapter"] = Field(
+        default="merged",
+        description="merged: the sidecar merges W + s*B@A and pushes the weights; adapter: the "
+        "engine serves the LoRA adapter directly.",
+    )
+    sampling: SamplingSpec = Field(default_factory=SamplingSpec, description="Sampling params.")
+    memory_fraction: float = Field(
+        default=0.85, gt=0, le=1, description="Fraction of GPU memory the engine may take."
+    )
+    kv_cache_gib: int | None = Field(
+        default=None, ge=1, description="KV cache size in GiB for CPU engines."
+    )
+    engine_args: list[str] = Field(
+        default_factory=list, description="Extra engine command-line flags."
+    )
+
+    _rules = enforce(_ROLLOUT_ENV_RULE, _ENV_VALUE_RULE, _TP_RULE, _TP_CPU_RULE, _NO_GPU_RESOURCE)
+
+
+class RunPolicy(ApiModel):
+    backoff_limit: int = Field(
+        default=3, ge=0, le=1000, description="Trainer group restarts before the job fails."
+    )
+    active_deadline_seconds: int | None = Field(
+        default=None, gt=0, description="Fail the job (DeadlineExceeded) after this long."
+    )
+    ttl_seconds_after_finished: int | None = Field(
+        default=None, ge=0, description="Delete the finished job after this long."
+    )
+    clean_pod_policy: Literal["All", "Running", "None"] = Field(
+        default="Running",
+        description="Pods to delete when the job finishes: Running (default) stops the pods "
+        "still running and keeps finished ones for `kubectl logs`; All deletes every pod; None "
+        "keeps them all.",
+    )
+    suspend: bool = Field(
+        default=False, description="Delete the pods but keep checkpoints (Kueue sets this)."
+    )
+
+
+class SchedulingSpec(ApiModel):
+    queue_name: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=63,
+        pattern=DNS1123_LABEL,
+        description="Kueue LocalQueue to admit the job through (a pod label value).",
+    )
+    gang: Literal["none", "scheduler-plugins", "volcano"] = Field(
+        default="none", description="Gang-schedule all pods of the job with a PodGroup."
+    )
+    priority_class_name: ObjectName | None = Field(
+        default=None, description="PriorityClass for the job's pods."
+    )
