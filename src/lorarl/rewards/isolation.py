@@ -1,6 +1,7 @@
 """The OS boundary around sandboxed programs: a bubblewrap command line and a seccomp filter.
 
-Python audit hooks are not a security boundary (DESIGN §14: a program switched one off with `gc`),
+Python audit hooks are not a security boundary (docs/security.md: a program switched one off with
+`gc`),
 so every guarantee here comes from the kernel:
 
 - namespaces (bubblewrap `--unshare-all --unshare-user --disable-userns`): user, mount, pid, net,
