@@ -1,8 +1,7 @@
 """The OS boundary around sandboxed programs: a bubblewrap command line and a seccomp filter.
 
 Python audit hooks are not a security boundary (docs/security.md: a program switched one off with
-`gc`),
-so every guarantee here comes from the kernel:
+`gc`), so every guarantee here comes from the kernel:
 
 - namespaces (bubblewrap `--unshare-all --unshare-user --disable-userns`): user, mount, pid, net,
   ipc, uts and cgroup. The program sees only its own processes (its `/proc` is a fresh procfs of
