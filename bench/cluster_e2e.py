@@ -5,8 +5,9 @@ job reshaped for a cluster, every pod run by the process kubelet (tests/support/
 
 One cluster (API server emulator, Helm chart applied with kubectl, operator and status API as the
 chart runs them) serves both cases, one after the other: merged sync, then adapter sync. For each:
-seconds from apply to Succeeded, steps, reward first -> last (and the means of the first 3 and
-last 10 steps), each pod's seconds from apply to Running. Writes bench/results/cluster_e2e.json.
+seconds from apply to Succeeded and to the first recorded step, seconds per step after it, steps,
+reward first -> last (and the means of the first 3 and last 10 steps), each pod's timeline from
+apply (admitted by the kubelet, Running, Succeeded). Writes bench/results/cluster_e2e.json.
 Needs root (network and mount namespaces) and nftables/iproute2, like the tests.
 """
 
@@ -30,12 +31,19 @@ def one_case(c: Any, case: str, steps: int) -> dict[str, Any]:
     job = cluster_job(f"bench-{case}", training__totalSteps=steps)
     job["spec"]["rollout"]["syncMode"] = case
     run = run_job(c, job, timeout=1800)
-    rewards = [s["rewardMean"] for s in history(c, run.name)]
+    steps = history(c, run.name)
+    rewards = [s["rewardMean"] for s in steps]
     status = run.job["status"]
     c.kubectl("delete", "lrj", run.name)
     return {
         "case": case,
         "apply_to_succeeded_s": round(run.seconds, 1),
+        # Where the time goes: pods and engines starting until the first step is recorded, then
+        # training (generate, reward, update, sync per step).
+        "apply_to_first_step_s": round(steps[0]["time"] - run.applied_at, 1),
+        "seconds_per_step_after_first": round(
+            (steps[-1]["time"] - steps[0]["time"]) / max(1, len(steps) - 1), 2
+        ),
         "steps": status["step"],
         "total_steps": steps,
         "reward_first": rewards[0],
@@ -43,8 +51,11 @@ def one_case(c: Any, case: str, steps: int) -> dict[str, Any]:
         "reward_first3_mean": round(statistics.mean(rewards[:3]), 4),
         "reward_last10_mean": round(statistics.mean(rewards[-10:]), 4),
         "last_sync_s": status.get("lastSync", {}).get("seconds"),
-        "pods_running_s": {k: round(v, 1) for k, v in sorted(run.pods_running_s.items())},
-        "pod_timeline_s": run.timeline,
+        # Pod -> event -> seconds after apply (admitted by the kubelet, Running, Succeeded,
+        # deleted); pods named by role (trainer-0, rollout-1), the same in every case.
+        "pod_timeline_s": {
+            pod.removeprefix(f"{run.name}-"): events for pod, events in sorted(run.timeline.items())
+        },
         "status_api_steps_served": len(run.served),
     }
 

@@ -81,12 +81,14 @@ class Run:
     served: list[Obj] = field(default_factory=list)  # the status API's step history, last seen
     forbidden: int | None = None  # what the status API answered a token without the Role
     timeline: dict[str, dict[str, float]] = field(default_factory=dict)  # pod -> event -> s
+    applied_at: float = 0.0  # wall clock of the apply (step records carry wall times)
 
 
 def run_job(c: Cluster, job: Obj, timeout: float) -> Run:
     """`kubectl apply` the job and follow it to Succeeded, reading the status API on the way
     (the step history lives in the trainer, so it is read while the trainer runs)."""
     name = job["metadata"]["name"]
+    applied_at = time.time()
     start = time.monotonic()
     c.apply(yaml.safe_dump(job))
     served: list[Obj] = []
@@ -120,7 +122,7 @@ def run_job(c: Cluster, job: Obj, timeout: float) -> Run:
         pod = key.split("/", 1)[1]
         if when >= start and pod.startswith(f"{name}-"):
             timeline.setdefault(pod, {}).setdefault(what, round(when - start, 1))
-    return Run(name, seconds, obj, pods, served, forbidden, timeline)
+    return Run(name, seconds, obj, pods, served, forbidden, timeline, applied_at)
 
 
 def trainer_log(c: Cluster, name: str) -> str:
