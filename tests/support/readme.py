@@ -10,8 +10,9 @@ block, invisible on GitHub, says how the test treats it:
 
 A block without a comment runs here under the name `line-<N>`. Keys: `name` (unique, the pytest
 id), `reason` (required by `skip`), `exit` (expected status, default 0), `timeout` (seconds;
-default 900, or the cluster harness's for cluster blocks). Unknown words fail the parse, so a
-typo never turns into a silent skip.
+default 900, or the cluster harness's for cluster blocks), `expect` (a regular expression the
+block's output must match: for what a zero exit cannot show, e.g. that a reply holds a reward).
+Unknown words fail the parse, so a typo never turns into a silent skip.
 
 A block runs in a fresh `bash --noprofile --norc` inside a clean copy of the repository (the
 tracked files only, the venvs symlinked in), with a minimal environment (PATH, HOME, LANG: no
@@ -38,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 KINDS = ("run", "skip", "cluster")
-KEYS = ("name", "reason", "exit", "timeout")
+KEYS = ("name", "reason", "exit", "timeout", "expect")
 TAG = re.compile(r"^<!--\s*readme-test:(?P<body>.*?)-->\s*$")
 FENCE = re.compile(r"^```(?P<lang>[\w-]*)\s*$")
 SHELLS = ("bash", "sh", "shell", "console")
@@ -60,6 +61,7 @@ class Block:
     reason: str = ""
     exit: int = 0
     timeout_s: float | None = None  # None: the cluster's, else DEFAULT_TIMEOUT_S
+    expect: str = ""  # a regex the output must match (searched, DOTALL)
 
     def commands(self) -> list[tuple[int, str]]:
         """(line, command) per logical command: `\\`-continued lines joined, comments dropped."""
@@ -160,6 +162,7 @@ def parse_blocks(markdown: str) -> list[Block]:
 
 def _block(tag: dict[str, str], line: int, body: list[str]) -> Block:
     try:
+        re.compile(tag.get("expect", ""))
         return Block(
             name=tag.get("name") or f"line-{line}",
             line=line,
@@ -168,9 +171,12 @@ def _block(tag: dict[str, str], line: int, body: list[str]) -> Block:
             reason=tag.get("reason", ""),
             exit=int(tag.get("exit", 0)),
             timeout_s=float(tag["timeout"]) if "timeout" in tag else None,
+            expect=tag.get("expect", ""),
         )
     except ValueError as exc:
         raise ReadmeError(f"README line {line}: {exc}") from exc
+    except re.error as exc:
+        raise ReadmeError(f"README line {line}: expect= is not a regex: {exc}") from exc
 
 
 # ------------------------------------------------------------------------- the clean checkout

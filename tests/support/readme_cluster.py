@@ -143,7 +143,6 @@ class Harness:
         self.kube, self.kubelet, self.front, self.tmp = kube, kubelet, front, tmp
         self.releases = ExitStack()  # the operator and status API, stopped before the cluster
         self.status_url: str | None = None
-        self.lock = threading.Lock()
         # The operator and status API run under `setpriv --pdeathsig`, which fires when the
         # *thread* that started them ends: they are started on this thread, alive until stop().
         self._jobs: queue.Queue[tuple[Obj, queue.Queue[tuple[bool, str]]] | None] = queue.Queue()
@@ -155,8 +154,10 @@ class Harness:
             req, reply = item
             try:
                 reply.put((True, self._install(req)))
-            except (ValueError, AssertionError) as exc:
+            except ValueError as exc:  # what helm itself would refuse
                 reply.put((False, f"{exc}\n"))
+            except Exception as exc:  # the install failed: helm exits 1 with why
+                reply.put((False, f"Error: INSTALLATION FAILED: {exc}\n"))
 
     def stop(self) -> None:
         """After `releases` is closed: ends the thread the processes were started on."""
@@ -171,26 +172,23 @@ class Harness:
 
     def _install(self, req: Obj) -> str:
         name, chart, ns = req["name"], Path(req["chart"]), req["namespace"]
-        with self.lock:
-            if self.status_url is not None:
-                raise ValueError("Error: INSTALLATION FAILED: cannot re-use a name that is still "
-                                 "in use")  # fmt: skip
-            if ns != NS or name != "lorarl":
-                raise ValueError(f"Error: the README harness installs release lorarl in {NS} "
-                                 f"(its kubelet treats that namespace as the host's)")  # fmt: skip
-            if not req["create_namespace"] and not self.kube.emulator.get(
-                "v1/namespaces", None, ns
-            ):
-                raise ValueError(f'Error: INSTALLATION FAILED: namespaces "{ns}" not found')
-            objs, notes = render(chart, name, ns)
-            rel = self.releases.enter_context(
-                install(self.kube, objs, self.tmp, ns, hosts_file=self.kubelet.hosts_file)
-            )
-            self.status_url = self.releases.enter_context(
-                status_api(rel, self.front, self.kubelet.hosts_file, self.tmp)
-            )
-            mark_rolled_out(self.kube, objs, ns)
-            (self.tmp / "status-url").write_text(self.status_url)
+        if self.status_url is not None:
+            raise ValueError("Error: INSTALLATION FAILED: cannot re-use a name that is still "
+                             "in use")  # fmt: skip
+        if ns != NS or name != "lorarl":
+            raise ValueError(f"Error: the README harness installs release lorarl in {NS} "
+                             f"(its kubelet treats that namespace as the host's)")  # fmt: skip
+        if not req["create_namespace"] and not self.kube.emulator.get("v1/namespaces", None, ns):
+            raise ValueError(f'Error: INSTALLATION FAILED: namespaces "{ns}" not found')
+        objs, notes = render(chart, name, ns)
+        rel = self.releases.enter_context(
+            install(self.kube, objs, self.tmp, ns, hosts_file=self.kubelet.hosts_file)
+        )
+        self.status_url = self.releases.enter_context(
+            status_api(rel, self.front, self.kubelet.hosts_file, self.tmp)
+        )
+        mark_rolled_out(self.kube, objs, ns)
+        (self.tmp / "status-url").write_text(self.status_url)
         return (f"NAME: {name}\nNAMESPACE: {ns}\nSTATUS: deployed\nREVISION: 1\n"
                 f"NOTES:\n{notes}")  # fmt: skip
 

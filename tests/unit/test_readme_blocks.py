@@ -44,9 +44,14 @@ def test_the_quickstart_runs_locally_without_the_makefile_variable():
 
 
 def test_the_cluster_section_is_marked_cluster():
-    cluster = {b.name for b in parse_blocks(section("Install on a cluster"))}
+    """Its blocks run against the cluster harness, or are skipped by name (the GPU job);
+    nothing outside it needs a cluster."""
+    section_kinds = {b.name: b.kind for b in parse_blocks(section("Install on a cluster"))}
+    cluster = {name for name, kind in section_kinds.items() if kind == "cluster"}
     kinds = {b.name: b.kind for b in parse_blocks(README)}
     assert cluster == {name for name, kind in kinds.items() if kind == "cluster"} != set()
+    assert set(section_kinds.values()) <= {"cluster", "skip"}
+    assert {"helm-install", "run-a-job", "status-api"} <= cluster
 
 
 @pytest.mark.parametrize(
@@ -60,6 +65,7 @@ def test_the_cluster_section_is_marked_cluster():
         ("```bash\nls\n", "never closed"),
         ("```bash\nls \\\n```\n", "continuation runs off"),
         ("<!-- readme-test: name=a -->\n```bash\nls\n```\n" * 2, "must be unique"),
+        ("<!-- readme-test: name=x expect=( -->\n```bash\nls\n```\n", "not a regex"),
     ],
 )
 def test_bad_markup_fails_loudly(markdown: str, message: str):
@@ -77,6 +83,8 @@ def test_tags_and_commands():
         "cluster", "api", 2, 5.0, "a b", 2,
     )  # fmt: skip
     assert block.commands() == [(4, "kubectl get lrj    -n x   # trailing"), (7, "echo done")]
+    (tagged,) = parse_blocks("<!-- readme-test: expect='\"a\":[0-9]+' -->\n```bash\nls\n```\n")
+    assert (tagged.expect, block.expect) == ('"a":[0-9]+', "")
 
 
 @pytest.fixture
