@@ -175,6 +175,39 @@ def test_read_only_root_with_writable_volumes(cluster: tuple[KubeApi, Kubelet], 
     assert not Path("/probe").exists()  # the host's root was never written
 
 
+def test_a_checkout_under_tmp_stays_visible(
+    cluster: tuple[KubeApi, Kubelet], ns: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The venvs standing in for images live in the checkout, and a clone may sit under /tmp
+    (which the root view leaves out and the pod's /tmp emptyDir covers): it is bound read-only
+    at its own path, or no pod of such a clone could start its interpreter."""
+    kube, kubelet = cluster
+    checkout = tmp_path / "clone"
+    checkout.mkdir()
+    checkout.chmod(0o755)
+    tmp_path.chmod(0o755)
+    (checkout / "marker").write_text("here")
+    (checkout / "marker").chmod(0o644)
+    monkeypatch.setattr("tests.support.kubelet.containers.ROOT", checkout)
+    script = f"""
+import json
+def attempt(f):
+    try:
+        return f()
+    except OSError as e:
+        return e.strerror
+print(json.dumps({{"read": attempt(lambda: open("{checkout}/marker").read()),
+                   "write": attempt(lambda: open("{checkout}/new", "w").write("x")),
+                   "tmp": attempt(lambda: open("/tmp/scratch", "w").write("x"))}}))
+"""
+    create(kube, pod(ns, "clone", script))
+    p = finished(kube, kubelet, ns, "clone")
+    assert terminated(p)["exitCode"] == 0, kubelet.logs(ns, "clone", "main")
+    seen = out(kubelet, ns, "clone")
+    assert seen == {"read": "here", "write": "Read-only file system", "tmp": 1}
+    assert not (checkout / "new").exists()
+
+
 def test_missing_claim_keeps_the_pod_pending_until_it_exists(
     cluster: tuple[KubeApi, Kubelet], ns: str
 ) -> None:

@@ -23,7 +23,7 @@ from typing import Any
 from lorarl.local.env_refs import expand
 
 from .api import Api, NotFound
-from .images import Image
+from .images import ROOT, Image
 from .volumes import config_map_data, secret_data
 
 Obj = dict[str, Any]
@@ -48,6 +48,7 @@ class Launch:
     drop_caps: bool = False
     read_only_root: bool = False
     reachable: list[str] = field(default_factory=list)  # host paths the user must be able to exec
+    host_paths: list[str] = field(default_factory=list)  # host dirs the container must see as is
 
 
 def _key_ref(api: Api, ns: str, kind: str, ref: Obj) -> str | None:
@@ -166,4 +167,5 @@ def launch(api: Api, pod: Obj, container: Obj, image: Image) -> Launch:
         drop_caps="ALL" in drop,
         read_only_root=bool(csc.get("readOnlyRootFilesystem")),
         reachable=[os.path.realpath(image.python)],
+        host_paths=[str(ROOT)],
     )

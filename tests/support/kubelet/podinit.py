@@ -172,6 +172,19 @@ class Rootfs:
             mount("--bind", m["src"], target)
             if m.get("ro"):
                 mount("-o", "remount,bind,ro", target)
+        for path in self.spec.get("host_paths") or []:
+            self._host_path(path)
+
+    def _host_path(self, path: str) -> None:
+        """The checkout that holds the local venvs, where the root view leaves it out: a clone
+        under /tmp would otherwise be hidden by the container's own /tmp, and with it every
+        interpreter standing in for an image. Bound read-only at its own path (venvs hold
+        absolute paths), after the volumes, so a /tmp emptyDir gets only its mount point."""
+        if Path(path).parts[1] not in SKIP_TOP:
+            return
+        target = self.ensure(path, False)
+        mount("--rbind", path, target)
+        mount("-o", "remount,bind,ro", target)
 
 
 def resolve(argv0: str, env: dict[str, str]) -> str | None:

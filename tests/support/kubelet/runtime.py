@@ -81,6 +81,7 @@ class ContainerRun:
             "no_new_privs": launch.no_new_privs,
             "drop_caps": launch.drop_caps,
             "reachable": launch.reachable,
+            "host_paths": launch.host_paths,
             "argv": launch.argv,
             "env": launch.env,
             "status_file": str(status),
