@@ -47,3 +47,11 @@ def test_prepared_once(model_dir: Path):
     stamp = (model_dir / "model.safetensors").stat().st_mtime_ns
     assert prepare_tiny_llama(model_dir.parent) == model_dir
     assert (model_dir / "model.safetensors").stat().st_mtime_ns == stamp
+
+
+def test_prepared_files_are_readable_by_a_non_root_pod(model_dir: Path):
+    """Pods run as uid 10001 and read the model from a volume the prepared folder is copied to;
+    safetensors writes 0600 files, which such a pod cannot open."""
+    for path in [model_dir, *model_dir.rglob("*")]:
+        mode = path.stat().st_mode & 0o777
+        assert mode == (0o755 if path.is_dir() else 0o644), (path, oct(mode))

@@ -68,10 +68,7 @@ def prepare_smollm2(cache_dir: str | Path = DEFAULT_CACHE) -> Path:
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         (tmp / PREPARED_MARKER).write_text(gguf.name + "\n")
-        out.parent.mkdir(parents=True, exist_ok=True)
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
+        _publish(tmp, out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out
@@ -99,10 +96,18 @@ def prepare_tiny_llama(cache_dir: str | Path = DEFAULT_CACHE) -> Path:
         make_tiny_model(tmp, "llama", seed=0, init_std=0.1)
         teach_letter_neighbourhood(tmp, NEXT_LETTER_PROMPTS)
         (tmp / PREPARED_MARKER).write_text("tiny llama, letter neighbourhood\n")
-        out.parent.mkdir(parents=True, exist_ok=True)
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
+        _publish(tmp, out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out
+
+
+def _publish(tmp: Path, out: Path) -> None:
+    """Readable by everyone, then renamed into place: a prepared model is copied onto volumes that
+    non-root pods (uid 10001) read, and some writers (safetensors) create 0600 files."""
+    for path in [tmp, *tmp.rglob("*")]:
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if out.exists():
+        shutil.rmtree(out)
+    tmp.rename(out)
