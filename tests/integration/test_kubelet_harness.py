@@ -188,7 +188,9 @@ def test_a_checkout_under_tmp_stays_visible(
     tmp_path.chmod(0o755)
     (checkout / "marker").write_text("here")
     (checkout / "marker").chmod(0o644)
-    monkeypatch.setattr("tests.support.kubelet.containers.ROOT", checkout)
+    from tests.support.kubelet import containers
+
+    monkeypatch.setattr(containers, "HOST_PATHS", [*containers.HOST_PATHS, checkout])
     script = f"""
 import json
 def attempt(f):

@@ -18,6 +18,7 @@ import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from lorarl.local.env_refs import expand
@@ -49,6 +50,11 @@ class Launch:
     read_only_root: bool = False
     reachable: list[str] = field(default_factory=list)  # host paths the user must be able to exec
     host_paths: list[str] = field(default_factory=list)  # host dirs the container must see as is
+
+
+# Host folders every container sees at their own paths: the checkout holding the venvs that stand
+# in for images (podinit binds it where the root view would leave it out, e.g. under /tmp).
+HOST_PATHS: list[Path] = [ROOT]
 
 
 def _key_ref(api: Api, ns: str, kind: str, ref: Obj) -> str | None:
@@ -167,5 +173,5 @@ def launch(api: Api, pod: Obj, container: Obj, image: Image) -> Launch:
         drop_caps="ALL" in drop,
         read_only_root=bool(csc.get("readOnlyRootFilesystem")),
         reachable=[os.path.realpath(image.python)],
-        host_paths=[str(ROOT)],
+        host_paths=[str(p) for p in HOST_PATHS],
     )
