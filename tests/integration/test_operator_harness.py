@@ -11,8 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +22,7 @@ import pytest
 import yaml
 
 from lorarl.local.ports import free_port
+from tests.support.chart_release import wait_for
 from tests.support.fake_trainer import FakeTrainer
 from tests.support.kube_emulator import KubeApi, http_hook, kube_api
 
@@ -64,17 +64,6 @@ PODGROUP_CRDS = [
     _podgroup_crd("scheduling.x-k8s.io", "v1alpha1"),
     _podgroup_crd("scheduling.volcano.sh", "v1beta1"),
 ]
-
-
-def wait_for(condition: Callable[[], Any], timeout: float = 15.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} not met within {timeout}s")
-        time.sleep(0.05)
 
 
 def write_certs(folder: Path) -> None:
