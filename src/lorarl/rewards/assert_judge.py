@@ -100,6 +100,12 @@ class _Lines:
                 raise ValueError("message too large")
         line, self.buf = self.buf.split(b"\n", 1)
         return _json.loads(line)
+
+class _Sink:  # stands in for stdout: what a program prints never reaches a verdict channel
+    def write(self, s):
+        return len(s)
+    def flush(self):
+        pass
 """
 
 # Runs in the solution's sandbox: untrusted from the first line of the completion on.
@@ -132,12 +138,6 @@ def _why(exc):
     if isinstance(exc, _CallTimeout):
         return "timed out after %g s" % _cfg["per_test"]
     return ("%s: %s" % (type(exc).__name__, exc))[:300]
-
-class _Sink:
-    def write(self, s):
-        return len(s)
-    def flush(self):
-        pass
 
 _signal.signal(_signal.SIGALRM, _alarm)
 _sys.stdout = _Sink()
@@ -239,12 +239,6 @@ def _rpc(req):
 
 def _alarm(signum, frame):
     raise _TestTimeout()
-
-class _Sink:
-    def write(self, s):
-        return len(s)
-    def flush(self):
-        pass
 
 _signal.signal(_signal.SIGALRM, _alarm)
 _sys.stdout = _Sink()
