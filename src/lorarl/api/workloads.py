@@ -19,7 +19,13 @@ from lorarl.api.k8s import (
 )
 from lorarl.api.rules import Rule, enforce, rules_schema_extra
 
-# Variables lorarl renders for every process; a user value would silently break the job's wiring.
+# The per-job secrets, delivered by reference (a Secret in a cluster, generated per run locally):
+# the engines' API key, and the key that authenticates the weight-sync channel's announcements.
+ENGINE_API_KEY_ENV = "LORARL_ENGINE_API_KEY"
+SYNC_KEY_ENV = "LORARL_SYNC_KEY"
+
+# Variables lorarl renders for every process; a user value would silently break the job's wiring
+# (or, for the keys, let a manifest pick the secret that guards the job's own channels).
 RESERVED_ENV = (
     "MASTER_ADDR",
     "MASTER_PORT",
@@ -41,6 +47,9 @@ RESERVED_ENV = (
     "LORARL_ENGINE_URL",
     "LORARL_PROGRESS_PORT",
     "LORARL_SIDECAR_PORT",
+    ENGINE_API_KEY_ENV,
+    SYNC_KEY_ENV,
+    "VLLM_API_KEY",
 )
 _RESERVED_CEL = "[" + ", ".join(f"'{n}'" for n in RESERVED_ENV) + "]"
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from lorarl.api.spec import LoRARLJobSpec
+from lorarl.api.workloads import ENGINE_API_KEY_ENV
 
 SERVED_MODEL_NAME = "base"
 # Importable wherever the engine runs (rollout image, `.venv-engine`); see rollout/vllm_worker_ext.
@@ -17,7 +18,6 @@ VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 _SGLANG_LORA_TARGETS_ALL = "all"
 # The per-job engine key: a Secret in a cluster, generated per run locally. Engines get it as a
 # `$(VAR)` reference that the kubelet (or LocalRun) expands, so its value is never in the plan.
-ENGINE_API_KEY_ENV = "LORARL_ENGINE_API_KEY"
 ENGINE_API_KEY_REF = f"$({ENGINE_API_KEY_ENV})"
 # Both engines must report logprobs of the distribution they sampled from (after temperature),
 # which is what the trainer scores: vLLM's default is the raw model distribution, SGLang's is
