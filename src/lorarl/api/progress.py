@@ -11,7 +11,7 @@ from typing import Literal
 from pydantic import ConfigDict, Field
 
 from lorarl.api.base import ApiModel
-from lorarl.api.status import CheckpointStatus, SyncStatus
+from lorarl.api.status import CheckpointStatus, EvalRecord, SyncStatus
 
 
 class StepRecord(ApiModel):
@@ -56,6 +56,11 @@ class StepRecord(ApiModel):
     train_seconds: float | None = None
     sync_seconds: float | None = None
     sync_bytes: int | None = None
+    eval: EvalRecord | None = Field(
+        default=None,
+        description="Eval on data.valFiles by this step's weights (every training.evalInterval "
+        "steps); its time is not in this step's timings.",
+    )
 
 
 class Progress(ApiModel):
@@ -69,6 +74,10 @@ class Progress(ApiModel):
     last_sync: SyncStatus | None = None
     checkpoint: CheckpointStatus | None = None
     adapter_path: str | None = None
+    eval: EvalRecord | None = Field(default=None, description="Latest eval on data.valFiles.")
+    baseline_eval: EvalRecord | None = Field(
+        default=None, description="The eval before training (training.evalBeforeTrain)."
+    )
     dropped_prompts: int = Field(
         default=0, ge=0, description="Training prompts dropped at load: over maxPromptTokens."
     )

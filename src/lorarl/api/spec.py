@@ -4,6 +4,7 @@ names other modules import from here are re-exported (`__all__`)."""
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field
@@ -26,11 +27,25 @@ from lorarl.api.workloads import (
 Dtype = Literal["float32", "bfloat16", "float16"]
 
 
+# A hub id ("gpt2", "org/name") is at most two plain parts; a folder is absolute, starts with
+# "." or "~", or has more parts. Nothing is downloaded at run time, so a hub id is refused.
+_HUB_ID_RE = r"^[^./~][^/]*(/[^/]*)?$"
+_MODEL_PATH_RULE = Rule(
+    cel=f"!self.path.matches('{_HUB_ID_RE}')",
+    message="must be a folder path (absolute, or relative starting with ./), not a Hugging Face "
+    "hub id: nothing is downloaded at run time",
+    check=lambda m: re.match(_HUB_ID_RE, m.path) is None,
+    field="path",
+)
+
+
 class ModelSpec(ApiModel):
+    model_config = ConfigDict(json_schema_extra=rules_schema_extra(_MODEL_PATH_RULE))
+
     path: str = Field(
         min_length=1,
         description="Base model: a local folder (on `volume` in a cluster) holding a Hugging Face "
-        "model in safetensors, or a hub id baked into the image.",
+        "model in safetensors. Hub ids are refused: nothing is downloaded at run time.",
     )
     volume: VolumeClaim | None = Field(
         default=None, description="PersistentVolumeClaim the model lives on, mounted read-only."
@@ -39,8 +54,12 @@ class ModelSpec(ApiModel):
         default="bfloat16", description="Weights dtype for training and rollout (float32 on CPU)."
     )
     trust_remote_code: bool = Field(
-        default=False, description="Allow model code from the model folder (off: safer)."
+        default=False,
+        description="Allow model code from the model folder, in the trainer and the engines "
+        "(off: safer).",
     )
+
+    _rules = enforce(_MODEL_PATH_RULE)
 
 
 _ALL_LINEAR_ALONE = Rule(
@@ -89,20 +108,37 @@ class LoraSpec(ApiModel):
 
 class DataSpec(ApiModel):
     train_files: list[Annotated[str, Field(min_length=1)]] = Field(
-        min_length=1, description="Prompt files (.jsonl or .parquet)."
+        min_length=1,
+        description="Prompt sources: .jsonl or .parquet files, folders of such shards, or "
+        "folders written by Hugging Face datasets' save_to_disk (verl's preprocessed parquet "
+        "reads as is).",
     )
-    val_files: list[str] = Field(default_factory=list, description="Validation prompt files.")
+    val_files: list[Annotated[str, Field(min_length=1)]] = Field(
+        default_factory=list,
+        description="Validation prompt files (same format as trainFiles), never trained on: "
+        "evaluated every training.evalInterval steps.",
+    )
     volume: VolumeClaim | None = Field(
         default=None, description="PersistentVolumeClaim holding the data files."
     )
     prompt_key: str = Field(
-        default="prompt", min_length=1, description="Field with the prompt (text or chat list)."
+        default="prompt",
+        min_length=1,
+        description="Field with the prompt (text or chat list); dots reach into nested fields.",
     )
     answer_key: str = Field(
-        default="answer", min_length=1, description="Field with the ground truth for the reward."
+        default="answer",
+        min_length=1,
+        description="Field with the ground truth for the reward; dots reach into nested fields "
+        "(verl's parquet: reward_model.ground_truth).",
     )
     system_prompt: str | None = Field(
         default=None, description="System message prepended to every prompt."
+    )
+    chat_template_kwargs: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Extra variables for the model's chat template, passed as written, e.g. "
+        "{enable_thinking: false} for Qwen3; used wherever prompts are rendered.",
     )
     max_prompt_tokens: int = Field(
         default=512,
@@ -168,7 +204,61 @@ class RewardSpec(ApiModel):
     _rules = enforce(_ONE_REWARD_SOURCE)
 
 
+_GREEDY_ONE_SAMPLE = Rule(
+    cel="self.n == 1 || self.temperature > 0",
+    message="greedy decoding (temperature 0) gives n identical samples: set n to 1 or "
+    "temperature above 0",
+    check=lambda m: m.n == 1 or m.temperature > 0,
+    field="n",
+)
+
+
+class EvalSpec(ApiModel):
+    """How the validation prompts (data.valFiles) are sampled and judged at an eval."""
+
+    model_config = ConfigDict(json_schema_extra=rules_schema_extra(_GREEDY_ONE_SAMPLE))
+
+    n: int = Field(
+        default=1, ge=1, le=1024, description="Samples per prompt; pass@k for k = 1, 2, 4, .. <= n."
+    )
+    temperature: float = Field(
+        default=0.0, ge=0, le=10, description="Sampling temperature (0: greedy, the default)."
+    )
+    max_tokens: int | None = Field(
+        default=None,
+        ge=1,
+        le=131072,
+        description="Completion length limit at eval (data.maxResponseTokens if unset).",
+    )
+    max_prompts: int | None = Field(
+        default=None,
+        ge=1,
+        le=1_000_000,
+        description="Evaluate the first N validation prompts only (all if unset).",
+    )
+    correct_threshold: float = Field(
+        default=1.0,
+        ge=-1e6,
+        le=1e6,
+        description="A sample counts as correct (accuracy, pass@k) when its reward is at least "
+        "this (1.0: a right answer in every built-in verifiable reward).",
+    )
+
+    _rules = enforce(_GREEDY_ONE_SAMPLE)
+
+
+_EXPORT_RULE = Rule(
+    cel="'adapter' in self.export",
+    message="must list adapter (always written: the job's status points at it); add merged for "
+    "a merged model too",
+    check=lambda m: "adapter" in m.export,
+    field="export",
+)
+
+
 class TrainingSpec(ApiModel):
+    model_config = ConfigDict(json_schema_extra=rules_schema_extra(_EXPORT_RULE))
+
     total_steps: int = Field(default=100, gt=0, le=10_000_000, description="RL steps to run.")
     prompts_per_step: int = Field(
         default=16, gt=0, le=65536, description="Prompts per step (each gets groupSize samples)."
@@ -197,6 +287,14 @@ class TrainingSpec(ApiModel):
         "pods (required in a cluster: outputs must survive the pods).",
     )
     seed: int = Field(default=42, ge=0, description="Seed for sampling and initialization.")
+    export: list[Literal["adapter", "merged"]] = Field(
+        default_factory=lambda: ["adapter"],
+        min_length=1,
+        max_length=2,
+        description="What the run leaves in outputDir at the end: adapter (the PEFT adapter, "
+        "in adapter/) and, with merged, the base model with the adapter merged in "
+        "(merged/: safetensors, config and tokenizer, loadable by transformers and vLLM).",
+    )
     off_policy_steps: int = Field(
         default=0,
         ge=0,
@@ -206,6 +304,20 @@ class TrainingSpec(ApiModel):
         "the engines' logprobs as the behavior policy). 0: every batch comes from the newest "
         "weights.",
     )
+    eval_interval: int = Field(
+        default=0,
+        ge=0,
+        le=10_000_000,
+        description="Evaluate on data.valFiles every N steps and after the last step (0: never "
+        "during training). Evals run on the rollout engines with the step's weights; their "
+        "samples are never trained on.",
+    )
+    eval_before_train: bool = Field(
+        default=False, description="Evaluate on data.valFiles once before the first step."
+    )
+    eval: EvalSpec = Field(default_factory=EvalSpec, description="Eval sampling settings.")
+
+    _rules = enforce(_EXPORT_RULE)
 
 
 _MINI_BATCH_RULE = Rule(
@@ -292,6 +404,17 @@ _MOUNT_PATHS_RULE = Rule(
     ),
     cluster=True,
 )
+_EVAL_NEEDS_VAL_RULE = Rule(
+    cel="!has(self.training) || ((!has(self.training.evalInterval) || "
+    "self.training.evalInterval == 0) && (!has(self.training.evalBeforeTrain) || "
+    "!self.training.evalBeforeTrain)) || (has(self.data.valFiles) && size(self.data.valFiles) > 0)",
+    message="evalInterval and evalBeforeTrain need validation prompts in data.valFiles",
+    check=lambda m: (
+        (m.training.eval_interval == 0 and not m.training.eval_before_train)
+        or len(m.data.val_files) > 0
+    ),
+    field="data.valFiles",
+)
 _KL_REFERENCE_RULE = Rule(
     cel="self.algorithm.kl.reference != 'initialAdapter' || has(self.lora.adapterPath)",
     message="initialAdapter needs lora.adapterPath (the adapter training starts from)",
@@ -299,6 +422,7 @@ _KL_REFERENCE_RULE = Rule(
     field="algorithm.kl.reference",
 )
 _SPEC_RULES = (
+    _EVAL_NEEDS_VAL_RULE,
     _KL_REFERENCE_RULE,
     _MINI_BATCH_RULE,
     _SERVICE_REWARD_RULE,
@@ -341,6 +465,7 @@ __all__ = [
     "RESERVED_ENV",
     "RESERVED_MOUNT_PATHS",
     "Algorithm",
+    "EvalSpec",
     "LoRARLJobSpec",
     "RewardServiceSpec",
     "RewardSpec",

@@ -52,6 +52,26 @@ class SyncStatus(ApiModel):
     time: str | None = Field(default=None, description="When the last sync finished.")
 
 
+class EvalRecord(ApiModel):
+    """One evaluation on data.valFiles: the engines at the weights after `step` steps sample
+    `samplesPerPrompt` completions per validation prompt, scored with the job's reward.
+
+    A sample is *correct* when its reward is >= training.eval.correctThreshold (1.0 by default:
+    the score of a right answer in every built-in verifiable reward)."""
+
+    step: int = Field(ge=0, description="Steps trained before this eval (0: before training).")
+    reward_mean: float = Field(description="Mean reward over every eval sample.")
+    accuracy: float = Field(ge=0, le=1, description="Fraction of eval samples that are correct.")
+    pass_at_k: dict[str, float] = Field(
+        default_factory=dict,
+        description="pass@k by k (powers of 2 up to samplesPerPrompt): the chance that at least "
+        "one of k samples of a prompt is correct (unbiased estimator), averaged over prompts.",
+    )
+    prompts: int = Field(ge=0, description="Validation prompts evaluated.")
+    samples_per_prompt: int = Field(ge=1, description="Samples per prompt (training.eval.n).")
+    seconds: float = Field(ge=0, description="Wall time of the eval (generation and scoring).")
+
+
 class CheckpointStatus(ApiModel):
     step: int = Field(ge=0, description="Step of the newest complete checkpoint.")
     path: str = Field(description="Where it is.")
@@ -69,6 +89,10 @@ class LoRARLJobStatus(ApiModel):
     metrics: StepMetrics | None = Field(default=None, description="Latest step metrics.")
     last_sync: SyncStatus | None = Field(default=None, description="Latest weight sync.")
     checkpoint: CheckpointStatus | None = Field(default=None, description="Newest checkpoint.")
+    eval: EvalRecord | None = Field(default=None, description="Latest eval on data.valFiles.")
+    baseline_eval: EvalRecord | None = Field(
+        default=None, description="The eval before training (training.evalBeforeTrain)."
+    )
     restarts: int = Field(default=0, ge=0, description="Trainer group restarts so far.")
     start_time: str | None = Field(
         default=None, description="When the job was first admitted (not suspended or queued)."
