@@ -166,10 +166,26 @@ def prepare_smollm2_cmd(cache: str) -> None:
 @click.option("-n", "--rows", type=int, default=512, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("-o", "--out", type=click.Path(dir_okay=False), required=True)
-def prepare_task(task: str, rows: int, seed: int, out: str) -> None:
-    """A synthetic verifiable task as jsonl (addition, larger, repeat, next-letter)."""
-    from lorarl.data_tasks import write_task_jsonl
+@click.option(
+    "--from", "source", type=click.Path(exists=True),
+    help="gsm8k: a local GSM8K file or folder (jsonl/parquet rows with question and answer).",
+)  # fmt: skip
+@click.option("--split", default="train", show_default=True, help="gsm8k: extra_info.split.")
+def prepare_task(task: str, rows: int, seed: int, out: str, source: str | None, split: str) -> None:
+    """A synthetic verifiable task as jsonl (addition, larger, repeat, next-letter), or gsm8k
+    converted from a local copy (--from) to verl's parquet format; nothing is downloaded."""
+    from lorarl.data_tasks import convert_gsm8k, write_task_jsonl
 
+    if task == "gsm8k":
+        if source is None:
+            raise click.UsageError("gsm8k needs --from PATH: a local GSM8K file (no downloads)")
+        try:
+            click.echo(convert_gsm8k(source, out, split))
+        except ValueError as exc:
+            _die(str(exc))
+        return
+    if source is not None:
+        raise click.UsageError(f"--from is for gsm8k only; {task} is generated")
     try:
         click.echo(write_task_jsonl(out, task, rows, seed))
     except ValueError as exc:

@@ -1,4 +1,5 @@
-"""Synthetic verifiable tasks for tests and `make demo`: jsonl rows {prompt, answer, task}.
+"""Synthetic verifiable tasks for tests and `make demo`: jsonl rows {prompt, answer, task}; and
+GSM8K converted to verl's preprocessed parquet from a local copy (`convert_gsm8k`).
 
 Chosen from docs/architecture.md#measured-facts: SmolLM2-135M starts at ~0.23 reward on "which is
 larger" and ~0.31 on "repeat this 4-digit number" (learnable), ~0.02 on two-digit addition (a
@@ -11,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -18,6 +20,9 @@ __all__ = [
     "NEXT_LETTER_PROMPTS",
     "TASKS",
     "addition",
+    "convert_gsm8k",
+    "gsm8k_final_answer",
+    "gsm8k_verl_rows",
     "larger",
     "make_rows",
     "next_letter",
@@ -85,3 +90,89 @@ def write_task_jsonl(path: str | Path, task: str, n: int, seed: int = 0, **kwarg
     tmp.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     os.replace(tmp, path)
     return path
+
+
+# ---------------------------------------------------------------- GSM8K in verl's format
+
+GSM8K_SOURCE = "openai/gsm8k"
+GSM8K_INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
+_GSM8K_FINAL = re.compile(r"#### (\-?[0-9\.\,]+)")
+
+
+def gsm8k_final_answer(solution: str) -> str | None:
+    """The number after "####" in a GSM8K solution, thousands separators removed."""
+    match = _GSM8K_FINAL.search(solution)
+    return match.group(1).replace(",", "") if match else None
+
+
+def gsm8k_verl_rows(rows: list[tuple[str, dict]], split: str) -> list[dict]:
+    """GSM8K records {question, answer} as verl's preprocessing writes them: a one-message chat
+    prompt with the step-by-step instruction, and the final number as
+    reward_model.ground_truth. `rows` pairs each record with its location for errors."""
+    out = []
+    for index, (where, record) in enumerate(rows):
+        question, solution = record.get("question"), record.get("answer")
+        if not isinstance(question, str) or not isinstance(solution, str):
+            raise ValueError(f"{where}: a GSM8K row needs string question and answer fields")
+        final = gsm8k_final_answer(solution)
+        if final is None:
+            raise ValueError(f"{where}: answer has no '#### <number>' line")
+        out.append(
+            {
+                "data_source": GSM8K_SOURCE,
+                "prompt": [{"role": "user", "content": f"{question} {GSM8K_INSTRUCTION}"}],
+                "ability": "math",
+                "reward_model": {"style": "rule", "ground_truth": final},
+                "extra_info": {
+                    "split": split,
+                    "index": index,
+                    "answer": solution,
+                    "question": question,
+                },
+            }
+        )
+    return out
+
+
+def verl_schema():
+    """The parquet schema of verl's preprocessed GSM8K (what `datasets` infers for its rows)."""
+    import pyarrow as pa
+
+    return pa.schema(
+        [
+            ("data_source", pa.string()),
+            ("prompt", pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))),
+            ("ability", pa.string()),
+            ("reward_model", pa.struct([("style", pa.string()), ("ground_truth", pa.string())])),
+            (
+                "extra_info",
+                pa.struct(
+                    [
+                        ("split", pa.string()),
+                        ("index", pa.int64()),
+                        ("answer", pa.string()),
+                        ("question", pa.string()),
+                    ]
+                ),
+            ),
+        ]
+    )
+
+
+def convert_gsm8k(source: str | Path, out: str | Path, split: str = "train") -> Path:
+    """A local GSM8K file (jsonl/parquet with question and answer, or a folder of them) as
+    verl's parquet, written atomically. Nothing is downloaded."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from lorarl.trainer.data_files import read_rows
+
+    rows = gsm8k_verl_rows(read_rows(source), split)
+    if not rows:
+        raise ValueError(f"{source}: no rows")
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.tmp")
+    pq.write_table(pa.Table.from_pylist(rows, schema=verl_schema()), tmp)
+    os.replace(tmp, out)
+    return out

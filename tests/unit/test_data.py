@@ -121,8 +121,8 @@ def test_file_level_errors(tmp_path):
     (tmp_path / "d.csv").write_text("q\nx\n")
     with pytest.raises(DataError, match=r"unknown dataset extension '\.csv'; supported: \.jsonl"):
         PromptDataset.from_file(tmp_path / "d.csv", "q")
-    with pytest.raises(DataError, match="not a file"):
-        PromptDataset.from_file(tmp_path, "q")
+    with pytest.raises(DataError, match=r"folder holds no \.jsonl or \.parquet shards"):
+        PromptDataset.from_file(tmp_path, "q")  # only d.csv in it
     assert issubclass(DataError, ValueError)
 
 

@@ -3,7 +3,7 @@ each choice does); documented field by field, since the CRD is generated from th
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import ConfigDict, Field
 
@@ -24,6 +24,7 @@ class KLSpec(ApiModel):
     coef: float = Field(
         default=0.0,
         ge=0,
+        le=1000,
         description="KL penalty coefficient against the base model (adapter disabled); 0 turns "
         "it off, as DAPO and Dr.GRPO recommend.",
     )
@@ -92,11 +93,12 @@ class OverlongSpec(ApiModel):
     buffer_tokens: int | None = Field(
         default=None,
         gt=0,
+        le=131072,
         description="Length of the punishment buffer. Default: maxResponseTokens / 5 (DAPO: 4096 "
         "of 20480).",
     )
     penalty_factor: float = Field(
-        default=1.0, gt=0, description="Penalty at maxResponseTokens (DAPO: 1)."
+        default=1.0, gt=0, le=1000, description="Penalty at maxResponseTokens (DAPO: 1)."
     )
 
 
@@ -126,7 +128,26 @@ _OVERLONG_BUFFER_RULE = Rule(
     ),
     field="overlong.bufferTokens",
 )
+# GAE needs a value model (ppo, not implemented yet); every other estimator here scores whole
+# sequences without discounting, so a changed gamma or lam would be silently ignored.
+_GAE_ONLY = (
+    "is used by GAE (ppo) only, which needs a value model this trainer lacks: leave it unset"
+)
+_GAMMA_RULE = Rule(
+    cel="!has(self.gamma) || self.gamma == 1.0",
+    message=_GAE_ONLY,
+    check=lambda m: m.gamma == 1.0,
+    field="gamma",
+)
+_LAM_RULE = Rule(
+    cel="!has(self.lam) || self.lam == 0.95",
+    message=_GAE_ONLY,
+    check=lambda m: m.lam == 0.95,
+    field="lam",
+)
 _ALGORITHM_RULES = (
+    _GAMMA_RULE,
+    _LAM_RULE,
     _GROUP_SIZE_RULE,
     _DYNAMIC_SAMPLING_RULE,
     _NORM_LENGTH_RULE,
@@ -157,6 +178,7 @@ class AlgorithmSpec(ApiModel):
     dual_clip: float | None = Field(
         default=3.0,
         gt=1,
+        le=1000,
         description="Dual-clip bound c (verl's default 3): the loss of a negative-advantage token "
         "is capped at -A * c, so a token whose ratio exploded (stale or mismatched samples) "
         "cannot dominate the step. null turns it off.",
@@ -176,6 +198,7 @@ class AlgorithmSpec(ApiModel):
     loss_norm_length: int | None = Field(
         default=None,
         gt=0,
+        le=1_048_576,
         description="The constant of seq-mean-token-sum-norm. Default: data.maxResponseTokens.",
     )
     overlong: OverlongSpec = Field(
@@ -187,15 +210,26 @@ class AlgorithmSpec(ApiModel):
         default_factory=RolloutCorrectionSpec,
         description="Importance-sampling correction against the engines' logprobs (on: tis).",
     )
-    entropy_coef: float = Field(default=0.0, ge=0, description="Entropy bonus coefficient.")
+    entropy_coef: float = Field(default=0.0, ge=0, le=100, description="Entropy bonus coefficient.")
     dynamic_sampling: DynamicSamplingSpec = Field(
         default_factory=DynamicSamplingSpec, description="DAPO dynamic sampling."
     )
     ppo_epochs: int = Field(
         default=1, ge=1, le=16, description="Optimizer passes over each step's samples."
     )
-    gamma: float = Field(default=1.0, ge=0, le=1, description="PPO discount factor.")
-    lam: float = Field(default=0.95, ge=0, le=1, description="PPO GAE lambda.")
+    gamma: float = Field(
+        default=1.0,
+        ge=0,
+        le=1,
+        description="PPO discount factor (GAE). Reserved: ppo is not implemented yet, and no "
+        "other algorithm discounts, so only the default is accepted.",
+    )
+    lam: float = Field(
+        default=0.95,
+        ge=0,
+        le=1,
+        description="PPO GAE lambda. Reserved like gamma: only the default is accepted.",
+    )
 
     _rules = enforce(*_ALGORITHM_RULES)
 
@@ -208,15 +242,15 @@ class OptimSpec(ApiModel):
         description="AdamW learning rate. LoRA wants about 10x the full fine-tuning rate "
         "(verl's LoRA guide, 'LoRA Without Regret'): 1e-5 where full RL uses 1e-6.",
     )
-    betas: list[float] = Field(
+    betas: list[Annotated[float, Field(ge=0, lt=1)]] = Field(
         default_factory=lambda: [0.9, 0.999],
         min_length=2,
         max_length=2,
         description="AdamW betas.",
     )
-    weight_decay: float = Field(default=0.0, ge=0, description="AdamW weight decay.")
-    warmup_steps: int = Field(default=0, ge=0, description="Linear warmup steps.")
+    weight_decay: float = Field(default=0.0, ge=0, le=10, description="AdamW weight decay.")
+    warmup_steps: int = Field(default=0, ge=0, le=10_000_000, description="Linear warmup steps.")
     scheduler: Literal["constant", "cosine"] = Field(
         default="constant", description="Learning-rate schedule after warmup."
     )
-    grad_clip: float = Field(default=1.0, gt=0, description="Max global gradient norm.")
+    grad_clip: float = Field(default=1.0, gt=0, le=1e6, description="Max global gradient norm.")

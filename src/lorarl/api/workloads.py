@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import ConfigDict, Field
 
-from lorarl.api.base import ApiModel
+from lorarl.api.base import MAX_SECONDS, ApiModel
 from lorarl.api.k8s import (
     DNS1123_LABEL,
     GPU_RESOURCE,
@@ -71,15 +71,31 @@ _ENV_VALUE_RULE = Rule(
 )
 
 
+# With resharding off, PEFT's disable_adapter (the KL reference, the base model's logprobs) flips
+# requires_grad on the unsharded copies and leaves the real sharded LoRA weights frozen
+# (docs/architecture.md#measured-facts), so only true is accepted.
+_RESHARD_RULE = Rule(
+    cel="!has(self.reshardAfterForward) || self.reshardAfterForward",
+    message="false is not supported with LoRA: PEFT's disable_adapter would freeze the sharded "
+    "LoRA weights; leave it true",
+    check=lambda m: m.reshard_after_forward,
+    field="reshardAfterForward",
+)
+
+
 class FsdpSpec(ApiModel):
+    model_config = ConfigDict(json_schema_extra=rules_schema_extra(_RESHARD_RULE))
+
     reshard_after_forward: bool = Field(
         default=True,
-        description="Free gathered parameters after forward (keep true with LoRA: PEFT's "
-        "disable_adapter misbehaves otherwise).",
+        description="Free gathered parameters after forward. Only true is accepted: with LoRA, "
+        "PEFT's disable_adapter misbehaves otherwise.",
     )
     mixed_precision: bool = Field(
         default=True, description="bf16 parameters with fp32 reductions on GPU."
     )
+
+    _rules = enforce(_RESHARD_RULE)
 
 
 class PodTemplateFields(ApiModel):
@@ -153,7 +169,7 @@ class SamplingSpec(ApiModel):
         "temperature), the distribution the engines sample from and report logprobs of.",
     )
     top_p: float = Field(default=1.0, gt=0, le=1, description="Nucleus sampling mass.")
-    top_k: int = Field(default=-1, ge=-1, description="Top-k (-1: off).")
+    top_k: int = Field(default=-1, ge=-1, le=1_048_576, description="Top-k (-1: off).")
 
     _rules = enforce(_TEMPERATURE_RULE)
 
@@ -198,7 +214,7 @@ class RolloutSpec(PodTemplateFields):
         default=0.85, gt=0, le=1, description="Fraction of GPU memory the engine may take."
     )
     kv_cache_gib: int | None = Field(
-        default=None, ge=1, description="KV cache size in GiB for CPU engines."
+        default=None, ge=1, le=4096, description="KV cache size in GiB for CPU engines."
     )
     engine_args: list[str] = Field(
         default_factory=list, description="Extra engine command-line flags."
@@ -212,10 +228,13 @@ class RunPolicy(ApiModel):
         default=3, ge=0, le=1000, description="Trainer group restarts before the job fails."
     )
     active_deadline_seconds: int | None = Field(
-        default=None, gt=0, description="Fail the job (DeadlineExceeded) after this long."
+        default=None,
+        gt=0,
+        le=MAX_SECONDS,
+        description="Fail the job (DeadlineExceeded) after this long.",
     )
     ttl_seconds_after_finished: int | None = Field(
-        default=None, ge=0, description="Delete the finished job after this long."
+        default=None, ge=0, le=MAX_SECONDS, description="Delete the finished job after this long."
     )
     clean_pod_policy: Literal["All", "Running", "None"] = Field(
         default="Running",

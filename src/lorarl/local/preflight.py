@@ -37,7 +37,7 @@ def missing_inputs(job: LoRARLJob) -> list[str]:
         problems.append(f"spec.lora.adapterPath: {spec.lora.adapter_path} is not a folder here")
     for key, files in (("trainFiles", spec.data.train_files), ("valFiles", spec.data.val_files)):
         for i, f in enumerate(files):
-            if "://" not in f and not Path(f).is_file():
+            if "://" not in f and not Path(f).exists():  # a file, or a folder of shards
                 problems.append(f"spec.data.{key}[{i}]: {f} does not exist")
     return problems
 

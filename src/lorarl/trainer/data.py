@@ -1,4 +1,5 @@
-"""Prompt datasets: load rows from .jsonl/.parquet, encode them, and sample batches resumably.
+"""Prompt datasets: turn rows (`data_files`) into prompts, encode them, and sample batches
+resumably.
 
 The sampler is a pure function of (seed, epoch, index), so a checkpoint only needs a
 `DataPosition` to continue with exactly the batches an uninterrupted run would have seen.
@@ -6,13 +7,14 @@ The sampler is a pure function of (seed, epoch, index), so a checkpoint only nee
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from lorarl.trainer.data_files import DataError, is_missing, lookup, read_rows
 
 __all__ = [
     "DataError",
@@ -28,12 +30,6 @@ __all__ = [
 
 Message = dict[str, str]
 Prompt = str | list[Message]
-
-SUPPORTED_EXTENSIONS = (".jsonl", ".parquet")
-
-
-class DataError(ValueError):
-    """Bad dataset input; the message names the file, row and key."""
 
 
 @dataclass(frozen=True)
@@ -54,11 +50,20 @@ def prompt_text(prompt: Prompt) -> str:
 
 
 class PromptDataset(Sequence[PromptItem]):
-    def __init__(self, items: Sequence[PromptItem], source: str = "<memory>") -> None:
+    """Prompts plus how to render them: `chat_template_kwargs` (e.g. `enable_thinking: False`)
+    go to every `apply_chat_template` call, at load time and when generating."""
+
+    def __init__(
+        self,
+        items: Sequence[PromptItem],
+        source: str = "<memory>",
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+    ) -> None:
         if not items:
             raise DataError(f"{source}: dataset is empty")
         self._items = list(items)
         self.source = source
+        self.chat_template_kwargs = dict(chat_template_kwargs or {})
 
     def __len__(self) -> int:
         return len(self._items)
@@ -77,23 +82,14 @@ class PromptDataset(Sequence[PromptItem]):
         answer_key: str | None = None,
         *,
         system_prompt: str | None = None,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
     ) -> PromptDataset:
-        path = Path(path)
-        if not path.exists():
-            raise DataError(f"{path}: dataset file not found")
-        if not path.is_file():
-            raise DataError(f"{path}: dataset path is not a file")
-        suffix = path.suffix.lower()
-        if suffix == ".jsonl":
-            rows = _read_jsonl(path)
-        elif suffix == ".parquet":
-            rows = _read_parquet(path, prompt_key, answer_key)
-        else:
-            raise DataError(
-                f"{path}: unknown dataset extension {path.suffix!r}; "
-                f"supported: {', '.join(SUPPORTED_EXTENSIONS)}"
-            )
-        return cls._from_located(rows, prompt_key, answer_key, system_prompt, str(path))
+        """One source: a .jsonl/.parquet file, a folder of shards, or a `save_to_disk` folder.
+        Keys may be dotted (`reward_model.ground_truth`) to reach into nested columns."""
+        required = (("prompt", prompt_key),) + ((("answer", answer_key),) if answer_key else ())
+        rows = read_rows(path, required)
+        items = [_to_item(w, r, prompt_key, answer_key, system_prompt) for w, r in rows]
+        return cls(items, source=str(path), chat_template_kwargs=chat_template_kwargs)
 
     @classmethod
     def from_files(
@@ -103,14 +99,19 @@ class PromptDataset(Sequence[PromptItem]):
         answer_key: str | None = None,
         *,
         system_prompt: str | None = None,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
     ) -> PromptDataset:
-        """Concatenate several files in the given order (a job spec lists `trainFiles`)."""
+        """Concatenate several sources in the given order (a job spec lists `trainFiles`)."""
         if not paths:
             raise DataError("no dataset files given")
         parts = [
             cls.from_file(p, prompt_key, answer_key, system_prompt=system_prompt) for p in paths
         ]
-        return cls([item for part in parts for item in part], source=", ".join(map(str, paths)))
+        return cls(
+            [item for part in parts for item in part],
+            source=", ".join(map(str, paths)),
+            chat_template_kwargs=chat_template_kwargs,
+        )
 
     @classmethod
     def from_rows(
@@ -122,57 +123,11 @@ class PromptDataset(Sequence[PromptItem]):
         system_prompt: str | None = None,
         source: str = "<memory>",
     ) -> PromptDataset:
-        located = [(f"{source}: row {i + 1}", r) for i, r in enumerate(rows)]
-        return cls._from_located(located, prompt_key, answer_key, system_prompt, source)
-
-    @classmethod
-    def _from_located(
-        cls,
-        rows: Sequence[tuple[str, Mapping[str, Any]]],
-        prompt_key: str,
-        answer_key: str | None,
-        system_prompt: str | None,
-        source: str,
-    ) -> PromptDataset:
-        """`rows` pairs each record with its location ("file:line") for error messages."""
-        items = [_to_item(w, r, prompt_key, answer_key, system_prompt) for w, r in rows]
+        items = [
+            _to_item(f"{source}: row {i + 1}", r, prompt_key, answer_key, system_prompt)
+            for i, r in enumerate(rows)
+        ]
         return cls(items, source=source)
-
-
-def _read_jsonl(path: Path) -> list[tuple[str, Mapping[str, Any]]]:
-    rows = []
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DataError(f"{where}: malformed JSON line: {exc.msg}") from exc
-            if not isinstance(record, dict):
-                raise DataError(f"{where}: expected a JSON object, got {type(record).__name__}")
-            rows.append((where, record))
-    return rows
-
-
-def _read_parquet(
-    path: Path, prompt_key: str, answer_key: str | None
-) -> list[tuple[str, Mapping[str, Any]]]:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    try:
-        table = pq.read_table(path)
-    except (pa.ArrowException, OSError) as exc:
-        raise DataError(f"{path}: cannot read parquet: {exc}") from exc
-    for key, what in ((prompt_key, "prompt"), (answer_key, "answer")):
-        if key is not None and key not in table.column_names:
-            raise DataError(
-                f"{path}: {what} key {key!r} is not a column; columns: "
-                f"{', '.join(table.column_names)}"
-            )
-    return [(f"{path}: row {i + 1}", r) for i, r in enumerate(table.to_pylist())]
 
 
 def _to_item(
@@ -182,19 +137,20 @@ def _to_item(
     answer_key: str | None,
     system_prompt: str | None,
 ) -> PromptItem:
-    if prompt_key not in record:
+    raw_prompt = lookup(record, prompt_key)
+    if is_missing(raw_prompt):
         raise DataError(
             f"{where}: row is missing prompt key {prompt_key!r}; "
             f"keys: {', '.join(map(str, record))}"
         )
-    prompt = _check_prompt(where, prompt_key, record[prompt_key])
+    prompt = _check_prompt(where, prompt_key, raw_prompt)
     if system_prompt is not None:
         prompt = _with_system(prompt, system_prompt)
     answer = None
     if answer_key is not None:
-        if answer_key not in record or record[answer_key] is None:
+        value = lookup(record, answer_key)
+        if is_missing(value) or value is None:
             raise DataError(f"{where}: row is missing answer key {answer_key!r}")
-        value = record[answer_key]
         if isinstance(value, bool) or not isinstance(value, (str, int, float)):
             raise DataError(
                 f"{where}: answer key {answer_key!r} must be a string or number, "
@@ -245,11 +201,13 @@ def encode_prompts(
     max_prompt_tokens: int,
     *,
     truncate: bool = False,
+    chat_template_kwargs: Mapping[str, Any] | None = None,
 ) -> list[list[int]]:
     """Token ids per prompt, ready for generation.
 
     With a chat template: render with `add_generation_prompt=True`, then tokenize without special
-    tokens (the template writes its own). Without one: a string is tokenized as is (with the
+    tokens (the template writes its own); `chat_template_kwargs` are the template's own variables
+    (e.g. Qwen3's `enable_thinking`). Without one: a string is tokenized as is (with the
     tokenizer's special tokens, e.g. BOS); a message list is its contents joined by blank lines.
     A prompt over `max_prompt_tokens` raises DataError, or with `truncate=True` keeps its *last*
     tokens (left truncation keeps the question's end and the generation prompt).
@@ -262,7 +220,10 @@ def encode_prompts(
         if has_template:
             messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
             text = tokenizer.apply_chat_template(
-                messages, add_generation_prompt=True, tokenize=False
+                messages,
+                add_generation_prompt=True,
+                tokenize=False,
+                **dict(chat_template_kwargs or {}),
             )
             ids = tokenizer(text, add_special_tokens=False)["input_ids"]
         else:
@@ -288,14 +249,19 @@ def drop_long_prompts(
     Done once at load time (verl's `filter_overlong_prompts`): a long prompt sampled mid-run
     would otherwise fail the step. Fails only if nothing is left.
     """
-    lengths = [len(ids) for ids in encode_prompts(tokenizer, [it.prompt for it in dataset], 2**62)]
+    prompts = [it.prompt for it in dataset]
+    encoded = encode_prompts(
+        tokenizer, prompts, 2**62, chat_template_kwargs=dataset.chat_template_kwargs
+    )
+    lengths = [len(ids) for ids in encoded]
     kept = [it for it, n in zip(dataset, lengths, strict=True) if n <= max_prompt_tokens]
     if not kept:
         raise DataError(
             f"{dataset.source}: all {len(dataset)} prompts are longer than "
             f"data.maxPromptTokens={max_prompt_tokens} (the shortest has {min(lengths)} tokens)"
         )
-    return PromptDataset(kept, dataset.source), len(dataset) - len(kept)
+    kept_ds = PromptDataset(kept, dataset.source, dataset.chat_template_kwargs)
+    return kept_ds, len(dataset) - len(kept)
 
 
 @dataclass(frozen=True)

@@ -28,9 +28,10 @@ from lorarl.rewards.client import RewardServiceClient, RewardServiceError, Score
 from lorarl.sync.adapter_files import adapter_fingerprint
 from lorarl.sync.protocol import adapter_name
 from lorarl.trainer.batch import TrainSample, collate, shard_for_rank
-from lorarl.trainer.checkpoint import CheckpointManager, export_adapter
+from lorarl.trainer.checkpoint import CheckpointManager
 from lorarl.trainer.data import DataPosition, PromptDataset, PromptSampler, drop_long_prompts
 from lorarl.trainer.engine_gate import wait_for_synced_engines
+from lorarl.trainer.export import export_final
 from lorarl.trainer.logprobs import snapshot_lora
 from lorarl.trainer.model import apply_lora, load_base_model
 from lorarl.trainer.overlong import OverlongConfig
@@ -115,9 +116,11 @@ class Trainer:
         loaded = PromptDataset.from_files(
             spec.data.train_files, spec.data.prompt_key, spec.data.answer_key,
             system_prompt=spec.data.system_prompt,
+            chat_template_kwargs=spec.data.chat_template_kwargs,
         )  # fmt: skip
-        base = load_base_model(spec.model.path, spec.model.dtype)
-        self.tokenizer = AutoTokenizer.from_pretrained(spec.model.path)
+        remote = spec.model.trust_remote_code
+        base = load_base_model(spec.model.path, spec.model.dtype, trust_remote_code=remote)
+        self.tokenizer = AutoTokenizer.from_pretrained(spec.model.path, trust_remote_code=remote)
         self.dataset, self.dropped_prompts = drop_long_prompts(
             loaded, self.tokenizer, spec.data.max_prompt_tokens
         )
@@ -263,7 +266,7 @@ class Trainer:
             self.resume()
             while self.state.step < total:
                 self.train_step()
-            export_adapter(self.model, self.adapter_dir)
+            export_final(self.model, self.job, self.tokenizer, self.adapter_dir)
             if self.tracker:
                 self.tracker.finish("Succeeded", adapter_path=str(self.adapter_dir))
         except BaseException as exc:

@@ -45,8 +45,11 @@ def load_base_model(
     path: str | Path,
     dtype: Literal["float32", "bfloat16", "float16"] = "float32",
     device: str | torch.device = "cpu",
+    *,
+    trust_remote_code: bool = False,
 ) -> PreTrainedModel:
-    """Load a local Hugging Face causal LM folder (config.json + *.safetensors)."""
+    """Load a local Hugging Face causal LM folder (config.json + *.safetensors); with
+    `trust_remote_code` (model.trustRemoteCode) its own modeling code may run."""
     path = Path(path)
     if dtype not in DTYPES:
         raise ValueError(f"model.dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
@@ -57,7 +60,9 @@ def load_base_model(
     if not any(path.glob("*.safetensors")):
         raise ModelLoadError(f"model path {path} has no *.safetensors weights")
     try:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype])
+        model = AutoModelForCausalLM.from_pretrained(
+            path, dtype=DTYPES[dtype], trust_remote_code=trust_remote_code
+        )
     except (OSError, ValueError, KeyError) as exc:
         raise ModelLoadError(f"cannot load model from {path}: {exc}") from exc
     return model.to(device)

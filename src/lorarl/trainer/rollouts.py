@@ -65,8 +65,9 @@ class RolloutWorker:
             indices, position = self.sampler.next_batch(position)
             items = [self.dataset[i] for i in indices]
             prompt_ids = encode_prompts(
-                self.tokenizer, [it.prompt for it in items], self.max_prompt_tokens
-            )
+                self.tokenizer, [it.prompt for it in items], self.max_prompt_tokens,
+                chat_template_kwargs=self.dataset.chat_template_kwargs,
+            )  # fmt: skip
             t0 = time.perf_counter()
             params = self._params(step, len(all_rewards))
             groups = self.client.generate(
@@ -145,4 +146,5 @@ def _train_sample(s: Sample, advantage: float, reward: float, in_loss: bool = Tr
         reward=reward,
         weight_version=s.weight_version,
         in_loss=in_loss,
+        finish_reason=s.finish_reason or "",
     )

@@ -1,0 +1,108 @@
+"""What a finished run leaves behind (`training.export`): the PEFT adapter, and optionally a
+merged Hugging Face model folder that serves without LoRA support.
+
+The merged model is built on rank 0 from the gathered full LoRA tensors and a fresh fp32 load of
+the base (the training copy may be sharded and is in the training dtype): the delta `B @ A` is
+added in fp32 and the result cast once to `model.dtype`, the dtype the engines serve. This costs
+one fp32 copy of the base in rank 0's CPU memory, once, at the end. Like checkpoints, the folder
+is written under a temp name and renamed into place.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import shutil
+import uuid
+from pathlib import Path
+from typing import Any
+
+from peft import LoraConfig, PeftModel, get_peft_model
+from transformers import PreTrainedModel
+
+from lorarl.trainer.checkpoint import (
+    TMP_PREFIX,
+    _fsync_tree,
+    _replace_dir,
+    _run_on_rank0,
+    export_adapter,
+)
+from lorarl.trainer.model import (
+    ADAPTER_NAME,
+    DTYPES,
+    load_base_model,
+    lora_state_dict,
+    set_lora_state_dict,
+)
+
+__all__ = ["MERGED_DIR", "export_final", "export_merged", "merge_lora"]
+
+log = logging.getLogger(__name__)
+
+MERGED_DIR = "merged"
+
+
+def merge_lora(
+    base_path: str | Path,
+    config: LoraConfig,
+    tensors: dict[str, Any],
+    dtype: str = "float32",
+    *,
+    trust_remote_code: bool = False,
+) -> PreTrainedModel:
+    """The base model at `base_path` with the LoRA `tensors` (PEFT file names) merged in."""
+    base = load_base_model(base_path, "float32", trust_remote_code=trust_remote_code)
+    cfg = copy.deepcopy(config)
+    cfg.inference_mode = True
+    peft_model = get_peft_model(base, cfg, adapter_name=ADAPTER_NAME)
+    set_lora_state_dict(peft_model, {k: v.float() for k, v in tensors.items()})
+    merged = peft_model.merge_and_unload(safe_merge=True)  # safe_merge: refuse NaN/inf
+    return merged.to(DTYPES[dtype])
+
+
+def export_merged(
+    peft_model: PeftModel,
+    out_dir: str | Path,
+    base_path: str | Path,
+    tokenizer: Any,
+    dtype: str = "float32",
+    *,
+    trust_remote_code: bool = False,
+) -> Path:
+    """Write the merged model (safetensors, config, tokenizer) atomically. Collective: every
+    rank calls it (the LoRA tensors are gathered), rank 0 merges and writes."""
+    out_dir = Path(out_dir)
+    tensors = lora_state_dict(peft_model)
+    config = peft_model.peft_config[ADAPTER_NAME]
+
+    def write() -> None:
+        merged = merge_lora(base_path, config, tensors, dtype, trust_remote_code=trust_remote_code)
+        out_dir.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out_dir.with_name(f"{TMP_PREFIX}{out_dir.name}-{uuid.uuid4().hex[:8]}")
+        try:
+            merged.save_pretrained(tmp, safe_serialization=True)
+            tokenizer.save_pretrained(tmp)
+            _fsync_tree(tmp)
+            _replace_dir(tmp, out_dir)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        log.info("wrote the merged model (%s) to %s", dtype, out_dir)
+
+    _run_on_rank0(write)
+    return out_dir
+
+
+def export_final(peft_model: PeftModel, job: Any, tokenizer: Any, adapter_dir: Path) -> Path:
+    """Everything `training.export` asks for; returns the adapter folder (always written)."""
+    spec = job.spec
+    export_adapter(peft_model, adapter_dir)
+    if "merged" in spec.training.export:
+        export_merged(
+            peft_model,
+            adapter_dir.parent / MERGED_DIR,
+            spec.model.path,
+            tokenizer,
+            spec.model.dtype,
+            trust_remote_code=spec.model.trust_remote_code,
+        )
+    return adapter_dir
