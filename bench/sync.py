@@ -34,6 +34,7 @@ from tests.support.tiny_models import tiny_config
 
 RESULTS = Path(__file__).resolve().parent / "results" / "sync.json"
 HOST = "127.0.0.1"
+SYNC_KEY = "bench-sync-key"  # the channel is signed; both ends only need to agree
 ALL_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 ENGINE_DTYPE = torch.bfloat16
 
@@ -71,7 +72,9 @@ def lora_for(base: dict[str, torch.Tensor], rank: int) -> dict[str, torch.Tensor
 
 def receiver_main(port: int) -> None:
     """A sidecar that only receives and acknowledges: the transport alone is measured."""
-    receiver = SyncReceiver(HOST, port, rank=1, world_size=2, backend="gloo", timeout=300)
+    receiver = SyncReceiver(
+        HOST, port, rank=1, world_size=2, backend="gloo", timeout=300, key=SYNC_KEY
+    )
     while True:
         try:
             header, _ = receiver.recv(timeout=600)
@@ -173,7 +176,7 @@ def main() -> None:
 
     host = machine(transport="gloo, loopback, 1 receiver process",
                    bucket_bytes=DEFAULT_BUCKET_BYTES)  # fmt: skip
-    sender = SyncSender(HOST, 0, world_size=2, backend="gloo", timeout=300)
+    sender = SyncSender(HOST, 0, world_size=2, backend="gloo", timeout=300, key=SYNC_KEY)
     proc = mp.get_context("spawn").Process(target=receiver_main, args=(sender.port,))
     proc.start()
     bench = Bench(sender, args.reps)

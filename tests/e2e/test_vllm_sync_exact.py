@@ -62,6 +62,7 @@ PERTURB_STD = 0.1
 PROMPTS = ["12+34=", "repeat 5821: ", "The cat sat on"]
 NEW_TOKENS = 8
 ENGINE_KEY = "engine-key-for-tests"
+SYNC_KEY = "sync-key-for-tests"
 AUTH = {"Authorization": f"Bearer {ENGINE_KEY}"}
 MODES = ("merged", "adapter")
 MAX_MEAN_LOGPROB_GAP = 1e-3
@@ -159,6 +160,7 @@ def running_stack(root: Path, job: LoRARLJob, engine_python: str) -> Iterator[St
         **with_engine_key(engine_c.env, ENGINE_KEY),
     }
     sidecar_env = {**common, "LORARL_ADAPTER_DIR": str(adapters), "LORARL_SYNC_TIMEOUT": "300",
+                   "LORARL_SYNC_KEY": SYNC_KEY,
                    **with_engine_key(sidecar_c.env, ENGINE_KEY)}  # fmt: skip
     children = [
         Child("engine", _argv(engine_c, engine_python), engine_env, root / "logs" / "engine.log"),
@@ -168,7 +170,7 @@ def running_stack(root: Path, job: LoRARLJob, engine_python: str) -> Iterator[St
     url = f"http://127.0.0.1:{engine_c.ports['engine']}"
     # The publisher hosts the sync store, so it exists before the sidecar dials it.
     publisher = WeightPublisher(sync.address, sync.port, sync.world_size, sync.mode,
-                                backend=sync.backend, timeout_s=300)  # fmt: skip
+                                backend=sync.backend, timeout_s=300, key=SYNC_KEY)  # fmt: skip
     engine = VLLMEngine(url, api_key=ENGINE_KEY)
     try:
         for child in children:

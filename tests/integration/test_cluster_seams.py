@@ -107,7 +107,8 @@ def claims(j: LoRARLJob) -> list[Obj]:
 def trainer_objects(j: LoRARLJob) -> list[Obj]:
     p = plan(j)
     trainer = probe(builders.pod(p, j, "trainer", 0), "trainer", WRITE_PROGRESS)
-    return [*claims(j), builders.config_map(p), builders.engine_key_secret(p, "key"), trainer]
+    secret = builders.engine_key_secret(p, "key", "sync-key")
+    return [*claims(j), builders.config_map(p), secret, trainer]
 
 
 def test_output_dir_before_and_after_the_fix(cluster: tuple[KubeApi, Kubelet]) -> None:
@@ -184,7 +185,7 @@ def sync_objects(j: LoRARLJob, policy: Obj) -> list[Obj]:
     rollout = probe(builders.pod(p, j, "rollout", 0), "sidecar", RECEIVE)
     rollout = probe(rollout, "engine", IDLE_ENGINE)
     return [*claims(j), builders.service(p), builders.config_map(p),
-            builders.engine_key_secret(p, "key"), policy, trainer, rollout]  # fmt: skip
+            builders.engine_key_secret(p, "key", "sync-key"), policy, trainer, rollout]  # fmt: skip
 
 
 def test_sync_group_under_the_job_network_policy(cluster: tuple[KubeApi, Kubelet]) -> None:

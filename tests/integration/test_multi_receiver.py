@@ -23,6 +23,7 @@ from tests.integration.test_sidecar import (
     HOST,
     LEAVES,
     RANK,
+    SYNC_KEY,
     Rollout,
     assert_serves,
     lora_tensors,
@@ -74,7 +75,7 @@ def cluster(request, tmp_path_factory) -> Iterator[Cluster]:
     try:
         sync = rollout.plan.sync
         publisher = WeightPublisher(
-            HOST, sync.port, sync.world_size, "merged", backend="gloo", timeout_s=60
+            HOST, sync.port, sync.world_size, "merged", backend="gloo", timeout_s=60, key=SYNC_KEY
         )
         base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
         model = get_peft_model(

@@ -22,7 +22,7 @@ from peft import LoraConfig, get_peft_model, set_peft_model_state_dict
 from transformers import AutoModelForCausalLM
 
 from lorarl.api.validation import load_job_file
-from lorarl.local.env_refs import with_engine_key
+from lorarl.local.env_refs import with_job_keys
 from lorarl.local.ports import free_port_block
 from lorarl.local.processes import Child
 from lorarl.plan import JobPlan, LocalAddressing, plan
@@ -35,6 +35,7 @@ HOST = "127.0.0.1"
 RANK, ALPHA = 4, 8.0
 PROMPT = [5, 17, 30, 42, 8, 61, 3]
 ENGINE_KEY = "engine-key-for-tests"
+SYNC_KEY = "sync-key-for-tests"
 N_TOKENS = 8
 LEAVES = LINEAR_PARENTS
 MODULES = tuple(linear_modules(LEAVES))
@@ -177,7 +178,7 @@ def start_rollout(
             Child(
                 name=f"{replica.name}-engine",
                 argv=[engine_python, *engine.command[1:]] if engine_python else test_engine,
-                env={**env, **with_engine_key(engine.env, ENGINE_KEY)},
+                env={**env, **with_job_keys(engine.name, engine.env, ENGINE_KEY, SYNC_KEY)},
                 log_path=run_dir / "logs" / f"{replica.name}-engine.log",
             )
         )
@@ -187,7 +188,7 @@ def start_rollout(
                 argv=[sys.executable, *sidecar.command[1:]],
                 env={
                     **env,
-                    **with_engine_key(sidecar.env, ENGINE_KEY),
+                    **with_job_keys(sidecar.name, sidecar.env, ENGINE_KEY, SYNC_KEY),
                     "LORARL_SYNC_TIMEOUT": "60",
                 },
                 log_path=run_dir / "logs" / f"{replica.name}-sidecar.log",
@@ -283,7 +284,12 @@ def pod(request, tmp_path_factory) -> Iterator[Pod]:
     sender = None
     try:
         sender = SyncSender(
-            HOST, rollout.plan.sync.port, rollout.plan.sync.world_size, backend="gloo", timeout=60
+            HOST,
+            rollout.plan.sync.port,
+            rollout.plan.sync.world_size,
+            backend="gloo",
+            timeout=60,
+            key=SYNC_KEY,
         )
         wait_ready(rollout)
         yield Pod(rollout, sender, model_dir, mode, peft_greedy(model_dir, None))

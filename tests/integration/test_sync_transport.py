@@ -11,11 +11,13 @@ import time
 import pytest
 import torch
 
-from lorarl.sync.buckets import SyncHeader, pack
+from lorarl.sync.auth import bucket_digest
+from lorarl.sync.buckets import Bucket, SyncHeader, pack
 from lorarl.sync.errors import SyncClosed, SyncTransportError
 from lorarl.sync.transport import SyncReceiver, SyncSender
 
 HOST = "127.0.0.1"
+KEY = "test-sync-key"
 BUCKET_BYTES = 16 * 1024
 MODULES = tuple(f"model.layers.{i}.self_attn.{p}" for i in range(3) for p in ("q_proj", "v_proj"))
 
@@ -25,7 +27,7 @@ pytestmark = pytest.mark.timeout(90)
 def receiver_main(port, rank, world_size, reject_versions, crash_after, results):
     """A scripted sidecar: records every update as raw bytes, acks, reports when closed."""
     records = []
-    receiver = SyncReceiver(HOST, port, rank, world_size, backend="gloo", timeout=20)
+    receiver = SyncReceiver(HOST, port, rank, world_size, backend="gloo", timeout=20, key=KEY)
     while True:
         try:
             header, tensors = receiver.recv(timeout=60)
@@ -105,7 +107,7 @@ def ctx():
 def test_three_versions_reach_three_receivers_bit_identical(ctx):
     results = ctx.Queue()
     sender = SyncSender(
-        HOST, 0, world_size=4, backend="gloo", timeout=30, bucket_bytes=BUCKET_BYTES
+        HOST, 0, world_size=4, backend="gloo", timeout=30, bucket_bytes=BUCKET_BYTES, key=KEY
     )
     procs = [
         start(ctx, results, sender.port, rank, 4, reject=(2,) if rank == 3 else ())
@@ -117,7 +119,11 @@ def test_three_versions_reach_three_receivers_bit_identical(ctx):
         sent[version] = as_bytes(tensors)
         result = sender.send(tensors, make_header(version))
         expected_buckets = pack(tensors, BUCKET_BYTES)
-        header_len = len(make_header(version).with_buckets(expected_buckets).to_bytes())
+        signed = [  # every bucket's SHA-256 rides in the header, and a 32-byte MAC before it
+            Bucket(b.spec.model_copy(update={"sha256": bucket_digest(b.buffer)}), b.buffer)
+            for b in expected_buckets
+        ]
+        header_len = 32 + len(make_header(version).with_buckets(signed).to_bytes())
         assert result.version == version and result.generation == 0
         assert result.stats.buckets == len(expected_buckets) >= 2
         assert result.stats.bytes == 8 + header_len + sum(b.spec.nbytes for b in expected_buckets)
@@ -146,7 +152,7 @@ def test_three_versions_reach_three_receivers_bit_identical(ctx):
 def test_restarted_receiver_rejoins_and_gets_latest(ctx):
     results = ctx.Queue()
     sender = SyncSender(
-        HOST, 0, world_size=3, backend="gloo", timeout=20, bucket_bytes=BUCKET_BYTES
+        HOST, 0, world_size=3, backend="gloo", timeout=20, bucket_bytes=BUCKET_BYTES, key=KEY
     )
     port = sender.port
     healthy = start(ctx, results, port, 1, 3)

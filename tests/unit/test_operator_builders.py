@@ -37,7 +37,7 @@ def everything(j, p) -> list[dict[str, Any]]:
     objs = [
         builders.service(p),
         builders.config_map(p),
-        builders.engine_key_secret(p, "k"),
+        builders.engine_key_secret(p, "k", "s"),
         builders.network_policy(p, "lorarl-system"),
     ]
     objs += [builders.pod(p, j, role.role, r.index) for role in p.roles for r in role.replicas]
@@ -236,13 +236,15 @@ def test_service_config_and_secret() -> None:
     assert cm["metadata"]["name"] == "quickstart-config"
     assert yaml.safe_load(cm["data"]["job.yaml"]) == p.config
     assert parse_job(yaml.safe_load(cm["data"]["job.yaml"])).spec == j.spec
-    secret = builders.engine_key_secret(p, "s3cr3t")
+    secret = builders.engine_key_secret(p, "s3cr3t", "sync-s3cr3t")
     assert (secret["metadata"]["name"], secret["stringData"]) == (
         "quickstart-engine-key",
-        {"api-key": "s3cr3t"},
+        {"api-key": "s3cr3t", "sync-key": "sync-s3cr3t"},
     )
     with pytest.raises(ValueError, match="must not be empty"):
-        builders.engine_key_secret(p, "")
+        builders.engine_key_secret(p, "", "s")
+    with pytest.raises(ValueError, match="sync key: must not be empty"):
+        builders.engine_key_secret(p, "k", "")
 
 
 def _admits(policy: dict[str, Any], ns: str, labels: dict[str, str], port: int) -> bool:

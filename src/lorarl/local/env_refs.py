@@ -9,7 +9,9 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
+from lorarl.api.workloads import SYNC_KEY_ENV
 from lorarl.plan.engines import ENGINE_API_KEY_ENV
+from lorarl.sync.protocol import SYNC_KEY_CONTAINERS
 
 _REFERENCE = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
 
@@ -34,3 +36,12 @@ def with_engine_key(env: Mapping[str, str], key: str) -> dict[str, str]:
     first, then the plan's values with references to it expanded."""
     defined = {ENGINE_API_KEY_ENV: key}
     return {**defined, **expand_env(env, defined)}
+
+
+def with_job_keys(container: str, env: Mapping[str, str], engine_key: str, sync_key: str) -> dict:
+    """`with_engine_key`, plus the job's sync key for the sync's two ends (trainer, sidecar),
+    as the operator's Secret gives it to their pods."""
+    out = with_engine_key(env, engine_key)
+    if container in SYNC_KEY_CONTAINERS:
+        out[SYNC_KEY_ENV] = sync_key
+    return out

@@ -24,10 +24,12 @@ import yaml
 
 from lorarl.api.job import LoRARLJob
 from lorarl.api.progress import Progress
-from lorarl.local.env_refs import expand, with_engine_key
+from lorarl.api.workloads import SYNC_KEY_ENV
+from lorarl.local.env_refs import expand, with_job_keys
 from lorarl.local.ports import free_port_block
 from lorarl.local.processes import Child
 from lorarl.plan import ContainerPlan, JobPlan, LocalAddressing, ReplicaPlan, plan
+from lorarl.sync.protocol import SYNC_KEY_CONTAINERS
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +107,8 @@ class LocalRun:
         self._http = httpx.Client(timeout=2.0)
         # What the operator keeps in the job's Secret: engines only answer requests that carry it.
         self.engine_api_key = secrets.token_urlsafe(32)
+        # And the key that signs the weight-sync channel (trainer and sidecars only).
+        self.sync_key = secrets.token_urlsafe(32)
 
     # ------------------------------------------------------------------ setup
 
@@ -150,10 +154,12 @@ class LocalRun:
             "LORARL_ADAPTER_DIR": str(self.run_dir / "adapters" / replica.name),
             "PYTHONUNBUFFERED": "1",
             **self._threads(container),
-            **with_engine_key(container.env, self.engine_api_key),
+            **with_job_keys(container.name, container.env, self.engine_api_key, self.sync_key),
             **self._user_env(container),
             **self.extra_env,
         }
+        if container.name not in SYNC_KEY_CONTAINERS:  # not even one inherited from our shell
+            env.pop(SYNC_KEY_ENV, None)
         argv = [expand(arg, env) for arg in argv]
         return Child(
             name=name,

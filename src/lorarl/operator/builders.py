@@ -13,10 +13,12 @@ import yaml
 
 from lorarl.api.job import LoRARLJob
 from lorarl.api.k8s import ResourceRequirements
+from lorarl.api.workloads import SYNC_KEY_ENV
 from lorarl.plan.addressing import CLUSTER_PORTS
 from lorarl.plan.build import CONFIG_FILE
 from lorarl.plan.engines import ENGINE_API_KEY_ENV
 from lorarl.plan.model import ContainerPlan, JobPlan, ReplicaPlan, RolePlan, VolumePlan
+from lorarl.sync.protocol import SYNC_KEY_CONTAINERS
 
 Obj = dict[str, Any]
 
@@ -26,6 +28,7 @@ INDEX_LABEL = "lorarl.dev/replica-index"
 ATTEMPT_LABEL = "lorarl.dev/attempt"
 MANAGED_BY = ("app.kubernetes.io/managed-by", "lorarl-operator")
 API_KEY_KEY = "api-key"
+SYNC_KEY_KEY = "sync-key"  # in the same Secret: signs the weight-sync channel
 RUN_AS = 10001
 TMP_DIR = "/tmp"
 
@@ -91,15 +94,18 @@ def config_map(plan: JobPlan) -> Obj:
     }
 
 
-def engine_key_secret(plan: JobPlan, api_key: str) -> Obj:
+def engine_key_secret(plan: JobPlan, api_key: str, sync_key: str) -> Obj:
+    """The job's keys: the engines' API key and the weight-sync channel's HMAC key."""
     if not api_key:
         raise ValueError("engine API key: must not be empty")
+    if not sync_key:
+        raise ValueError("sync key: must not be empty")
     return {
         "apiVersion": "v1",
         "kind": "Secret",
         "type": "Opaque",
         "metadata": _meta(plan, secret_name(plan.name)),
-        "stringData": {API_KEY_KEY: api_key},
+        "stringData": {API_KEY_KEY: api_key, SYNC_KEY_KEY: sync_key},
     }
 
 
@@ -234,6 +240,15 @@ def _container(plan: JobPlan, c: ContainerPlan, *, engine_key: bool = True) -> O
             }
         )
     env += [{"name": k, "value": v} for k, v in c.env.items()]
+    if engine_key and c.name in SYNC_KEY_CONTAINERS:  # the sync's two ends, never the reward pod
+        env.append(
+            {
+                "name": SYNC_KEY_ENV,
+                "valueFrom": {
+                    "secretKeyRef": {"name": secret_name(plan.name), "key": SYNC_KEY_KEY}
+                },
+            }
+        )
     # A read-only root filesystem: caches (HF, torch, triton, vLLM) go to the /tmp emptyDir.
     for name, value in (("HOME", TMP_DIR), ("XDG_CACHE_HOME", f"{TMP_DIR}/.cache")):
         if name not in user_names and name not in c.env:

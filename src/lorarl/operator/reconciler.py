@@ -229,7 +229,9 @@ class Reconciler:
                 state.config_hash = _hash(data)
             return
         children = [
-            builders.engine_key_secret(job_plan, secrets.token_urlsafe(32)),
+            builders.engine_key_secret(
+                job_plan, secrets.token_urlsafe(32), sync_key=secrets.token_urlsafe(32)
+            ),
             builders.config_map(job_plan),
             builders.service(job_plan),
             builders.network_policy(job_plan, self.config.operator_namespace),

@@ -22,7 +22,7 @@ from lorarl.jsonhttp import JsonHttpServer
 from lorarl.plan.engines import ENGINE_API_KEY_ENV
 from lorarl.rollout.applier import UpdateApplier
 from lorarl.rollout.engine import EngineError, RolloutEngine
-from lorarl.sync.errors import SyncClosed, SyncTransportError
+from lorarl.sync.errors import SyncClosed, SyncKeyMissing, SyncRefused, SyncTransportError
 
 log = logging.getLogger("lorarl.sidecar")
 
@@ -79,6 +79,10 @@ class Sidecar:
             return False
         except SyncTransportError as exc:
             self._transport_failed(exc)
+            return True
+        except SyncRefused as exc:  # a forged or malformed update: reported, nothing applied
+            self.status.rejected += 1
+            self.status.last_error = str(exc)
             return True
         header, tensors = received.header, received.tensors
         recv_s = time.perf_counter() - t0
@@ -204,12 +208,18 @@ def main(argv: list[str] | None = None) -> int:
         print("lorarl-sidecar: error: --config (or LORARL_CONFIG) is required", file=sys.stderr)
         return 2
     from lorarl.api.validation import ManifestError, load_job_file
+    from lorarl.sync.auth import key_from_env
     from lorarl.sync.transport import SyncReceiver, backend_from_env
 
     try:
         job = load_job_file(args.config)
     except ManifestError as exc:
         print(f"lorarl-sidecar: error: {args.config}: {exc}", file=sys.stderr)
+        return 2
+    try:
+        sync_key = key_from_env()  # before waiting for the engine: no key, no start
+    except SyncKeyMissing as exc:
+        print(f"lorarl-sidecar: error: {exc}", file=sys.stderr)
         return 2
     env = os.environ
     adapter_root = Path(env.get("LORARL_ADAPTER_DIR", "/dev/shm/lorarl")) / job.name
@@ -231,6 +241,7 @@ def main(argv: list[str] | None = None) -> int:
         world_size=int(env["LORARL_SYNC_WORLD_SIZE"]),
         backend=backend_from_env(env),  # the plan's choice: the trainer uses the same
         timeout=float(env.get("LORARL_SYNC_TIMEOUT", "600")),
+        key=sync_key,
     )
     sidecar = Sidecar(applier, receiver, engine)
     sidecar.status.engine_healthy = True

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Annotated, Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -42,7 +42,7 @@ class TensorEntry(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     name: str
-    shape: tuple[int, ...]
+    shape: tuple[Annotated[int, Field(ge=0)], ...]
     dtype: str
     offset: int = Field(ge=0)
     numel: int = Field(ge=0)
@@ -68,6 +68,7 @@ class BucketSpec(BaseModel):
 
     nbytes: int = Field(ge=0)
     entries: tuple[TensorEntry, ...]
+    sha256: str = ""  # of the bucket's bytes; the transport fills it in and checks it
 
 
 class SyncHeader(BaseModel):
@@ -173,17 +174,56 @@ def unpack(
             f"bucket buffer must be 1-D uint8, got {buffer.dtype} {tuple(buffer.shape)}"
         )
     out: dict[str, torch.Tensor] = {}
+    problems = _entry_problems(entries, buffer.numel())
+    if problems:
+        raise UpdateValidationError("; ".join(problems))
     for e in entries:
-        if math.prod(e.shape) != e.numel:
-            raise UpdateValidationError(f"{e.name!r}: shape {e.shape} != {e.numel} values")
         end = e.offset + e.nbytes
-        if end > buffer.numel():
-            raise UpdateValidationError(
-                f"{e.name!r}: bytes [{e.offset}, {end}) exceed the bucket ({buffer.numel()} bytes)"
-            )
         t = buffer[e.offset : end].view(e.torch_dtype).view(e.shape)
         out[e.name] = t.clone() if copy else t
     return out
+
+
+def _entry_problems(entries: Sequence[TensorEntry], nbytes: int) -> list[str]:
+    """Why these entries cannot be views of an `nbytes` bucket: shape, bounds, alignment,
+    overlap. A header that lies must be refused here, not crash a `view()` later."""
+    problems = []
+    spans = []
+    for e in entries:
+        end = e.offset + e.nbytes
+        if math.prod(e.shape) != e.numel:
+            problems.append(f"{e.name!r}: shape {e.shape} != {e.numel} values")
+        elif end > nbytes:
+            problems.append(
+                f"{e.name!r}: bytes [{e.offset}, {end}) exceed the bucket ({nbytes} bytes)"
+            )
+        elif e.offset % e.torch_dtype.itemsize:
+            problems.append(f"{e.name!r}: offset {e.offset} is not a multiple of {e.dtype}'s size")
+        elif e.nbytes:
+            spans.append((e.offset, end, e.name))
+    reach, last = 0, ""  # the furthest byte covered so far, and by which tensor
+    for start, end, name in sorted(spans):
+        if start < reach:
+            problems.append(f"{name!r} overlaps {last!r}")
+        if end > reach:
+            reach, last = end, name
+    return problems
+
+
+def check_layout(header: SyncHeader, max_problems: int = 3) -> None:
+    """Refuse a header whose layout does not fit its own buckets, before any bytes arrive."""
+    problems: list[str] = []
+    names: set[str] = set()
+    for i, spec in enumerate(header.buckets):
+        problems += [f"bucket {i}: {p}" for p in _entry_problems(spec.entries, spec.nbytes)]
+        for e in spec.entries:
+            if e.name in names:
+                problems.append(f"{e.name!r} appears twice")
+            names.add(e.name)
+    if problems:
+        shown = "; ".join(problems[:max_problems])
+        more = f" (and {len(problems) - max_problems} more)" if len(problems) > max_problems else ""
+        raise UpdateValidationError(f"update v{header.version}: bad layout: {shown}{more}")
 
 
 def unpack_all(

@@ -33,3 +33,12 @@ class SyncTransportError(SyncError, RuntimeError):
 
 class SyncClosed(SyncError):
     """The sender closed the sync channel; no more updates will come."""
+
+
+class SyncKeyMissing(SyncError):
+    """The job's sync key (LORARL_SYNC_KEY) is not set: the channel cannot be authenticated."""
+
+
+class SyncRefused(SyncError):
+    """An update was refused before it reached the engine (bad MAC, lying header, digest
+    mismatch); the receiver has reported why and keeps serving."""

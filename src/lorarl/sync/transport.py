@@ -16,8 +16,15 @@ the newcomer catches up at once. A collective failure (peer died) drops the grou
 the next operation re-forms it. Re-forming waits until *all* `world_size` receivers join (gloo
 worlds are fixed), bounded by `timeout`; the operator's job is to restart the missing pod.
 
-Protocol of one operation n (announcement `ctl/announce/<n>` = {"op", "generation"}):
-  sync:  [form group if new generation] -> broadcast header length (int64) -> header JSON
+Trust: the store has no access control, so every announcement, control value and header is
+signed with the job's key (`sync.auth`) and every bucket's SHA-256 is in the signed header. A
+store value that does not verify is logged and ignored (the genuine one may still come); a header
+that does not verify makes the receiver leave the group (it cannot follow the rest of the
+operation) and report why under `ctl/nack/<n>/<rank>`; a signed header whose layout or digests do
+not fit its buckets is nacked in-band. Nothing a peer sends crashes a receiver.
+
+Protocol of one operation n (announcement `ctl/announce/<n>` = signed {"op", "generation", "seq"}):
+  sync:  [form group if new generation] -> broadcast header length (int64) -> MAC + header JSON
          (uint8) -> one broadcast per bucket (uint8) -> all_gather acks (fixed-size uint8).
   close: receivers bump `ctl/closed/<n>` and stop.
 """
@@ -25,193 +32,57 @@ Protocol of one operation n (announcement `ctl/announce/<n>` = {"op", "generatio
 from __future__ import annotations
 
 import contextlib
-import json
-import struct
+import logging
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass
-from datetime import timedelta
-from typing import Any, NamedTuple
+from typing import NoReturn
 
 import torch
-import torch.distributed as dist
+from pydantic import ValidationError
 
-from lorarl.sync.buckets import Bucket, SyncHeader, pack, unpack_all
-from lorarl.sync.errors import SyncClosed, SyncError, SyncTransportError
+from lorarl.sync.auth import Announcement, BadMessage, Signer, bucket_digest, resolve_key
+from lorarl.sync.buckets import Bucket, SyncHeader, check_layout, pack, unpack_all
+from lorarl.sync.errors import (
+    SyncClosed,
+    SyncError,
+    SyncRefused,
+    SyncTransportError,
+    UpdateValidationError,
+)
+from lorarl.sync.group import (
+    DEFAULT_BUCKET_BYTES,
+    Endpoint,
+    Received,
+    SyncResult,
+    TransferStats,
+    backend_from_env,
+    decode_ack,
+    device_for,
+    encode_ack,
+)
+from lorarl.sync.store import connect_store, host_store
 
-STORE_PREFIX = "lorarl-sync"
-DEFAULT_BUCKET_BYTES = 64 * 1024 * 1024
-ACK_BYTES = 1024
-_ACK_HEAD = struct.Struct("<qBH")  # version, ok, message length
-_MAX_MESSAGE = ACK_BYTES - _ACK_HEAD.size
+__all__ = [
+    "DEFAULT_BUCKET_BYTES",
+    "MAX_HEADER_BYTES",
+    "Received",
+    "SyncReceiver",
+    "SyncResult",
+    "SyncSender",
+    "backend_from_env",
+    "device_for",
+]
 
+log = logging.getLogger("lorarl.sync")
 
-@dataclass(frozen=True)
-class Ack:
-    rank: int
-    version: int
-    ok: bool
-    message: str = ""
-
-
-@dataclass(frozen=True)
-class TransferStats:
-    bytes: int  # header + buckets, as broadcast
-    seconds: float
-    buckets: int
-
-
-@dataclass(frozen=True)
-class SyncResult:
-    version: int
-    generation: int
-    acks: tuple[Ack, ...]
-    stats: TransferStats
-
-    @property
-    def ok(self) -> bool:
-        return all(a.ok and a.version == self.version for a in self.acks)
-
-    @property
-    def failed(self) -> list[Ack]:
-        return [a for a in self.acks if not (a.ok and a.version == self.version)]
-
-
-class Received(NamedTuple):
-    header: SyncHeader
-    tensors: dict[str, torch.Tensor]
-
-
-@dataclass
-class _GroupState:
-    generation: int = -1
-    pg: Any = None
-
-
-BACKENDS = ("gloo", "nccl")
-BACKEND_ENV = "LORARL_SYNC_BACKEND"
-
-
-def backend_from_env(env: Mapping[str, str]) -> str:
-    """The backend the plan chose for this job's sync group (`LORARL_SYNC_BACKEND`). Both ends
-    of one group must agree, so it is never guessed from the local hardware: a sidecar without a
-    GPU next to a trainer with one would pick differently."""
-    backend = env.get(BACKEND_ENV)
-    if backend not in BACKENDS:
-        raise SyncError(f"{BACKEND_ENV} must be one of {', '.join(BACKENDS)} (got {backend!r})")
-    return backend
-
-
-def device_for(backend: str, device: torch.device | str | None = None) -> torch.device:
-    """Where the group's buffers live: gloo moves CPU tensors, NCCL only CUDA tensors (an NCCL
-    group rejects a CPU tensor). With gloo the trainer's CUDA tensors are staged through host
-    memory when they are packed."""
-    if backend not in BACKENDS:
-        raise SyncError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
-    if device is not None:
-        return torch.device(device)
-    if backend == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
-
-
-def _new_backend(
-    store: dist.Store,
-    generation: int,
-    rank: int,
-    world_size: int,
-    backend: str,
-    timeout: timedelta,
-) -> Any:
-    """Build a standalone backend; blocks until all ranks of this generation rendezvous."""
-    prefix = dist.PrefixStore(f"{STORE_PREFIX}/gen{generation}", store)
-    if backend == "gloo":
-        return dist.ProcessGroupGloo(prefix, rank, world_size, timeout)
-    if backend == "nccl":
-        if not dist.is_nccl_available():
-            raise SyncError("backend 'nccl' requested but this torch build has no NCCL")
-        opts = dist.ProcessGroupNCCL.Options()
-        opts._timeout = timeout
-        opts.is_high_priority_stream = False
-        return dist.ProcessGroupNCCL(prefix, rank, world_size, opts)
-    raise SyncError(f"backend must be 'gloo' or 'nccl', got {backend!r}")
-
-
-def _shutdown(pg: Any) -> None:
-    """Close sockets now so peers see a closed connection instead of waiting for a timeout."""
-    if pg is None:
-        return
-    with contextlib.suppress(RuntimeError, AttributeError):
-        pg.shutdown()
-
-
-def encode_ack(version: int, ok: bool, message: str, device: torch.device) -> torch.Tensor:
-    raw = message.encode()[:_MAX_MESSAGE]
-    data = _ACK_HEAD.pack(version, int(ok), len(raw)) + raw
-    buf = torch.zeros(ACK_BYTES, dtype=torch.uint8)
-    buf[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
-    return buf.to(device)
-
-
-def decode_ack(rank: int, buf: torch.Tensor) -> Ack:
-    data = bytes(buf.cpu().tolist())
-    version, ok, length = _ACK_HEAD.unpack_from(data)
-    start = _ACK_HEAD.size
-    return Ack(rank, version, bool(ok), data[start : start + length].decode(errors="replace"))
-
-
-class _Endpoint:
-    """Store connection, control keys and the current group, shared by both sides."""
-
-    def __init__(
-        self,
-        store: dist.Store,
-        rank: int,
-        world_size: int,
-        backend: str,
-        timeout: float,
-        device: torch.device | str | None,
-    ):
-        if world_size < 1 or not 0 <= rank < world_size:
-            raise ValueError(f"rank {rank} must be in [0, world_size={world_size})")
-        self.store = store
-        self.ctl = dist.PrefixStore(f"{STORE_PREFIX}/ctl", store)
-        self.rank, self.world_size, self.backend = rank, world_size, backend
-        self.timeout = timedelta(seconds=timeout)
-        self.device = device_for(backend, device)
-        self.group = _GroupState()
-
-    def form(self, generation: int) -> None:
-        self.drop()
-        try:
-            pg = _new_backend(
-                self.store, generation, self.rank, self.world_size, self.backend, self.timeout
-            )
-        except RuntimeError as exc:
-            raise SyncTransportError(
-                f"rank {self.rank}: could not form sync group generation {generation} of "
-                f"{self.world_size} ranks: {exc}"
-            ) from exc
-        self.group = _GroupState(generation, pg)
-
-    def drop(self) -> None:
-        _shutdown(self.group.pg)
-        self.group = _GroupState()
-
-    def broadcast(self, tensor: torch.Tensor) -> None:
-        self.group.pg.broadcast(tensor, 0).wait()
-
-    def all_gather_acks(self, mine: torch.Tensor) -> list[torch.Tensor]:
-        out = [torch.empty_like(mine) for _ in range(self.world_size)]
-        self.group.pg.allgather([out], [mine]).wait()
-        return out
-
-    def get_int(self, key: str, default: int) -> int:
-        return int(self.ctl.get(key)) if self.ctl.check([key]) else default
+MAX_HEADER_BYTES = 16 * 1024 * 1024  # ~100x a 70B model's all-linear LoRA header
+MAX_NACK_CHARS = 300
+MAX_SCAN = 1_000_000  # announcements a receiver walks when the store's pointers are poisoned
 
 
 class SyncSender:
-    """Trainer rank 0: hosts the store (port 0 picks a free port) and broadcasts updates."""
+    """Trainer rank 0: hosts the store (port 0 picks a free port) and broadcasts updates.
+
+    `key` is the job's sync key; None reads `LORARL_SYNC_KEY` (a missing key is an error)."""
 
     def __init__(
         self,
@@ -222,12 +93,12 @@ class SyncSender:
         timeout: float = 120.0,
         device: torch.device | str | None = None,
         bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+        key: str | bytes | None = None,
     ):
-        device_for(backend, device or "cpu")  # a bad backend fails before the store binds
-        store = dist.TCPStore(
-            host, port, None, True, timedelta(seconds=timeout), wait_for_workers=False
-        )
-        self._ep = _Endpoint(store, 0, world_size, backend, timeout, device)
+        device_for(backend, device or "cpu")  # a bad backend or key fails before the store binds
+        self._signer = Signer(resolve_key(key))
+        store = host_store(host, port, timeout)
+        self._ep = Endpoint(store, 0, world_size, backend, timeout, device)
         self.bucket_bytes = bucket_bytes
         self._seq = -1
         self._next_generation = 0
@@ -243,11 +114,22 @@ class SyncSender:
         return self._ep.group.generation
 
     def rejoin_requested(self) -> bool:
-        return int(self._ep.ctl.add("rejoin", 0)) != self._rejoin_seen
+        return self._rejoin_count() != self._rejoin_seen
+
+    def _rejoin_count(self) -> int:
+        try:
+            return int(self._ep.ctl.add("rejoin", 0))
+        except (RuntimeError, ValueError):  # not a counter any more: someone overwrote it
+            log.warning("sync store key 'rejoin' was overwritten; resetting it")
+            self._ep.ctl.set("rejoin", str(self._rejoin_seen + 1))
+            return self._rejoin_seen + 1
 
     def send(self, tensors: dict[str, torch.Tensor], header: SyncHeader) -> SyncResult:
         """Pack, broadcast and collect one ack per receiver (rank order 1..N)."""
-        buckets = pack(tensors, self.bucket_bytes, device=self._ep.device)
+        buckets = [
+            Bucket(b.spec.model_copy(update={"sha256": bucket_digest(b.buffer)}), b.buffer)
+            for b in pack(tensors, self.bucket_bytes, device=self._ep.device)
+        ]
         return self._send_packed(header.with_buckets(buckets), buckets)
 
     def service_rejoin(self) -> SyncResult | None:
@@ -259,7 +141,7 @@ class SyncSender:
     def close(self, wait: float = 5.0) -> None:
         """Tell receivers to stop; wait (bounded) until they read it: the store dies with us."""
         ep = self._ep
-        seq = self._announce({"op": "close", "generation": ep.group.generation})
+        seq = self._announce("close", ep.group.generation)
         ep.drop()
         deadline = time.monotonic() + wait
         while time.monotonic() < deadline:
@@ -267,11 +149,23 @@ class SyncSender:
                 break
             time.sleep(0.01)
 
-    def _announce(self, message: dict[str, Any]) -> int:
+    def _announce(self, op: str, generation: int) -> int:
         self._seq += 1
-        self._ep.ctl.set(f"announce/{self._seq}", json.dumps(message))
-        self._ep.ctl.set("seq", str(self._seq))
+        self._ep.ctl.set(
+            f"announce/{self._seq}", self._signer.announcement(op, generation, self._seq)
+        )
+        self._ep.ctl.set("seq", self._signer.value("seq", self._seq))
         return self._seq
+
+    def _nacks(self, seq: int) -> str:
+        """What receivers that left operation `seq` said (diagnostics only: not authenticated)."""
+        said = []
+        for rank in range(1, self._ep.world_size):
+            with contextlib.suppress(RuntimeError):
+                if self._ep.ctl.check([f"nack/{seq}/{rank}"]):
+                    reason = self._ep.ctl.get(f"nack/{seq}/{rank}")[:MAX_NACK_CHARS]
+                    said.append(f"sidecar {rank}: {reason.decode(errors='replace')}")
+        return f" ({'; '.join(said)})" if said else ""
 
     def _send_packed(self, header: SyncHeader, buckets: list[Bucket]) -> SyncResult:
         ep = self._ep
@@ -282,17 +176,17 @@ class SyncSender:
             self._next_generation += 1
         else:
             generation = ep.group.generation
-        self._announce({"op": "sync", "generation": generation})
+        seq = self._announce("sync", generation)
         if need_group:
             ep.form(generation)
-            ep.ctl.set("formed", str(generation))
+            ep.ctl.set("formed", self._signer.value("formed", generation))
             # Read after forming: every request made until now came from a rank that is in the
             # new group (formation needs all ranks), so it is served.
-            self._rejoin_seen = int(ep.ctl.add("rejoin", 0))
-        header_bytes = header.to_bytes()
+            self._rejoin_seen = self._rejoin_count()
+        sealed = self._signer.seal_header(header.to_bytes(), generation, seq)
         try:
-            ep.broadcast(torch.tensor([len(header_bytes)], dtype=torch.int64, device=ep.device))
-            ep.broadcast(torch.frombuffer(bytearray(header_bytes), dtype=torch.uint8).to(ep.device))
+            ep.broadcast(torch.tensor([len(sealed)], dtype=torch.int64, device=ep.device))
+            ep.broadcast(torch.frombuffer(bytearray(sealed), dtype=torch.uint8).to(ep.device))
             for bucket in buckets:
                 ep.broadcast(bucket.buffer)
             mine = encode_ack(header.version, True, "", ep.device)
@@ -300,11 +194,11 @@ class SyncSender:
         except RuntimeError as exc:
             ep.drop()
             raise SyncTransportError(
-                f"sync v{header.version} failed in generation {generation}: {exc}"
+                f"sync v{header.version} failed in generation {generation}: {exc}{self._nacks(seq)}"
             ) from exc
         self._latest = (header, buckets)
         stats = TransferStats(
-            bytes=8 + len(header_bytes) + sum(b.spec.nbytes for b in buckets),
+            bytes=8 + len(sealed) + sum(b.spec.nbytes for b in buckets),
             seconds=time.perf_counter() - start,
             buckets=len(buckets),
         )
@@ -313,7 +207,9 @@ class SyncSender:
 
 
 class SyncReceiver:
-    """A sidecar: waits for announcements on the sender's store and receives updates."""
+    """A sidecar: waits for announcements on the sender's store and receives updates.
+
+    `key` is the job's sync key; None reads `LORARL_SYNC_KEY` (a missing key is an error)."""
 
     def __init__(
         self,
@@ -325,22 +221,26 @@ class SyncReceiver:
         timeout: float = 120.0,
         device: torch.device | str | None = None,
         poll_interval: float = 0.05,
+        key: str | bytes | None = None,
     ):
         if rank == 0:
             raise ValueError("rank 0 is the sender; receivers are ranks 1..world_size-1")
         device_for(backend, device or "cpu")
-        try:
-            store = dist.TCPStore(host, port, None, False, timedelta(seconds=timeout))
-        except RuntimeError as exc:
-            raise SyncTransportError(f"cannot reach sync store {host}:{port}: {exc}") from exc
-        self._ep = _Endpoint(store, rank, world_size, backend, timeout, device)
+        self._signer = Signer(resolve_key(key))
+        store = connect_store(host, port, timeout)
+        self._ep = Endpoint(store, rank, world_size, backend, timeout, device)
         self.poll_interval = poll_interval
         self._pending_version: int | None = None
+        self._ignored: dict[int, bytes] = {}  # announcement seq -> the bad value last logged
         self.last_stats: TransferStats | None = None
+        try:
+            formed, seq = self._read_value("formed"), self._read_value("seq")
+        except BadMessage as exc:
+            log.warning("sync store pointers do not verify (%s); scanning announcements", exc)
+            formed, seq = self._scan()
         # Generations formed before we (re)started already hold our rank's old incarnation.
-        formed = self._ep.get_int("formed", -1)
         self._min_generation = formed + 1
-        self._next_seq = max(self._ep.get_int("seq", 0), 0)
+        self._next_seq = max(seq, 0)
         if formed >= 0:
             self._ep.ctl.add("rejoin", 1)
 
@@ -349,22 +249,22 @@ class SyncReceiver:
         return self._ep.group.generation
 
     def recv(self, timeout: float | None = None) -> Received:
-        """Block until the next update; raises SyncClosed when the sender closes."""
+        """Block until the next update; raises SyncClosed when the sender closes, SyncRefused
+        when an update was refused (already reported to the sender; call recv() again)."""
         if self._pending_version is not None:
             raise SyncError(f"ack() version {self._pending_version} before receiving the next one")
         ep = self._ep
         while True:
-            message = self._wait_announcement(timeout)
-            if message["op"] == "close":
+            op, generation, seq = self._wait_announcement(timeout)
+            if op == "close":
                 ep.drop()
-                ep.ctl.add(f"closed/{self._next_seq - 1}", 1)
+                ep.ctl.add(f"closed/{seq}", 1)
                 raise SyncClosed("sender closed the sync channel")
-            generation = int(message["generation"])
             if generation < self._min_generation:
                 continue  # formed before we joined; our rank there is a dead incarnation
             if generation != ep.group.generation:
                 ep.form(generation)
-            return self._receive_update()
+            return self._receive_update(generation, seq)
 
     def ack(self, version: int, ok: bool = True, message: str = "") -> None:
         """Report the outcome of the last update; the sender's send() returns once all ack."""
@@ -381,19 +281,27 @@ class SyncReceiver:
     def close(self) -> None:
         self._ep.drop()
 
-    def _receive_update(self) -> Received:
+    def _receive_update(self, generation: int, seq: int) -> Received:
         ep = self._ep
         start = time.perf_counter()
+        problem = None
         try:
             length = torch.zeros(1, dtype=torch.int64, device=ep.device)
             ep.broadcast(length)
-            raw = torch.empty(int(length.item()), dtype=torch.uint8, device=ep.device)
+            size = int(length.item())
+            if not 0 < size <= MAX_HEADER_BYTES:
+                self._leave(generation, seq, f"header length {size} outside 1..{MAX_HEADER_BYTES}")
+            raw = torch.empty(size, dtype=torch.uint8, device=ep.device)
             ep.broadcast(raw)
-            header = SyncHeader.from_bytes(bytes(raw.cpu().numpy()))
+            header = self._open_header(bytes(raw.cpu().numpy()), generation, seq)
+            try:
+                check_layout(header)
+            except UpdateValidationError as exc:
+                problem = str(exc)
             buffers = []
-            for spec in header.buckets:
-                buf = torch.empty(spec.nbytes, dtype=torch.uint8, device=ep.device)
-                ep.broadcast(buf)
+            for spec in header.buckets:  # sizes are signed: received even when refused, so
+                buf = torch.empty(spec.nbytes, dtype=torch.uint8, device=ep.device)  # the
+                ep.broadcast(buf)  # group stays in step and the refusal goes back as a nack
                 buffers.append(buf)
         except RuntimeError as exc:
             self._fail(exc)
@@ -403,9 +311,44 @@ class SyncReceiver:
             buckets=len(buffers),
         )
         self._pending_version = header.version
-        return Received(header, unpack_all(buffers, header))
+        tensors = {}
+        if problem is None:
+            problem = _digest_problem(header, buffers)
+        if problem is None:
+            try:
+                tensors = unpack_all(buffers, header)
+            except UpdateValidationError as exc:
+                problem = str(exc)
+        if problem is not None:
+            log.error("refused update v%d: %s", header.version, problem)
+            self.ack(header.version, ok=False, message=problem[:900])
+            raise SyncRefused(f"v{header.version}: {problem}")
+        return Received(header, tensors)
 
-    def _fail(self, exc: BaseException) -> None:
+    def _open_header(self, data: bytes, generation: int, seq: int) -> SyncHeader:
+        try:
+            return SyncHeader.from_bytes(self._signer.open_header(data, generation, seq))
+        except BadMessage as exc:
+            reason = str(exc)
+        except ValidationError as exc:  # signed but unparseable: the bucket sizes are unknown
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"]) or "header"
+            reason = f"header does not parse: {where}: {first['msg']}"
+        self._leave(generation, seq, reason)
+
+    def _leave(self, generation: int, seq: int, reason: str) -> NoReturn:
+        """Refuse an operation we cannot follow to its end: say why in the store, leave the
+        group (peers see a closed connection at once) and ask for a new generation."""
+        log.error("refused sync operation %d: %s", seq, reason)
+        with contextlib.suppress(RuntimeError):
+            self._ep.ctl.set(f"nack/{seq}/{self._ep.rank}", reason[:MAX_NACK_CHARS])
+        self._min_generation = max(self._min_generation, generation + 1)
+        self._ep.drop()
+        with contextlib.suppress(RuntimeError):
+            self._ep.ctl.add("rejoin", 1)
+        raise SyncRefused(f"sync operation {seq}: {reason}")
+
+    def _fail(self, exc: BaseException) -> NoReturn:
         """Leave the broken group and ask the sender for a fresh one."""
         generation = self._ep.group.generation
         self._min_generation = generation + 1
@@ -417,19 +360,73 @@ class SyncReceiver:
             f"rank {self._ep.rank}: sync group generation {generation} failed: {exc}"
         ) from exc
 
-    def _wait_announcement(self, timeout: float | None) -> dict[str, Any]:
-        key = f"announce/{self._next_seq}"
+    def _read_value(self, name: str) -> int:
+        """A signed control value; -1 when absent (nothing announced or formed yet)."""
+        ctl = self._ep.ctl
+        return self._signer.open_value(name, ctl.get(name)) if ctl.check([name]) else -1
+
+    def _announcement(self, seq: int) -> Announcement | None:
+        """The verified announcement at `seq`, None if absent; BadMessage if it does not verify."""
+        key = f"announce/{seq}"
+        if not self._ep.ctl.check([key]):
+            return None
+        return self._signer.open_announcement(self._ep.ctl.get(key), seq)
+
+    def _scan(self) -> tuple[int, int]:
+        """(newest generation, newest seq) from the announcements themselves, for when the
+        pointers to them are poisoned: joining any generation seen so far is unsafe."""
+        newest_generation, newest_seq = -1, -1
+        for seq in range(MAX_SCAN):
+            try:
+                found = self._announcement(seq)
+            except BadMessage:
+                continue
+            if found is None:
+                if not self._ep.ctl.check([f"announce/{seq + 1}"]):
+                    break
+                continue
+            newest_generation = max(newest_generation, found.generation)
+            newest_seq = seq
+        return newest_generation, newest_seq
+
+    def _wait_announcement(self, timeout: float | None) -> Announcement:
+        """The next verified announcement. One that does not verify is logged and ignored: the
+        sender's own write may still replace it, and once a verified later one exists, it is
+        skipped (a restarted receiver is never wedged on a poisoned key)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         delay = 0.001
         while True:
+            seq = self._next_seq
             try:
-                if self._ep.ctl.check([key]):
-                    message = json.loads(self._ep.ctl.get(key))
-                    self._next_seq += 1
-                    return message
+                found = self._announcement(seq)
+            except BadMessage as exc:
+                found = None
+                self._log_ignored(seq, exc)
+                with contextlib.suppress(BadMessage, RuntimeError):
+                    if self._announcement(seq + 1) is not None:
+                        self._next_seq += 1
+                        continue
             except RuntimeError as exc:
                 raise SyncTransportError(f"sync store unreachable: {exc}") from exc
+            if found is not None:
+                self._next_seq += 1
+                return found
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError(f"no sync announcement within {timeout} s")
             time.sleep(delay)
             delay = min(delay * 2, self.poll_interval)
+
+    def _log_ignored(self, seq: int, exc: BadMessage) -> None:
+        reason = str(exc).encode()
+        if self._ignored.get(seq) != reason:  # once per distinct bad value, not every poll
+            self._ignored = {seq: reason}
+            log.warning("ignored sync announcement %d: %s", seq, exc)
+
+
+def _digest_problem(header: SyncHeader, buffers: list[torch.Tensor]) -> str | None:
+    for i, (spec, buf) in enumerate(zip(header.buckets, buffers, strict=True)):
+        if not spec.sha256:
+            return f"bucket {i} has no SHA-256 in the header"
+        if bucket_digest(buf) != spec.sha256:
+            return f"bucket {i}: SHA-256 of the received bytes does not match the header"
+    return None

@@ -7,13 +7,22 @@ import logging
 import os
 import sys
 
+from lorarl.sync.auth import key_from_env
+from lorarl.sync.errors import SyncKeyMissing
 from lorarl.trainer.checkpoint import CheckpointError
 from lorarl.trainer.data import DataError
 from lorarl.trainer.model import AdapterError, ModelLoadError
 from lorarl.trainer.settings import ConfigError, Endpoints, load_job
 
 # Errors that mean "the job is wrong", reported as one line instead of a traceback.
-USER_ERRORS = (ConfigError, ModelLoadError, AdapterError, DataError, CheckpointError)
+USER_ERRORS = (
+    ConfigError,
+    ModelLoadError,
+    AdapterError,
+    DataError,
+    CheckpointError,
+    SyncKeyMissing,
+)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -32,8 +41,11 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         job = load_job(args.config)
+        endpoints = Endpoints.from_env()
+        if endpoints.sync_world_size > 1:
+            key_from_env()  # no sync key, no start: checked before anything loads
         ctx = init_distributed()
-        Trainer(job, Endpoints.from_env(), ctx).run()
+        Trainer(job, endpoints, ctx).run()
     except USER_ERRORS as exc:
         print(f"lorarl-trainer: error: {exc}", file=sys.stderr, flush=True)
         return 2

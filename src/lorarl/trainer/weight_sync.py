@@ -34,9 +34,13 @@ class WeightPublisher:
         mode: str,
         backend: str,
         timeout_s: float = 600.0,
+        key: str | bytes | None = None,
     ):
+        """`key`: the job's sync key; None reads LORARL_SYNC_KEY (missing: SyncKeyMissing)."""
         self.mode = mode
-        self._sender = SyncSender(host, port, world_size, backend=backend, timeout=timeout_s)
+        self._sender = SyncSender(
+            host, port, world_size, backend=backend, timeout=timeout_s, key=key
+        )
 
     def publish(
         self, model: PeftModel, tensors: dict[str, torch.Tensor], version: int

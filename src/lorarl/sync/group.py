@@ -1,0 +1,184 @@
+"""The sync group's plumbing shared by both ends: backend choice, a standalone gloo/NCCL group
+on a PrefixStore, fixed-size acknowledgements, and the results a sender reports."""
+
+from __future__ import annotations
+
+import contextlib
+import struct
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, NamedTuple
+
+import torch
+import torch.distributed as dist
+
+from lorarl.sync.buckets import SyncHeader
+from lorarl.sync.errors import SyncError, SyncTransportError
+
+STORE_PREFIX = "lorarl-sync"
+DEFAULT_BUCKET_BYTES = 64 * 1024 * 1024
+ACK_BYTES = 1024
+_ACK_HEAD = struct.Struct("<qBH")  # version, ok, message length
+_MAX_MESSAGE = ACK_BYTES - _ACK_HEAD.size
+
+
+@dataclass(frozen=True)
+class Ack:
+    rank: int
+    version: int
+    ok: bool
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class TransferStats:
+    bytes: int  # header + buckets, as broadcast
+    seconds: float
+    buckets: int
+
+
+@dataclass(frozen=True)
+class SyncResult:
+    version: int
+    generation: int
+    acks: tuple[Ack, ...]
+    stats: TransferStats
+
+    @property
+    def ok(self) -> bool:
+        return all(a.ok and a.version == self.version for a in self.acks)
+
+    @property
+    def failed(self) -> list[Ack]:
+        return [a for a in self.acks if not (a.ok and a.version == self.version)]
+
+
+class Received(NamedTuple):
+    header: SyncHeader
+    tensors: dict[str, torch.Tensor]
+
+
+@dataclass
+class GroupState:
+    generation: int = -1
+    pg: Any = None
+
+
+BACKENDS = ("gloo", "nccl")
+BACKEND_ENV = "LORARL_SYNC_BACKEND"
+
+
+def backend_from_env(env: Mapping[str, str]) -> str:
+    """The backend the plan chose for this job's sync group (`LORARL_SYNC_BACKEND`). Both ends
+    of one group must agree, so it is never guessed from the local hardware: a sidecar without a
+    GPU next to a trainer with one would pick differently."""
+    backend = env.get(BACKEND_ENV)
+    if backend not in BACKENDS:
+        raise SyncError(f"{BACKEND_ENV} must be one of {', '.join(BACKENDS)} (got {backend!r})")
+    return backend
+
+
+def device_for(backend: str, device: torch.device | str | None = None) -> torch.device:
+    """Where the group's buffers live: gloo moves CPU tensors, NCCL only CUDA tensors (an NCCL
+    group rejects a CPU tensor). With gloo the trainer's CUDA tensors are staged through host
+    memory when they are packed."""
+    if backend not in BACKENDS:
+        raise SyncError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    if device is not None:
+        return torch.device(device)
+    if backend == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _new_backend(
+    store: dist.Store,
+    generation: int,
+    rank: int,
+    world_size: int,
+    backend: str,
+    timeout: timedelta,
+) -> Any:
+    """Build a standalone backend; blocks until all ranks of this generation rendezvous."""
+    prefix = dist.PrefixStore(f"{STORE_PREFIX}/gen{generation}", store)
+    if backend == "gloo":
+        return dist.ProcessGroupGloo(prefix, rank, world_size, timeout)
+    if backend == "nccl":
+        if not dist.is_nccl_available():
+            raise SyncError("backend 'nccl' requested but this torch build has no NCCL")
+        opts = dist.ProcessGroupNCCL.Options()
+        opts._timeout = timeout
+        opts.is_high_priority_stream = False
+        return dist.ProcessGroupNCCL(prefix, rank, world_size, opts)
+    raise SyncError(f"backend must be 'gloo' or 'nccl', got {backend!r}")
+
+
+def _shutdown(pg: Any) -> None:
+    """Close sockets now so peers see a closed connection instead of waiting for a timeout."""
+    if pg is None:
+        return
+    with contextlib.suppress(RuntimeError, AttributeError):
+        pg.shutdown()
+
+
+def encode_ack(version: int, ok: bool, message: str, device: torch.device) -> torch.Tensor:
+    raw = message.encode()[:_MAX_MESSAGE]
+    data = _ACK_HEAD.pack(version, int(ok), len(raw)) + raw
+    buf = torch.zeros(ACK_BYTES, dtype=torch.uint8)
+    buf[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    return buf.to(device)
+
+
+def decode_ack(rank: int, buf: torch.Tensor) -> Ack:
+    data = bytes(buf.cpu().tolist())
+    version, ok, length = _ACK_HEAD.unpack_from(data)
+    start = _ACK_HEAD.size
+    return Ack(rank, version, bool(ok), data[start : start + length].decode(errors="replace"))
+
+
+class Endpoint:
+    """Store connection, control keys and the current group, shared by both sides."""
+
+    def __init__(
+        self,
+        store: dist.Store,
+        rank: int,
+        world_size: int,
+        backend: str,
+        timeout: float,
+        device: torch.device | str | None,
+    ):
+        if world_size < 1 or not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} must be in [0, world_size={world_size})")
+        self.store = store
+        self.ctl = dist.PrefixStore(f"{STORE_PREFIX}/ctl", store)
+        self.rank, self.world_size, self.backend = rank, world_size, backend
+        self.timeout = timedelta(seconds=timeout)
+        self.device = device_for(backend, device)
+        self.group = GroupState()
+
+    def form(self, generation: int) -> None:
+        self.drop()
+        try:
+            pg = _new_backend(
+                self.store, generation, self.rank, self.world_size, self.backend, self.timeout
+            )
+        except RuntimeError as exc:
+            raise SyncTransportError(
+                f"rank {self.rank}: could not form sync group generation {generation} of "
+                f"{self.world_size} ranks: {exc}"
+            ) from exc
+        self.group = GroupState(generation, pg)
+
+    def drop(self) -> None:
+        _shutdown(self.group.pg)
+        self.group = GroupState()
+
+    def broadcast(self, tensor: torch.Tensor) -> None:
+        self.group.pg.broadcast(tensor, 0).wait()
+
+    def all_gather_acks(self, mine: torch.Tensor) -> list[torch.Tensor]:
+        out = [torch.empty_like(mine) for _ in range(self.world_size)]
+        self.group.pg.allgather([out], [mine]).wait()
+        return out
