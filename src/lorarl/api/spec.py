@@ -16,6 +16,7 @@ from lorarl.api.k8s import (
     VolumeClaim,
 )
 from lorarl.api.rules import Rule, enforce, rules_schema_extra
+from lorarl.api.tracking import TRACKING_SPEC_RULES, LoggingSpec
 from lorarl.api.workloads import (
     RESERVED_ENV,
     RolloutSpec,
@@ -304,6 +305,16 @@ class TrainingSpec(ApiModel):
         "the engines' logprobs as the behavior policy). 0: every batch comes from the newest "
         "weights.",
     )
+    samples_interval: int = Field(
+        default=0,
+        ge=0,
+        le=10_000_000,
+        description="Every N steps, store a few prompts with their completions, rewards and "
+        "advantages (outputDir/samples.jsonl and the logging backends' tables). 0: off.",
+    )
+    samples_per_step: int = Field(
+        default=4, ge=1, le=64, description="Samples stored each samplesInterval steps."
+    )
     eval_interval: int = Field(
         default=0,
         ge=0,
@@ -426,6 +437,7 @@ _SPEC_RULES = (
     _KL_REFERENCE_RULE,
     _MINI_BATCH_RULE,
     _SERVICE_REWARD_RULE,
+    *TRACKING_SPEC_RULES,
     _OUTPUT_VOLUME_RULE,
     _OUTPUT_ON_VOLUME_RULE,
     _MOUNT_PATHS_RULE,
@@ -455,6 +467,11 @@ class LoRARLJobSpec(ApiModel):
     run_policy: RunPolicy = Field(default_factory=RunPolicy, description="Restarts and lifetime.")
     scheduling: SchedulingSpec = Field(
         default_factory=SchedulingSpec, description="Queueing and gang scheduling."
+    )
+    logging: LoggingSpec = Field(
+        default_factory=LoggingSpec,
+        description="Experiment trackers (TensorBoard, MLflow, W&B); credentials from Secrets "
+        "only.",
     )
 
     _rules = enforce(*_SPEC_RULES)

@@ -7,6 +7,7 @@ from typing import Literal
 from lorarl.api.job import LoRARLJob, rendered_config
 from lorarl.api.k8s import ResourceRequirements, VolumeClaim
 from lorarl.api.spec import RESERVED_ENV, LoRARLJobSpec
+from lorarl.api.tracking import tracking_env
 from lorarl.plan.addressing import Addressing, ClusterAddressing
 from lorarl.plan.engines import engine_command, engine_env
 from lorarl.plan.model import (
@@ -161,7 +162,7 @@ def _trainer_role(job, addressing, common, sync_env, engine_urls, sidecar_urls, 
             image=spec.trainer.image or DEFAULT_IMAGES["trainer"],
             command=command,
             env=env,
-            user_env=spec.trainer.env,
+            user_env=[*spec.trainer.env, *tracking_env(spec)],  # tracker keys: trainer only
             ports=ports,
             resources=_with_gpus(spec.trainer.resources, spec.trainer.gpus_per_replica),
             mounts=_mounts(spec, "trainer", _config_dir(common)),
