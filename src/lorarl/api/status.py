@@ -71,6 +71,15 @@ class EvalRecord(ApiModel):
     samples_per_prompt: int = Field(ge=1, description="Samples per prompt (training.eval.n).")
     seconds: float = Field(ge=0, description="Wall time of the eval (generation and scoring).")
 
+    def line(self) -> str:
+        """One human line, for the trainer's log and the local console."""
+        when = "before training" if self.step == 0 else f"step {self.step}"
+        passes = " ".join(f"pass@{k} {v:.3f}" for k, v in self.pass_at_k.items())
+        return (
+            f"eval {when}: accuracy {self.accuracy:.3f}, reward {self.reward_mean:.3f}, "
+            f"{passes} ({self.prompts} prompts x {self.samples_per_prompt}, {self.seconds:.1f} s)"
+        )
+
 
 class CheckpointStatus(ApiModel):
     step: int = Field(ge=0, description="Step of the newest complete checkpoint.")

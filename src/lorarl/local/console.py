@@ -31,10 +31,14 @@ class LiveView:
             console=console,
         )
         self.task = self.progress.add_task("train", total=total_steps, metrics="starting engines…")
+        self._eval_shown: int | None = None  # step of the last eval printed
 
     def update(self, p: TrainerProgress | None) -> None:
         if p is None:
             return
+        if p.eval is not None and p.eval.step != self._eval_shown:
+            self._eval_shown = p.eval.step
+            self.progress.console.print(p.eval.line())
         r = p.latest
         metrics = "waiting for the first step…"
         if r is not None:
@@ -56,14 +60,20 @@ class LiveView:
         self.progress.stop()
 
 
-def summary(console: Console, history: list[StepRecord], width: int = 10) -> None:
-    """The reward curve as a sparkline plus a table of every `width`-th step."""
+def summary(
+    console: Console,
+    history: list[StepRecord],
+    progress: TrainerProgress | None = None,
+    width: int = 10,
+) -> None:
+    """The reward curve as a sparkline plus a table of every `width`-th step, then the evals on
+    data.valFiles: accuracy over the run, the one before training and the final one."""
     if not history:
         console.print("no steps recorded")
         return
     rewards = [r.reward_mean for r in history]
     console.print(f"reward  {sparkline(rewards)}  {rewards[0]:.3f} → {rewards[-1]:.3f}")
-    table = Table("step", "reward", "kl", "step s", "sync ms")
+    table = Table("step", "reward", "kl", "step s", "sync ms", "eval acc")
     every = max(1, len(history) // width)
     for r in history[::every] + ([history[-1]] if (len(history) - 1) % every else []):
         table.add_row(
@@ -72,5 +82,16 @@ def summary(console: Console, history: list[StepRecord], width: int = 10) -> Non
             "" if r.kl is None else f"{r.kl:.4f}",
             "" if r.step_seconds is None else f"{r.step_seconds:.2f}",
             "" if r.sync_seconds is None else f"{r.sync_seconds * 1000:.0f}",
+            "" if r.eval is None else f"{r.eval.accuracy:.3f}",
         )
     console.print(table)
+    baseline = progress.baseline_eval if progress else None
+    evals = ([baseline] if baseline else []) + [r.eval for r in history if r.eval is not None]
+    if not evals:
+        return
+    accuracy = [e.accuracy for e in evals]
+    console.print(f"eval accuracy  {sparkline(accuracy)}  {accuracy[0]:.3f} → {accuracy[-1]:.3f}")
+    if baseline is not None and baseline is not evals[-1]:
+        console.print(baseline.line())
+    last = evals[-1]
+    console.print(("final " if last.step == history[-1].step else "") + last.line())

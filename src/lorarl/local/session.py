@@ -52,7 +52,7 @@ def run_local(
         if stop_status:
             stop_status()
         signal.signal(signal.SIGTERM, previous)
-    summary(console, run_files.read_history(run.run_dir))
+    summary(console, run_files.read_history(run.run_dir), run_files.read_progress(run.run_dir))
     console.print(f"adapter: {run.run_dir / 'adapter'}  ({result.seconds:.0f} s)")
     return 0
 

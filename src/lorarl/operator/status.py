@@ -175,6 +175,10 @@ def apply_progress(status: LoRARLJobStatus, progress: Progress | None) -> LoRARL
         update["last_sync"] = progress.last_sync
     if progress.checkpoint is not None:
         update["checkpoint"] = progress.checkpoint
+    if progress.eval is not None:
+        update["eval"] = progress.eval
+    if progress.baseline_eval is not None:
+        update["baseline_eval"] = progress.baseline_eval
     if progress.adapter_path:
         update["adapter_path"] = progress.adapter_path
     return status.model_copy(update=update)

@@ -79,6 +79,8 @@ def status_from_progress(progress: Progress) -> LoRARLJobStatus:
         metrics=metrics,
         last_sync=progress.last_sync,
         checkpoint=progress.checkpoint,
+        eval=progress.eval,
+        baseline_eval=progress.baseline_eval,
         start_time=rfc3339(progress.started_at),
         completion_time=rfc3339(progress.updated_at) if finished else None,
         adapter_path=progress.adapter_path,

@@ -21,7 +21,7 @@ from transformers import AutoTokenizer
 
 from lorarl.api.job import LoRARLJob
 from lorarl.api.progress import StepRecord
-from lorarl.api.status import SyncStatus
+from lorarl.api.status import EvalRecord, SyncStatus
 from lorarl.plan.engines import SERVED_MODEL_NAME
 from lorarl.rewards import get_reward, score_batch
 from lorarl.rewards.client import RewardServiceClient, RewardServiceError, ScoreSample
@@ -31,6 +31,7 @@ from lorarl.trainer.batch import TrainSample, collate, shard_for_rank
 from lorarl.trainer.checkpoint import CheckpointManager
 from lorarl.trainer.data import DataPosition, PromptDataset, PromptSampler, drop_long_prompts
 from lorarl.trainer.engine_gate import wait_for_synced_engines
+from lorarl.trainer.eval import Evaluator, build_evaluator
 from lorarl.trainer.export import export_final
 from lorarl.trainer.logprobs import snapshot_lora
 from lorarl.trainer.model import apply_lora, load_base_model
@@ -160,6 +161,7 @@ class Trainer:
         self.server: ProgressServer | None = None
         self.publisher: WeightPublisher | None = None
         self.worker: RolloutWorker | None = None
+        self.evaluator: Evaluator | None = None  # rank 0, when evals are on
         self.reward_client: RewardServiceClient | None = None
         self._reward_ready = False
         self._http = httpx.Client(timeout=2.0)
@@ -225,6 +227,10 @@ class Trainer:
                 penalty_factor=choices.penalty_factor,
             ),
         )
+        # Evals share the train rollouts' client and reward; None when evals are off.
+        self.evaluator = build_evaluator(
+            self.job, self.tokenizer, self.worker.client, self.worker.scorer, sampling
+        )
 
     def _scorer(self):
         reward = self.job.spec.reward
@@ -264,6 +270,10 @@ class Trainer:
         total = self.job.spec.training.total_steps
         try:
             self.resume()
+            if self.job.spec.training.eval_before_train and self.state.step == 0:
+                baseline = self._evaluate(0)
+                if baseline is not None and self.tracker:
+                    self.tracker.record_eval(baseline)
             while self.state.step < total:
                 self.train_step()
             export_final(self.model, self.job, self.tokenizer, self.adapter_dir)
@@ -316,11 +326,34 @@ class Trainer:
         record = None
         if self.ctx.is_main:
             record = self._record(step, collected, metrics, train_s, sync, t_start)
+            if self._eval_due(step):  # after _record: its time is in no step timing
+                record.eval = self._evaluate(step)
             self.tracker.record(record, sync)
         if step % spec.training.checkpoint_interval == 0 or step == spec.training.total_steps:
             path = self.checkpoints.save(step, self.model, self.optimizer, self.state.to_dict())
             if self.tracker:
                 self.tracker.set_checkpoint(step, str(path))
+        return record
+
+    def _eval_due(self, step: int) -> bool:
+        t = self.job.spec.training
+        return t.eval_interval > 0 and (step % t.eval_interval == 0 or step == t.total_steps)
+
+    def _evaluate(self, step: int) -> EvalRecord | None:
+        """Eval of the weights the engines serve now (the step's, synced and, with prefetch, no
+        generation in flight). An engine or reward failure is logged and the run goes on."""
+        if self.evaluator is None:
+            return None
+        version = self.state.version
+        try:
+            self._engines_ready()
+            mode = self.job.spec.rollout.sync_mode
+            name = adapter_name(version) if mode == "adapter" else SERVED_MODEL_NAME
+            record = self.evaluator.run(step, version, name)
+        except Exception as exc:  # an eval is a measurement: it never fails the run
+            log.warning("eval at step %d failed; training goes on: %s", step, exc)
+            return None
+        log.info("%s", record.line())
         return record
 
     def _collect(self) -> Collected:
@@ -339,6 +372,13 @@ class Trainer:
 
     def _generate(self, position: DataPosition, step: int, version: int) -> Collected:
         """Samples for `step` from `position`, by weights `version` (what the engines serve)."""
+        self._engines_ready()
+        mode = self.job.spec.rollout.sync_mode
+        name = adapter_name(version) if mode == "adapter" else SERVED_MODEL_NAME
+        return self.worker.collect(position, version, name, step=step)
+
+    def _engines_ready(self) -> None:
+        """Route to the engines on the current weights; wait for the reward service once."""
         ep = self.endpoints
         if ep.sidecars:
             ready = wait_for_synced_engines(ep.rollout, ep.sidecars, self._http)
@@ -348,9 +388,6 @@ class Trainer:
             # Serve); the client's retries are for blips, not for start-up.
             wait_for_reward_service(self.reward_client, REWARD_READY_TIMEOUT_S)
             self._reward_ready = True
-        mode = self.job.spec.rollout.sync_mode
-        name = adapter_name(version) if mode == "adapter" else SERVED_MODEL_NAME
-        return self.worker.collect(position, version, name, step=step)
 
     def _start_prefetch(self, position: DataPosition, step: int) -> None:
         """Generate `step`'s batch now, by the weights published before this step trains."""

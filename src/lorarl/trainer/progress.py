@@ -16,8 +16,15 @@ from pathlib import Path
 from typing import Any
 
 from lorarl.api.progress import Progress, StepRecord
-from lorarl.api.run_files import append_history, read_history, write_history, write_progress
-from lorarl.api.status import CheckpointStatus, SyncStatus
+from lorarl.api.run_files import (
+    RunFilesError,
+    append_history,
+    read_history,
+    read_progress,
+    write_history,
+    write_progress,
+)
+from lorarl.api.status import CheckpointStatus, EvalRecord, SyncStatus
 from lorarl.jsonhttp import JsonHttpServer
 
 log = logging.getLogger(__name__)
@@ -42,10 +49,17 @@ class ProgressTracker:
     def resume(self, upto_step: int) -> None:
         """Keep the recorded steps a restarted run still stands on (drop those it will redo)."""
         kept = [r for r in read_history(self.output_dir) if r.step <= upto_step]
+        evals = [r.eval for r in kept if r.eval is not None]
+        try:  # the eval before training is in no step record: keep the old report's
+            baseline = read_progress(self.output_dir).baseline_eval
+        except RunFilesError:
+            baseline = None
         with self._lock:
             self.history = kept
             self.progress.step = upto_step
             self.progress.latest = kept[-1] if kept else None
+            self.progress.baseline_eval = baseline
+            self.progress.eval = evals[-1] if evals else baseline
         self._write_files(rewrite_history=True)
 
     def record(self, record: StepRecord, sync: SyncStatus | None) -> None:
@@ -55,9 +69,20 @@ class ProgressTracker:
             self.progress.step = record.step
             self.progress.latest = record
             self.progress.last_sync = sync
+            if record.eval is not None:
+                self.progress.eval = record.eval
             self.progress.updated_at = time.time()
         print(json.dumps({"event": "step", **record.wire()}), flush=True)
         self._write_files(append=record)
+
+    def record_eval(self, record: EvalRecord) -> None:
+        """The eval before training (later evals ride on their step's record)."""
+        with self._lock:
+            self.progress.baseline_eval = record
+            self.progress.eval = record
+            self.progress.updated_at = time.time()
+        print(json.dumps({"event": "eval", **record.wire()}), flush=True)
+        self._write_files()
 
     def set_checkpoint(self, step: int, path: str) -> None:
         with self._lock:
