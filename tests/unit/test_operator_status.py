@@ -1,8 +1,22 @@
-"""Pod views, termination reasons and metav1.Condition bookkeeping."""
+"""Pod views, termination reasons, metav1.Condition bookkeeping and progress -> status."""
 
 from __future__ import annotations
 
-from lorarl.operator.status import pod_view, reason_word, set_condition, termination
+from pathlib import Path
+
+import yaml
+
+from lorarl.api.progress import Progress, StepRecord
+from lorarl.api.status import LoRARLJobStatus, StepMetrics
+from lorarl.operator.status import (
+    apply_progress,
+    pod_view,
+    reason_word,
+    set_condition,
+    termination,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
 
 LABELS = {
     "lorarl.dev/job": "j",
@@ -81,3 +95,42 @@ def test_reason_word() -> None:
     assert reason_word("OOMKilled", "F") == "OOMKilled"
     assert reason_word("exit 1", "F") == "F"
     assert reason_word("", "F") == "F"
+
+
+def _progress(**latest) -> Progress:
+    record = {"step": 3, "time": 1.0, "reward_mean": 0.5, **latest}
+    return Progress(job="j", phase="Running", step=3, total_steps=10, latest=record)
+
+
+def test_correctness_metrics_reach_the_status_and_its_json() -> None:
+    """The trainer's RL-correctness metrics are what a person watching `kubectl get -o yaml` (or
+    the API's job detail, built from the same model) needs to see a mismatched engine."""
+    reported = {
+        "logprob_mismatch": 0.02, "logprob_mismatch_p50": 0.01, "logprob_mismatch_p90": 0.05,
+        "logprob_mismatch_p99": 0.3, "tis_clip_frac": 0.04, "clip_fraction": 0.1,
+        "clip_fraction_first_update": 0.0, "truncated_fraction": 0.25,
+        "response_length_mean": 17.5, "weight_version": 2,
+    }  # fmt: skip
+    status = apply_progress(LoRARLJobStatus(), _progress(**reported))
+    assert status.metrics is not None
+    assert {k: getattr(status.metrics, k) for k in reported} == reported
+    dumped = status.model_dump(by_alias=True, exclude_none=True)["metrics"]
+    assert dumped["tisClipFrac"] == 0.04 and dumped["logprobMismatchP99"] == 0.3
+    assert dumped["truncatedFraction"] == 0.25 and dumped["weightVersion"] == 2
+    # A trainer that does not report them leaves them unset, not zero.
+    bare = apply_progress(LoRARLJobStatus(), _progress()).metrics
+    assert bare is not None and bare.tis_clip_frac is None and bare.reward_mean == 0.5
+
+
+def test_every_status_metric_is_a_progress_metric() -> None:
+    """apply_progress copies by field name: a status metric the trainer never reports would stay
+    empty forever."""
+    assert set(StepMetrics.model_fields) <= set(StepRecord.model_fields)
+
+
+def test_crd_status_schema_has_the_correctness_metrics() -> None:
+    crd = yaml.safe_load((ROOT / "crds" / "lorarljobs.lorarl.dev.yaml").read_text())
+    schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    metrics = schema["properties"]["status"]["properties"]["metrics"]["properties"]
+    for key in ("tisClipFrac", "logprobMismatchP90", "logprobMismatchP99", "truncatedFraction"):
+        assert key in metrics, key

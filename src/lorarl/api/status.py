@@ -42,6 +42,34 @@ class StepMetrics(ApiModel):
     logprob_mismatch: float | None = Field(
         default=None, description="Mean |rollout logprob - trainer logprob| per token."
     )
+    logprob_mismatch_p50: float | None = Field(
+        default=None, description="Median |rollout - trainer| logprob per token."
+    )
+    logprob_mismatch_p90: float | None = Field(
+        default=None, description="90th percentile |rollout - trainer| logprob per token."
+    )
+    logprob_mismatch_p99: float | None = Field(
+        default=None, description="99th percentile |rollout - trainer| logprob per token."
+    )
+    tis_clip_frac: float | None = Field(
+        default=None,
+        description="Fraction of tokens whose rollout-correction weight was truncated or masked.",
+    )
+    clip_fraction_first_update: float | None = Field(
+        default=None,
+        description="Clip fraction of the step's first optimizer update (0 unless the trainer "
+        "scores a different distribution than its old-logprob pass).",
+    )
+    truncated_fraction: float | None = Field(
+        default=None, description="Fraction of completions cut at maxResponseTokens."
+    )
+    response_length_mean: float | None = Field(
+        default=None, description="Mean completion length in tokens."
+    )
+    weight_version: int | None = Field(
+        default=None, description="Adapter version the step's samples came from."
+    )
+
 
 
 class SyncStatus(ApiModel):

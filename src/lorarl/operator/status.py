@@ -161,16 +161,9 @@ def apply_progress(status: LoRARLJobStatus, progress: Progress | None) -> LoRARL
     update: dict[str, Any] = {"step": progress.step, "total_steps": progress.total_steps}
     latest = progress.latest
     if latest is not None:
-        update["metrics"] = StepMetrics(
-            reward_mean=latest.reward_mean,
-            reward_std=latest.reward_std,
-            kl=latest.kl,
-            entropy=latest.entropy,
-            clip_fraction=latest.clip_fraction,
-            grad_norm=latest.grad_norm,
-            tokens_per_second=latest.tokens_per_second,
-            logprob_mismatch=latest.logprob_mismatch,
-        )
+        # Every StepMetrics field is a StepRecord field of the same name: a metric added to both
+        # reaches the CR status without an edit here.
+        update["metrics"] = StepMetrics(**{f: getattr(latest, f) for f in StepMetrics.model_fields})
     if progress.last_sync is not None:
         update["last_sync"] = progress.last_sync
     if progress.checkpoint is not None:
