@@ -2,7 +2,9 @@
 
 `train`: shard a tiny llama with LoRA, run STEPS_BEFORE_SAVE optimizer steps (2 micro-batches
 each, gradient sync only on the last), checkpoint, export the adapter, run one more step.
-`resume`: fresh process group, fresh LoRA init, load the newest checkpoint, run that same last step.
+`resume`: fresh process group, fresh LoRA init, load the newest checkpoint, run that same last step;
+then `kl.reference: initialAdapter` as the trainer runs it: a second model started from the exported
+adapter, sharded, snapshotted (`snapshot_lora`), trained one step, scored by the reference pass.
 Rank 0 writes what the test compares into --out. The batch/objective helpers are imported by the
 test to replay the same training in one plain process.
 """
@@ -10,6 +12,7 @@ test to replay the same training in one plain process.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -19,7 +22,12 @@ import torch.distributed as dist
 from safetensors.torch import save_file
 
 from lorarl.trainer.checkpoint import CheckpointManager, export_adapter
-from lorarl.trainer.logprobs import reference_logprobs, sequence_logprobs
+from lorarl.trainer.logprobs import (
+    adapter_reference_logprobs,
+    reference_logprobs,
+    sequence_logprobs,
+    snapshot_lora,
+)
 from lorarl.trainer.model import (
     LoraSettings,
     apply_lora,
@@ -97,6 +105,35 @@ def full_base_params(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return out
 
 
+def reference_batch() -> tuple[torch.Tensor, ...]:
+    """The batch the initialAdapter reference is scored on (the same on both ranks)."""
+    return make_batch(99, 0, 0)
+
+
+def initial_adapter_reference(model_dir: str, adapter: Path, ctx, out: Path) -> None:
+    """What the trainer does for `kl.reference: initialAdapter`, under FSDP2: start from
+    `adapter`, snapshot its (sharded) tensors, move the policy, then score the reference batch
+    with the snapshot swapped in. Rank 0 saves reference, base and policy logprobs."""
+    torch.manual_seed(INIT_SEED)
+    settings = dataclasses.replace(LORA, adapter_path=str(adapter))
+    model = shard_model(apply_lora(load_base_model(model_dir), settings), ctx, mixed_precision=True)
+    snapshot = snapshot_lora(model)
+    optimizer = make_optimizer(model)
+    train_step(model, optimizer, 0, ctx.rank)  # the policy leaves the initial adapter
+    ids, attn, resp = reference_batch()
+    kw = {"micro_batch_size": MICRO_BATCH_SIZE}
+    with torch.no_grad():
+        policy_before, _ = sequence_logprobs(model, ids, attn, resp, **kw)
+        ref = adapter_reference_logprobs(model, snapshot, ids, attn, resp, **kw)
+        base = reference_logprobs(model, ids, attn, resp, **kw)
+        policy_after, _ = sequence_logprobs(model, ids, attn, resp, **kw)
+    if ctx.rank == 0:
+        torch.save(
+            {"reference": ref, "base": base, "policy": policy_before, "policy_after": policy_after},
+            out / "initial_adapter_reference.pt",
+        )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("mode", choices=["train", "resume"])
@@ -154,6 +191,8 @@ def main() -> None:
     final = lora_state_dict(model)
     if ctx.rank == 0:
         save_file(final, str(out / f"{args.mode}_final.safetensors"))
+    if args.mode == "resume":
+        initial_adapter_reference(args.model, out / "exported", ctx, out)
     (out / f"{args.mode}_rank{ctx.rank}.json").write_text(json.dumps(result))
     dist.barrier()
     dist.destroy_process_group()

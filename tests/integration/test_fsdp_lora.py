@@ -19,6 +19,7 @@ from peft import PeftModel
 from safetensors.torch import load_file
 
 from lorarl.local.ports import free_port
+from lorarl.trainer.logprobs import sequence_logprobs
 from lorarl.trainer.model import apply_lora, load_base_model, lora_state_dict
 from tests.integration import fsdp_worker as W
 from tests.support.tiny_models import make_tiny_model
@@ -148,3 +149,18 @@ def test_saved_adapter_loads_in_plain_peft_with_same_logits(run, adapter):
     with torch.no_grad(), model.disable_adapter():  # and the adapter is not a no-op
         base_logits = model(input_ids=ids, attention_mask=attn).logits
     assert (base_logits - trainer_logits).abs().max().item() > 1e-4
+
+
+def test_initial_adapter_reference_under_fsdp_is_the_initial_adapter(run):
+    """`kl.reference: initialAdapter` on 2 sharded ranks scores with the adapter training started
+    from (loaded here by plain PEFT, unsharded), not the base model nor the moved policy, and
+    the policy's own tensors are back afterwards."""
+    got = torch.load(run["out"] / "initial_adapter_reference.pt")
+    ids, attn, resp = W.reference_batch()
+    initial = PeftModel.from_pretrained(load_base_model(run["model"]), str(run["out"] / "exported"))
+    with torch.no_grad():
+        want, _ = sequence_logprobs(initial, ids, attn, resp, micro_batch_size=2)
+    assert (got["reference"] - want).abs().max().item() <= 1e-5
+    assert (got["reference"] - got["base"]).abs().max().item() > 1e-3
+    assert (got["reference"] - got["policy"]).abs().max().item() > 1e-4
+    assert torch.equal(got["policy_after"], got["policy"])
