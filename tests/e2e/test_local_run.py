@@ -18,6 +18,7 @@ from fastapi.testclient import TestClient
 from peft import PeftModel
 from transformers import AutoModelForCausalLM
 
+from lorarl.api import run_files
 from lorarl.api.validation import load_job_file
 from lorarl.local import LocalRun
 from lorarl.server.app import create_app
@@ -126,6 +127,14 @@ def test_cli_runs_a_short_job_end_to_end(tmp_path: Path, engine_python: str):
     doc = yaml.safe_load(QUICKSTART.read_text())
     doc["spec"]["training"]["totalSteps"] = 3
     doc["spec"]["rollout"]["replicas"] = 1
+    # Evals on held-out prompts: before training, after step 2 and after the last step.
+    train_file = ROOT / doc["spec"]["data"]["trainFiles"][0]
+    val_file = tmp_path / "val.jsonl"
+    val_file.write_text("".join(train_file.read_text().splitlines(keepends=True)[:8]))
+    doc["spec"]["data"]["valFiles"] = [str(val_file)]
+    doc["spec"]["training"].update(
+        evalInterval=2, evalBeforeTrain=True, eval={"n": 4, "temperature": 1.0}
+    )
     job_file = tmp_path / "short.yaml"
     job_file.write_text(yaml.safe_dump(doc))
     result = subprocess.run(
@@ -138,3 +147,21 @@ def test_cli_runs_a_short_job_end_to_end(tmp_path: Path, engine_python: str):
     assert "status API and dashboard: http://127.0.0.1:" in result.stdout
     assert "reward" in result.stdout and "adapter:" in result.stdout
     assert (tmp_path / "run" / "adapter" / "adapter_model.safetensors").is_file()
+    check_evals(load_job_file(job_file), tmp_path / "run", result.stdout)
+
+
+def check_evals(job, run_dir: Path, stdout: str) -> None:
+    """The evals are in the step history, the progress file, the summary and the REST API."""
+    history = run_files.read_history(run_dir)
+    assert [r.step for r in history if r.eval] == [2, 3]
+    for r in history:
+        assert r.eval is None or (r.eval.prompts, r.eval.samples_per_prompt) == (8, 4)
+        assert r.eval is None or list(r.eval.pass_at_k) == ["1", "2", "4"]
+    progress = run_files.read_progress(run_dir)
+    assert progress.baseline_eval.step == 0 and progress.eval == history[-1].eval
+    assert "eval before training: accuracy" in stdout and "final eval step 3: accuracy" in stdout
+    store = LocalStore()
+    store.add_finished(job, run_dir)
+    detail = TestClient(create_app(store)).get("/v1/jobs/local/quickstart").json()
+    assert detail["status"]["eval"] == history[-1].eval.wire()
+    assert detail["status"]["baselineEval"]["step"] == 0
