@@ -11,6 +11,8 @@ from urllib.parse import urlparse
 
 import pytest
 
+from lorarl.api import run_files
+from lorarl.api.status import EvalRecord
 from lorarl.server import KubeApi, KubeAuth, KubeStore, LocalStore, create_app
 from tests.support.browser import ARGS, CHROMIUM, point_steps
 from tests.support.fake_kube_auth import FakeKubeApi
@@ -121,3 +123,39 @@ def test_kubernetes_dashboard_asks_for_a_token(page) -> None:
             assert page.locator("#chart-reward circle").count() == 0
     finally:
         kube.stop()
+
+
+def test_eval_accuracy_is_a_second_series_on_the_reward_chart(page, tmp_path) -> None:
+    """Evals before training (step 0) and every 4 steps, accuracy rising: orange points at those
+    steps, drawn higher as accuracy rises; the reward series keeps its own points."""
+    write_run(tmp_path, steps=STEPS)
+    history = run_files.read_history(tmp_path)
+    acc = {0: 0.1, 4: 0.3, 8: 0.5, 12: 0.9}
+    for r in history:
+        if r.step in acc:
+            r.eval = eval_record(r.step, acc[r.step])
+    run_files.write_history(tmp_path, history)
+    progress = run_files.read_progress(tmp_path)
+    progress.baseline_eval, progress.eval = eval_record(0, acc[0]), history[-1].eval
+    run_files.write_progress(tmp_path, progress)
+    store = LocalStore()
+    store.add_finished(make_job("quickstart"), tmp_path)
+    with live_server(create_app(store)) as url:
+        page.goto(f"{url}/?job=local/quickstart")
+        page.wait_for_selector("#chart-reward circle[data-eval-step='12']")
+        drawn = page.eval_on_selector_all(
+            "#chart-reward circle[data-eval-step]",
+            "els => els.map(e => [+e.dataset.evalStep, +e.dataset.value, +e.getAttribute('cy')])",
+        )
+        assert [(s, v) for s, v, _ in drawn] == list(acc.items())
+        ys = [y for _, _, y in drawn]
+        assert ys == sorted(ys, reverse=True) and ys[0] > ys[-1]
+        assert point_steps(page, "chart-reward") == list(range(1, STEPS + 1))
+        assert page.is_visible("#eval-legend")
+
+
+def eval_record(step: int, accuracy: float) -> EvalRecord:
+    return EvalRecord(
+        step=step, reward_mean=accuracy, accuracy=accuracy, pass_at_k={"1": accuracy},
+        prompts=8, samples_per_prompt=1, seconds=0.1,
+    )  # fmt: skip

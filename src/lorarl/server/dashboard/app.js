@@ -1,4 +1,5 @@
-// lorarl dashboard: the job list and, for one job, reward / KL / sync-time curves as inline SVG.
+// lorarl dashboard: the job list and, for one job, reward (with eval accuracy) / KL / sync-time
+// curves as inline SVG.
 // No libraries and nothing from the network but this server's /v1 API.
 "use strict";
 
@@ -92,8 +93,16 @@ function renderJobs(items) {
   $("no-jobs").hidden = items.length > 0;
 }
 
-function drawChart(node, steps, key) {
+// Eval accuracy on data.valFiles by step: the eval before training (step 0), then each step's.
+function evalPoints(status, steps) {
+  const evals = steps.map((s) => s.eval).filter(Boolean);
+  if (status.baselineEval) evals.unshift(status.baselineEval);
+  return evals.map((e) => ({ step: e.step, accuracy: e.accuracy }));
+}
+
+function drawChart(node, steps, key, second) {
   const points = steps.filter((s) => typeof s[key] === "number");
+  const extra = second ? second.points : [];
   const { width, height, left, right, top, bottom } = CHART;
   node.replaceChildren();
   node.setAttribute("width", width);
@@ -102,15 +111,17 @@ function drawChart(node, steps, key) {
   const x0 = left, x1 = width - right, y0 = height - bottom, y1 = top;
   node.append(svg("line", { class: "axis", x1: x0, y1: y0, x2: x1, y2: y0 }));
   node.append(svg("line", { class: "axis", x1: x0, y1: y0, x2: x0, y2: y1 }));
-  if (points.length === 0) {
+  if (points.length === 0 && extra.length === 0) {
     const empty = svg("text", { x: (x0 + x1) / 2, y: (y0 + y1) / 2, "text-anchor": "middle" });
     empty.textContent = "no data yet";
     node.append(empty);
     return;
   }
-  const sMin = points[0].step, sMax = points[points.length - 1].step;
-  let vMin = Math.min(...points.map((p) => p[key]));
-  let vMax = Math.max(...points.map((p) => p[key]));
+  const stepsDrawn = [...points, ...extra].map((p) => p.step);
+  const sMin = Math.min(...stepsDrawn), sMax = Math.max(...stepsDrawn);
+  const values = [...points.map((p) => p[key]), ...extra.map((p) => p[second.key])];
+  let vMin = Math.min(...values);
+  let vMax = Math.max(...values);
   if (vMin === vMax) { vMin -= 0.5; vMax += 0.5; }
   const sx = (s) => (sMax === sMin ? (x0 + x1) / 2 : x0 + ((s - sMin) / (sMax - sMin)) * (x1 - x0));
   const sy = (v) => y0 - ((v - vMin) / (vMax - vMin)) * (y0 - y1);
@@ -125,6 +136,20 @@ function drawChart(node, steps, key) {
     tip.textContent = `step ${p.step}: ${fmt(p[key], 4)}`;
     dot.append(tip);
     node.append(dot);
+  }
+  if (extra.length) {
+    const line = extra.map((p) => `${sx(p.step).toFixed(1)},${sy(p[second.key]).toFixed(1)}`);
+    node.append(svg("polyline", { class: "line second", points: line.join(" ") }));
+    for (const p of extra) {
+      const dot = svg("circle", {
+        class: "point second", cx: sx(p.step).toFixed(1), cy: sy(p[second.key]).toFixed(1), r: 3,
+        "data-eval-step": p.step, "data-value": p[second.key],
+      });
+      const tip = svg("title");
+      tip.textContent = `${second.label} at step ${p.step}: ${fmt(p[second.key], 4)}`;
+      dot.append(tip);
+      node.append(dot);
+    }
   }
   const label = (text, attrs) => { const t = svg("text", attrs); t.textContent = text; return t; };
   node.append(
@@ -158,7 +183,13 @@ function renderDetail(detail, metrics) {
     if (v === null || v === undefined) continue;
     dl.append(el("dt", k), el("dd", v));
   }
-  for (const chart of CHARTS) drawChart($(chart.id), metrics.steps, chart.key);
+  const evals = {
+    points: evalPoints(status, metrics.steps), key: "accuracy", label: "eval accuracy",
+  };
+  for (const chart of CHARTS) {
+    drawChart($(chart.id), metrics.steps, chart.key, chart.id === "chart-reward" ? evals : null);
+  }
+  $("eval-legend").hidden = evals.points.length === 0;
   const body = $("conditions").querySelector("tbody");
   body.replaceChildren();
   for (const c of detail.conditions || []) {
