@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.lorarl-installed
 BENCH_STAMP := $(VENV)/.lorarl-bench-installed
-EXTRAS ?= trainer,rollout,operator,server,reward,dev
+EXTRAS ?= trainer,rollout,operator,server,reward,tracking,tracking-server,dev
 # torch first, pinned: the local CPU wheel; any other version pulls GBs of CUDA packages.
 TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=

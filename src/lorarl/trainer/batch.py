@@ -20,6 +20,7 @@ class TrainSample:
     # False: the sample takes no part in the loss (overlong masking); it still counts in its
     # group's advantages, as in DAPO's overlong filtering.
     in_loss: bool = True
+    finish_reason: str = ""  # the engine's: "stop" or "length" (for the stored samples)
 
 
 @dataclass

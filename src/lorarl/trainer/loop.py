@@ -41,6 +41,8 @@ from lorarl.trainer.progress import ProgressServer, ProgressTracker
 from lorarl.trainer.rollout_client import RolloutClient
 from lorarl.trainer.rollout_types import SamplingParams
 from lorarl.trainer.rollouts import Collected, RolloutWorker
+from lorarl.trainer.samples import due as due_samples
+from lorarl.trainer.samples import sample_rows
 from lorarl.trainer.settings import (
     ConfigError,
     Endpoints,
@@ -50,6 +52,7 @@ from lorarl.trainer.settings import (
     loss_config,
     output_dirs,
 )
+from lorarl.trainer.tracking import build_fanout
 from lorarl.trainer.update import UpdateConfig, update_policy
 from lorarl.trainer.weight_sync import WeightPublisher, gather_adapter
 
@@ -180,6 +183,7 @@ class Trainer:
         spec, ep = self.job.spec, self.endpoints
         self.tracker = ProgressTracker(self.job.name, spec.training.total_steps, self.output_dir)
         self.tracker.progress.dropped_prompts = self.dropped_prompts
+        self.tracker.tracking = build_fanout(self.job, self.output_dir)  # spec.logging
         if ep.progress_port is not None:
             self.server = ProgressServer(self.tracker, ep.progress_port).start()
         if ep.sync_world_size > 1:
@@ -329,6 +333,10 @@ class Trainer:
             if self._eval_due(step):  # after _record: its time is in no step timing
                 record.eval = self._evaluate(step)
             self.tracker.record(record, sync)
+            if due_samples(step, spec.training):
+                self.tracker.record_samples(step, sample_rows(
+                    step, collected.samples, self.tokenizer, spec.training.samples_per_step
+                ))  # fmt: skip
         if step % spec.training.checkpoint_interval == 0 or step == spec.training.total_steps:
             path = self.checkpoints.save(step, self.model, self.optimizer, self.state.to_dict())
             if self.tracker:

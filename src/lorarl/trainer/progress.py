@@ -1,6 +1,7 @@
 """Rank 0's progress: `GET /progress`, `GET /progress/history`, one JSON log line per step, and
 the same on disk (`progress.json`, `history.jsonl` in the output dir) so a finished run can still
-be shown.
+be shown. Every step's record also goes to the job's experiment trackers (`tracking.Fanout`), and
+sample completions to `samples.jsonl` and the trackers.
 
 A stdlib HTTP server on purpose: the trainer image should not need a web framework for three
 read-only routes.
@@ -26,6 +27,8 @@ from lorarl.api.run_files import (
 )
 from lorarl.api.status import CheckpointStatus, EvalRecord, SyncStatus
 from lorarl.jsonhttp import JsonHttpServer
+from lorarl.trainer.samples import append_samples, trim_samples
+from lorarl.trainer.tracking import Fanout, flatten
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +45,7 @@ class ProgressTracker:
         self._lock = threading.Lock()
         self.output_dir = output_dir
         self.history: list[StepRecord] = []
+        self.tracking: Fanout | None = None  # rank 0's experiment trackers (spec.logging)
         self.progress = Progress(
             job=job, phase="Starting", total_steps=total_steps, started_at=time.time()
         )
@@ -49,6 +53,7 @@ class ProgressTracker:
     def resume(self, upto_step: int) -> None:
         """Keep the recorded steps a restarted run still stands on (drop those it will redo)."""
         kept = [r for r in read_history(self.output_dir) if r.step <= upto_step]
+        trim_samples(self.output_dir, upto_step)
         evals = [r.eval for r in kept if r.eval is not None]
         try:  # the eval before training is in no step record: keep the old report's
             baseline = read_progress(self.output_dir).baseline_eval
@@ -74,6 +79,16 @@ class ProgressTracker:
             self.progress.updated_at = time.time()
         print(json.dumps({"event": "step", **record.wire()}), flush=True)
         self._write_files(append=record)
+        if self.tracking is not None:  # queued: a slow tracker never holds the step
+            self.tracking.log_metrics(record.step, flatten(record.model_dump(mode="json")))
+
+    def record_samples(self, step: int, rows: list[dict[str, Any]]) -> None:
+        """Sample completions: appended to samples.jsonl, and to the trackers as a table."""
+        if not rows:
+            return
+        append_samples(self.output_dir, rows)
+        if self.tracking is not None:
+            self.tracking.log_samples(step, rows)
 
     def record_eval(self, record: EvalRecord) -> None:
         """The eval before training (later evals ride on their step's record)."""
@@ -83,6 +98,8 @@ class ProgressTracker:
             self.progress.updated_at = time.time()
         print(json.dumps({"event": "eval", **record.wire()}), flush=True)
         self._write_files()
+        if self.tracking is not None:  # at step 0, as eval/* like the later evals
+            self.tracking.log_metrics(0, flatten({"eval": record.model_dump(mode="json")}))
 
     def set_checkpoint(self, step: int, path: str) -> None:
         with self._lock:
@@ -100,6 +117,8 @@ class ProgressTracker:
             final = self.progress.model_copy(deep=True)
         self._write_files()
         write_termination_message(final)
+        if self.tracking is not None:
+            self.tracking.close(failed=phase == "Failed")
 
     def snapshot(self) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         with self._lock:

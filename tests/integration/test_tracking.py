@@ -1,0 +1,277 @@
+"""Experiment tracking with the real libraries: TensorBoard event files read back with
+TensorBoard's own EventAccumulator, a real `mlflow server` process read back with MlflowClient,
+and a W&B offline run parsed from its own record file. Every record goes through the trainer's
+real seam (ProgressTracker.record / record_samples / finish)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import os
+import signal
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from lorarl.api.progress import StepRecord
+from lorarl.api.run_files import read_history
+from lorarl.api.status import EvalRecord
+from lorarl.api.validation import parse_job
+from lorarl.local.ports import free_port
+from lorarl.trainer.progress import ProgressTracker
+from lorarl.trainer.samples import SAMPLES_FILE, read_samples
+from lorarl.trainer.tracking import IDS_FILE, Fanout, build_fanout
+
+ROOT = Path(__file__).resolve().parents[2]
+QUICKSTART = yaml.safe_load((ROOT / "examples" / "quickstart.yaml").read_text())
+STEPS = 3
+
+
+def _job(logging_spec: dict[str, Any]):
+    doc = copy.deepcopy(QUICKSTART)
+    doc["spec"]["logging"] = logging_spec
+    return parse_job(doc)
+
+
+def _record(step: int, with_eval: bool = False) -> StepRecord:
+    ev = None
+    if with_eval:
+        ev = EvalRecord(step=step, reward_mean=0.4, accuracy=0.3, pass_at_k={"1": 0.3, "2": 0.5},
+                        prompts=8, samples_per_prompt=2, seconds=1.0)  # fmt: skip
+    return StepRecord(step=step, time=time.time(), reward_mean=0.1 * step, kl=0.01 * step,
+                      loss=-0.5 + step, eval=ev)  # fmt: skip
+
+
+def _rows(step: int) -> list[dict[str, Any]]:
+    return [
+        {"step": step, "prompt": f"What is {i}+{step}?", "completion": f"It is {i + step}.",
+         "reward": float(i % 2), "advantage": i - 0.5, "finish_reason": "stop"}
+        for i in range(2)
+    ]  # fmt: skip
+
+
+def _run(job, output_dir: Path, steps=range(1, STEPS + 1), phase="Succeeded") -> ProgressTracker:
+    """What the trainer's rank 0 does: one record per step, samples at step 2, an eval at 3."""
+    tracker = ProgressTracker(job.name, STEPS, output_dir)
+    tracker.tracking = build_fanout(job, output_dir)
+    for step in steps:
+        tracker.record(_record(step, with_eval=step == 3), None)
+        if step == 2:
+            tracker.record_samples(step, _rows(step))
+    tracker.finish(phase)
+    return tracker
+
+
+def test_tensorboard_event_files_hold_every_step_eval_and_samples(tmp_path: Path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    _run(_job({"backends": ["tensorboard"]}), tmp_path)
+    acc = EventAccumulator(str(tmp_path / "tensorboard"), size_guidance={"tensors": 0})
+    acc.Reload()
+    reward = {e.step: e.value for e in acc.Scalars("reward_mean")}
+    assert reward == pytest.approx({1: 0.1, 2: 0.2, 3: 0.3})
+    assert [e.step for e in acc.Scalars("kl")] == [1, 2, 3]
+    assert {e.step: e.value for e in acc.Scalars("eval/accuracy")} == pytest.approx({3: 0.3})
+    assert {e.step: e.value for e in acc.Scalars("eval/pass_at_k/2")} == pytest.approx({3: 0.5})
+    (text,) = acc.Tensors("samples/text_summary")
+    table = text.tensor_proto.string_val[0].decode()
+    assert text.step == 2 and "What is 1+2?" in table and "It is 3." in table
+    assert [r["prompt"] for r in read_samples(tmp_path)] == ["What is 0+2?", "What is 1+2?"]
+
+
+@pytest.fixture(scope="module")
+def mlflow_server(tmp_path_factory):
+    """A real tracking server: sqlite backend, artifacts proxied into a temp folder."""
+    home = tmp_path_factory.mktemp("mlflow")
+    port = free_port()
+    log = open(home / "server.log", "w")  # noqa: SIM115 (closed at teardown)
+    # No background job runner: it is a server feature the tests do not use (and needs huey).
+    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
+         "--workers", "1", "--backend-store-uri", f"sqlite:///{home}/mlflow.db",
+         "--artifacts-destination", str(home / "artifacts")],
+        cwd=home, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"mlflow server did not start: {(home / 'server.log').read_text()}")
+            time.sleep(0.3)
+        yield url
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+        log.close()
+
+
+@pytest.mark.slow
+def test_mlflow_server_receives_metrics_samples_and_a_restart_continues_the_run(
+    tmp_path: Path, mlflow_server: str
+):
+    from mlflow import MlflowClient
+
+    job = _job({"backends": ["mlflow"], "mlflow": {"trackingUri": mlflow_server,
+                                                   "experiment": "tracking-test"}})  # fmt: skip
+    _run(job, tmp_path)
+    client = MlflowClient(mlflow_server)
+    run_id = json.loads((tmp_path / IDS_FILE).read_text())["mlflow_run_id"]
+    run = client.get_run(run_id)
+    assert run.info.status == "FINISHED" and run.info.run_name == job.name
+    assert client.get_experiment(run.info.experiment_id).name == "tracking-test"
+    history = client.get_metric_history(run_id, "reward_mean")
+    assert sorted((m.step, round(m.value, 6)) for m in history) == [(1, 0.1), (2, 0.2), (3, 0.3)]
+    assert [m.step for m in client.get_metric_history(run_id, "eval/accuracy")] == [3]
+    (tmp_path / "dl").mkdir()
+    got = client.download_artifacts(run_id, "samples/step_00000002.json", str(tmp_path / "dl"))
+    table = json.loads(Path(got).read_text())
+    rows = [dict(zip(table["columns"], row, strict=True)) for row in table["data"]]
+    assert [(r["prompt"], r["completion"]) for r in rows] == [
+        ("What is 0+2?", "It is 2."),
+        ("What is 1+2?", "It is 3."),
+    ]
+    # A restarted trainer (same output dir) logs into the same run, not a new one.
+    _run(job, tmp_path, steps=[4], phase="Failed")
+    assert json.loads((tmp_path / IDS_FILE).read_text())["mlflow_run_id"] == run_id
+    assert [m.step for m in client.get_metric_history(run_id, "reward_mean")] == [1, 2, 3, 4]
+    assert client.get_run(run_id).info.status == "FAILED"
+
+
+def test_an_mlflow_server_that_is_down_warns_and_never_holds_or_fails_the_run(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+):
+    dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    job = _job({"backends": ["mlflow", "tensorboard"], "mlflow": {"trackingUri": dead}})
+    caplog.set_level(logging.WARNING, logger="lorarl.trainer.tracking")
+    t0 = time.monotonic()
+    tracker = ProgressTracker(job.name, STEPS, tmp_path)
+    tracker.tracking = build_fanout(job, tmp_path)
+    for step in range(1, STEPS + 1):
+        tracker.record(_record(step), None)  # queued: returns at once
+    assert time.monotonic() - t0 < 5
+    tracker.finish("Succeeded")
+    assert [r.step for r in read_history(tmp_path)] == [1, 2, 3]
+    warned = [r.getMessage() for r in caplog.records if "mlflow failed" in r.getMessage()]
+    assert warned and "history.jsonl" in warned[0], caplog.text
+    assert (tmp_path / "tensorboard").is_dir()  # the other tracker carried on
+
+
+class _Flaky:
+    """A sink whose first `fail` calls raise; it records what reaches it."""
+
+    name = "flaky"
+
+    def __init__(self, fail: int, delay: float = 0.0):
+        self.fail, self.delay, self.got, self.closed = fail, delay, [], None
+
+    def open(self) -> None:
+        pass
+
+    def log_metrics(self, step, metrics) -> None:
+        time.sleep(self.delay)
+        if self.fail:
+            self.fail -= 1
+            raise ConnectionError("tracker unreachable")
+        self.got.append(step)
+
+    def log_samples(self, step, rows) -> None:
+        self.got.append(("samples", step))
+
+    def close(self, failed: bool) -> None:
+        self.closed = failed
+
+
+def test_a_raising_sink_is_skipped_for_a_backoff_then_retried(caplog):
+    caplog.set_level(logging.WARNING, logger="lorarl.trainer.tracking")
+    bad, good = _Flaky(fail=1), _Flaky(fail=0)
+    fan = Fanout([bad, good], backoff_s=(0.3, 1.0))
+    fan.log_metrics(1, {"a": 1.0})
+    fan.log_metrics(2, {"a": 2.0})  # within the backoff: dropped for `bad`
+    time.sleep(0.6)
+    fan.log_metrics(3, {"a": 3.0})
+    fan.log_samples(3, [{"step": 3}])
+    fan.close(failed=True)
+    assert good.got == [1, 2, 3, ("samples", 3)] and good.closed is True
+    assert bad.got == [3, ("samples", 3)] and bad.closed is True
+    text = caplog.text
+    assert "flaky failed (step 1)" in text and "flaky is back; 2 record(s) were not sent" in text
+
+
+def test_a_stalled_sink_never_holds_the_caller_and_overflow_is_dropped(caplog):
+    caplog.set_level(logging.WARNING, logger="lorarl.trainer.tracking")
+    slow = _Flaky(fail=0, delay=0.5)
+    fan = Fanout([slow], queue_size=2)
+    t0 = time.monotonic()
+    for step in range(1, 11):
+        fan.log_metrics(step, {"a": float(step)})
+    assert time.monotonic() - t0 < 0.4  # ten puts, no waiting on a sink that takes 0.5 s each
+    assert fan.dropped_full >= 6 and "trackers are behind" in caplog.text
+    fan.close()
+    assert slow.got[0] == 1 and len(slow.got) == 10 - fan.dropped_full
+
+
+def _wandb_records(run_file: Path):
+    """The records of a W&B run file (LevelDB log blocks holding wandb's own protobufs)."""
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    data, block, pos, buf = run_file.read_bytes(), 32768, 7, b""  # 7: the W&B file header
+    assert data.startswith(b":W&B")
+    while pos + 7 <= len(data):
+        left = block - pos % block
+        if left < 7:
+            pos += left
+            continue
+        _, n, kind = struct.unpack("<IHB", data[pos : pos + 7])
+        pos += 7
+        if n == 0 and kind == 0:  # block padding
+            pos += left - 7
+            continue
+        buf, pos = buf + data[pos : pos + n], pos + n
+        if kind in (1, 4):  # FULL, LAST
+            record = pb.Record()
+            record.ParseFromString(buf)
+            yield record
+            buf = b""
+
+
+def test_wandb_offline_run_holds_every_step_eval_and_the_samples_table(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)  # no key: offline
+    monkeypatch.setenv("WANDB_DISABLE_GIT", "true")
+    _run(_job({"backends": ["wandb"], "wandb": {"project": "lorarl-test"}}), tmp_path)
+    (run_dir,) = (tmp_path / "wandb").glob("offline-run-*")
+    run_id = json.loads((tmp_path / IDS_FILE).read_text())["wandb_run_id"]
+    (run_file,) = run_dir.glob(f"run-{run_id}.wandb")
+    steps: dict[int, dict[str, Any]] = {}
+    for record in _wandb_records(run_file):
+        if record.WhichOneof("record_type") == "history":
+            items = {i.key or "/".join(i.nested_key): json.loads(i.value_json)
+                     for i in record.history.item}  # fmt: skip
+            steps.setdefault(record.history.step.num, {}).update(items)
+    assert sorted(steps) == [1, 2, 3]
+    assert [round(steps[s]["reward_mean"], 6) for s in (1, 2, 3)] == [0.1, 0.2, 0.3]
+    assert steps[3]["eval/accuracy"] == pytest.approx(0.3)
+    assert steps[2]["samples/_type"] == "table-file" and steps[2]["samples/nrows"] == 2
+    table = json.loads((run_dir / "files" / steps[2]["samples/path"]).read_text())
+    assert table["columns"][:3] == ["step", "prompt", "completion"]
+    assert [row[1] for row in table["data"]] == ["What is 0+2?", "What is 1+2?"]
+    assert (tmp_path / SAMPLES_FILE).is_file()
