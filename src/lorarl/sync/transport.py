@@ -235,13 +235,15 @@ class SyncReceiver:
         self.last_stats: TransferStats | None = None
         try:
             formed, seq = self._read_value("formed"), self._read_value("seq")
+            rejoin = formed >= 0
         except BadMessage as exc:
             log.warning("sync store pointers do not verify (%s); scanning announcements", exc)
             formed, seq = self._scan()
+            rejoin = True  # whatever was formed, a fresh generation is safe
         # Generations formed before we (re)started already hold our rank's old incarnation.
         self._min_generation = formed + 1
         self._next_seq = max(seq, 0)
-        if formed >= 0:
+        if rejoin:
             self._ep.ctl.add("rejoin", 1)
 
     @property
@@ -373,21 +375,23 @@ class SyncReceiver:
         return self._signer.open_announcement(self._ep.ctl.get(key), seq)
 
     def _scan(self) -> tuple[int, int]:
-        """(newest generation, newest seq) from the announcements themselves, for when the
-        pointers to them are poisoned: joining any generation seen so far is unsafe."""
-        newest_generation, newest_seq = -1, -1
+        """(newest verified generation, the seq after the last announcement), read from the
+        announcements themselves when the pointers to them are poisoned: the receiver then
+        waits only for operations announced after it started (its rejoin request makes one)."""
+        newest_generation, after_last = -1, 0
         for seq in range(MAX_SCAN):
             try:
                 found = self._announcement(seq)
             except BadMessage:
+                after_last = seq + 1
                 continue
             if found is None:
                 if not self._ep.ctl.check([f"announce/{seq + 1}"]):
                     break
                 continue
             newest_generation = max(newest_generation, found.generation)
-            newest_seq = seq
-        return newest_generation, newest_seq
+            after_last = seq + 1
+        return newest_generation, after_last
 
     def _wait_announcement(self, timeout: float | None) -> Announcement:
         """The next verified announcement. One that does not verify is logged and ignored: the
