@@ -176,6 +176,12 @@ def prepare_task(task: str, rows: int, seed: int, out: str, source: str | None, 
     converted from a local copy (--from) to verl's parquet format; nothing is downloaded."""
     from lorarl.data_tasks import convert_gsm8k, write_task_jsonl
 
+    given = click.get_current_context().get_parameter_source
+    unused = ("rows", "seed") if task == "gsm8k" else ("split",)
+    for name in unused:
+        if given(name) is not click.core.ParameterSource.DEFAULT:
+            flag = {"rows": "--rows", "seed": "--seed", "split": "--split"}[name]
+            raise click.UsageError(f"{flag} does not apply to {task}")
     if task == "gsm8k":
         if source is None:
             raise click.UsageError("gsm8k needs --from PATH: a local GSM8K file (no downloads)")

@@ -206,3 +206,9 @@ def test_prepare_gsm8k_errors(tmp_path):
         main, ["prepare", "task", "larger", "--from", str(bad), "-o", str(tmp_path / "o.jsonl")]
     )
     assert r.exit_code == 2 and "--from is for gsm8k only" in r.output
+    r = runner.invoke(
+        main, ["prepare", "task", "gsm8k", "--from", str(bad), "-n", "5", "-o", "o.parquet"]
+    )
+    assert r.exit_code == 2 and "--rows does not apply to gsm8k" in r.output
+    r = runner.invoke(main, ["prepare", "task", "larger", "--split", "test", "-o", "o.jsonl"])
+    assert r.exit_code == 2 and "--split does not apply to larger" in r.output
