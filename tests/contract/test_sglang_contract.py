@@ -116,10 +116,11 @@ def test_adapter_job_tp2_trust_remote_code_flags(sglang: Harness) -> None:
 
 
 def test_engine_args_pass_through(sglang: Harness) -> None:
-    extra = ["--api-key", "s3cret", "--context-length", "4096", "--chunked-prefill-size", "1024"]
+    # Flags lorarl sets (--api-key, ...) are refused by the spec (tests/security).
+    extra = ["--stream-interval", "2", "--context-length", "4096", "--chunked-prefill-size", "1024"]
     spec = job_spec(rollout={"engineArgs": extra})
-    f = server_args(sglang, spec, ["api_key", "context_length", "chunked_prefill_size"])
-    assert f == {"api_key": "s3cret", "context_length": 4096, "chunked_prefill_size": 1024}
+    f = server_args(sglang, spec, ["stream_interval", "context_length", "chunked_prefill_size"])
+    assert f == {"stream_interval": 2, "context_length": 4096, "chunked_prefill_size": 1024}
 
 
 def test_parser_rejects_what_sglang_does_not_know(sglang: Harness) -> None:

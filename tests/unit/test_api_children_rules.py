@@ -54,7 +54,7 @@ def test_requests_over_limits_are_refused_where_the_api_server_would() -> None:
 
 
 def test_the_rendered_config_must_fit_a_config_map() -> None:
-    doc = doc_with(reward={"params": {"metadata_key": "pattern", "blob": "x" * MAX_CONFIG_BYTES}})
+    doc = doc_with(reward={"params": {"metadata_key": "x" * MAX_CONFIG_BYTES}})
     problems = [str(p) for p in check_manifest(doc)]
     assert problems == [
         f"the job rendered as its ConfigMap's job.yaml exceeds {MAX_CONFIG_BYTES} bytes (1 MiB, "
@@ -85,7 +85,7 @@ def test_the_longest_name_and_most_replicas_still_make_valid_child_names() -> No
     doc = doc_with(
         trainer={"replicas": 1024},
         rollout={"replicas": 1024},
-        reward={"function": "exact_match", "service": {}},
+        reward={"function": "exact_match", "params": {}, "service": {}},
         scheduling={"queueName": "q" * 63},
     )
     doc["metadata"]["name"] = "j" * 40

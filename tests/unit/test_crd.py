@@ -67,6 +67,24 @@ def test_schema_is_structural_and_documented():
             assert node.get("description"), f"{path} has no description"
 
 
+def test_every_number_in_the_spec_is_bounded():
+    """Both bounds on every integer and number a user writes (the API server refuses the rest,
+    e.g. a seed of 10**40 or a deadline of 10**30, before the webhook is even asked)."""
+    spec = crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    numbers = 0
+    for path, node in _walk(spec):
+        if node.get("type") in ("integer", "number") or node.get("x-kubernetes-int-or-string"):
+            numbers += 1
+            assert "minimum" in node and "maximum" in node, f"{path} is unbounded: {node}"
+    assert numbers >= 50
+    props = spec["properties"]
+    assert props["lora"]["properties"]["alpha"]["maximum"] == 65536
+    assert props["training"]["properties"]["seed"]["maximum"] == 2**32 - 1
+    assert props["runPolicy"]["properties"]["activeDeadlineSeconds"]["maximum"] == 315_360_000
+    quantity = props["trainer"]["properties"]["resources"]["properties"]["limits"]
+    assert quantity["additionalProperties"]["maximum"] == 2**63 - 1
+
+
 def _docs():
     for path in EXAMPLES:
         try:
@@ -132,6 +150,15 @@ def _variants():
         ("scheduling", {"queueName": "team-q"}), ("scheduling", {"queueName": "Team_Q"}),
         ("scheduling", {"priorityClassName": "high.prio"}),
         ("runPolicy", {"activeDeadlineSeconds": 0}),
+        ("runPolicy", {"activeDeadlineSeconds": 315_360_000}),
+        ("runPolicy", {"activeDeadlineSeconds": 10**30}),
+        ("data", {"trainFiles": ["t.jsonl"], "seed": 10**40}),
+        ("lora", {"alpha": 65536}), ("lora", {"alpha": 65536.5}),
+        ("optim", {"betas": [0.9, 1.0]}),
+        ("scheduling", {"priorityClassName": "system-cluster-critical"}),
+        ("scheduling", {"priorityClassName": "systemic"}),
+        ("rollout", {"engineArgs": ["--host", "0.0.0.0"]}),  # Python only: the CRD accepts
+        ("reward", {"function": "no_such_reward"}),  # Python only: the CRD accepts
     ]  # fmt: skip
     for i, (section, value) in enumerate(patches):
         doc = copy.deepcopy(base)

@@ -15,6 +15,8 @@ from typing import Any
 import pytest
 import yaml
 
+from lorarl.operator.config import OperatorConfig
+
 helm = pytest.importorskip("helm_python", reason="pip install helm-python-sdk")
 kubernetes_validate = pytest.importorskip("kubernetes_validate")
 
@@ -363,6 +365,7 @@ def test_operator_deployment_contract(rendered):
         "LORARL_WEBHOOK_PORT": "9443",
         "LORARL_METRICS_PORT": "8080",
         "LORARL_HEALTH_PORT": "8081",
+        "LORARL_ALLOWED_PRIORITY_CLASSES": "",
     }
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
     assert ports == {"webhook": 9443, "metrics": 8080, "health": 8081}
@@ -382,6 +385,14 @@ def test_webhook_off_turns_the_server_off(rendered):
     assert "webhook" not in {p["name"] for p in c["ports"]}
     assert "webhook-certs" not in {v["name"] for v in dep["spec"]["template"]["spec"]["volumes"]}
     assert not find(rendered["webhook-off"], "Deployment", "lorarl-status-api")
+
+
+def test_allowed_priority_classes_reach_the_operator_config():
+    classes = ["training-low", "training-high"]
+    objs = render_chart({"webhook": {"allowedPriorityClasses": classes}})
+    (c,) = one(objs, "Deployment", "lorarl-operator")["spec"]["template"]["spec"]["containers"]
+    config = OperatorConfig.from_env(env_of(c))
+    assert config.allowed_priority_classes == tuple(classes)
 
 
 def test_scheduling_and_pull_values_reach_the_pod(rendered):

@@ -186,7 +186,7 @@ def test_rollout_pod_shares_memory_volume_between_engine_and_sidecar() -> None:
 def test_every_pod_has_a_memory_backed_dev_shm_and_logs_as_termination_message() -> None:
     """NCCL, DataLoader workers, vLLM and Ray need more than the runtime's 64 MiB /dev/shm; a
     failed container's last log lines are its termination message (what `Failed` shows)."""
-    j, p = job(reward={"function": "exact_match", "service": {}})
+    j, p = job(reward={"function": "exact_match", "params": {}, "service": {}})
     roles = {role.role: len(role.replicas) for role in p.roles}
     assert roles == {"trainer": 1, "rollout": 2, "reward": 1}
     for role, count in roles.items():
@@ -324,7 +324,7 @@ def test_unknown_replica_is_an_error() -> None:
 def test_only_the_reward_pod_goes_without_the_engine_key() -> None:
     """The reward service scores untrusted completions (python_tests): it must not be able to
     drive the engines, so its pod gets no reference to the engine-key Secret."""
-    j, p = job(reward={"function": "exact_match", "service": {}})
+    j, p = job(reward={"function": "exact_match", "params": {}, "service": {}})
     for role in ("trainer", "rollout", "reward"):
         pod = builders.pod(p, j, role, 0)
         refs = [

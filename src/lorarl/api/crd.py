@@ -104,7 +104,7 @@ def _convert(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
             # integer's bounds (each keyword applies only to values of its own type).
             out = {"x-kubernetes-int-or-string": True}
             for option in options:
-                keep = ("pattern",) if option.get("type") == "string" else ("minimum",)
+                keep = ("pattern",) if option.get("type") == "string" else ("minimum", "maximum")
                 out |= {k: option[k] for k in keep if k in option}
             if "description" in rest:
                 out["description"] = rest["description"]

@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal
 from pydantic import ConfigDict, Field, PlainValidator, WithJsonSchema
 from pydantic_core import PydanticCustomError
 
-from lorarl.api.base import ApiModel
+from lorarl.api.base import INT64_MAX, MAX_SECONDS, ApiModel
 from lorarl.api.rules import Rule, enforce, rules_schema_extra
 
 # The API server's grammars for what the children carry, so a job it would refuse in a Pod is
@@ -31,7 +31,7 @@ CONFIG_KEY = r"^[-._a-zA-Z0-9]+$"
 
 def _quantity(value: Any) -> int | str:
     """One clear error instead of one per union member."""
-    ok_int = isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    ok_int = isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= INT64_MAX
     if ok_int or (isinstance(value, str) and re.fullmatch(QUANTITY_PATTERN, value)):
         return value
     raise PydanticCustomError(
@@ -45,7 +45,7 @@ Quantity = Annotated[
     WithJsonSchema(
         {
             "anyOf": [
-                {"type": "integer", "minimum": 0},
+                {"type": "integer", "minimum": 0, "maximum": INT64_MAX},
                 {"type": "string", "pattern": QUANTITY_PATTERN},
             ]
         }
@@ -196,7 +196,10 @@ class Toleration(ApiModel):
         default=None, description="Taint effect to match; empty matches all effects."
     )
     toleration_seconds: int | None = Field(
-        default=None, description="How long a NoExecute taint is tolerated."
+        default=None,
+        ge=0,
+        le=MAX_SECONDS,
+        description="How long a NoExecute taint is tolerated.",
     )
 
     _rules = enforce(_EXISTS_RULE, _TOLERATION_SECONDS_RULE)

@@ -10,11 +10,11 @@ from typing import Literal
 
 from pydantic import ConfigDict, Field
 
-from lorarl.api.base import ApiModel
+from lorarl.api.base import ReportModel
 from lorarl.api.status import CheckpointStatus, EvalRecord, SyncStatus
 
 
-class StepRecord(ApiModel):
+class StepRecord(ReportModel):
     model_config = ConfigDict(extra="ignore")  # readers tolerate newer trainers
 
     step: int = Field(ge=1, description="1-based step number.")
@@ -63,7 +63,7 @@ class StepRecord(ApiModel):
     )
 
 
-class Progress(ApiModel):
+class Progress(ReportModel):
     model_config = ConfigDict(extra="ignore")
 
     job: str

@@ -30,6 +30,13 @@ def in_cluster(info: ValidationInfo | None) -> bool:
     return bool(info is not None and isinstance(info.context, dict) and info.context.get("cluster"))
 
 
+def crd_only(info: ValidationInfo | None) -> bool:
+    """Validating as the CRD alone would: Python-only checks are skipped."""
+    return bool(
+        info is not None and isinstance(info.context, dict) and info.context.get("crd_only")
+    )
+
+
 @dataclass(frozen=True)
 class Rule:
     cel: str | None  # None: Python only (the webhook enforces it; the CRD cannot)
@@ -55,9 +62,9 @@ def enforce(*rules: Rule):
 
     def _check(self, info: ValidationInfo):
         cluster = in_cluster(info)
-        crd_only = bool(isinstance(info.context, dict) and info.context.get("crd_only"))
+        schema_only = crd_only(info)
         for rule in rules:
-            if (rule.cluster and not cluster) or (crd_only and not rule.cel):
+            if (rule.cluster and not cluster) or (schema_only and not rule.cel):
                 continue
             if not rule.check(self):
                 value = _field_value(self, rule.field)

@@ -7,15 +7,17 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Field, ValidationInfo, model_validator
+from pydantic_core import PydanticCustomError
 
 from lorarl.api.algorithm import GROUP_ALGORITHMS, Algorithm, AlgorithmSpec, OptimSpec
-from lorarl.api.base import ApiModel
+from lorarl.api.base import INT64_MAX, MAX_SECONDS, ApiModel
 from lorarl.api.k8s import (
     ResourceRequirements,
     VolumeClaim,
 )
-from lorarl.api.rules import Rule, enforce, rules_schema_extra
+from lorarl.api.rules import Rule, crd_only, enforce, rules_schema_extra
+from lorarl.api.safe_yaml import EXCERPT_CHARS
 from lorarl.api.tracking import TRACKING_SPEC_RULES, LoggingSpec
 from lorarl.api.workloads import (
     RESERVED_ENV,
@@ -76,7 +78,7 @@ class LoraSpec(ApiModel):
 
     rank: int = Field(default=32, gt=0, le=1024, description="LoRA rank r.")
     alpha: float = Field(
-        default=32.0, gt=0, description="LoRA alpha; the update is scaled by alpha/r."
+        default=32.0, gt=0, le=65536, description="LoRA alpha; the update is scaled by alpha/r."
     )
     dropout: float = Field(
         default=0.0,
@@ -152,7 +154,7 @@ class DataSpec(ApiModel):
         default=256, gt=0, le=131072, description="Completion length limit."
     )
     shuffle: bool = Field(default=True, description="Shuffle prompts every epoch.")
-    seed: int = Field(default=0, ge=0, description="Shuffle seed.")
+    seed: int = Field(default=0, ge=0, le=INT64_MAX, description="Shuffle seed.")
 
 
 class RewardServiceSpec(ApiModel):
@@ -164,9 +166,14 @@ class RewardServiceSpec(ApiModel):
     )
     replicas: int = Field(default=1, ge=1, le=64, description="Serve replicas per deployment.")
     max_replicas: int | None = Field(
-        default=None, ge=1, description="Autoscaling upper bound (autoscaling off if unset)."
+        default=None,
+        ge=1,
+        le=1024,
+        description="Autoscaling upper bound (autoscaling off if unset).",
     )
-    timeout_seconds: float = Field(default=60.0, gt=0, description="Timeout per scoring call.")
+    timeout_seconds: float = Field(
+        default=60.0, gt=0, le=MAX_SECONDS, description="Timeout per scoring call."
+    )
     max_retries: int = Field(default=3, ge=0, le=20, description="Retries before the step fails.")
     resources: ResourceRequirements = Field(
         default_factory=ResourceRequirements, description="Reward pod resources."
@@ -203,6 +210,31 @@ class RewardSpec(ApiModel):
     )
 
     _rules = enforce(_ONE_REWARD_SOURCE)
+
+    @model_validator(mode="after")
+    def _known_reward(self, info: ValidationInfo) -> RewardSpec:
+        """A built-in name and its params are checked where the job is admitted (`lorarl
+        validate`, the webhook), not first when the trainer starts; nothing heavy is imported.
+        Python only: the CRD cannot know the registry. An external service (service.url)
+        defines its own names."""
+        external = self.service is not None and self.service.url is not None
+        if self.function is None or external or crd_only(info):
+            return self
+        from lorarl.rewards.registry import UnknownRewardError, check_reward
+
+        try:
+            check_reward(self.function, self.params)
+        except UnknownRewardError as exc:
+            field, value, message = "function", self.function, str(exc)
+        except ValueError as exc:
+            field, value, message = "params", self.params, str(exc)
+        else:
+            return self
+        if len(message) > 2 * EXCERPT_CHARS:
+            message = message[: 2 * EXCERPT_CHARS - 3] + "..."
+        raise PydanticCustomError(
+            "rule", "{message}", {"message": message, "field": field, "value": value}
+        )
 
 
 _GREEDY_ONE_SAMPLE = Rule(
@@ -267,13 +299,14 @@ class TrainingSpec(ApiModel):
     mini_batch_size: int | None = Field(
         default=None,
         gt=0,
+        le=65536 * 1024,
         description="Samples per optimizer update within a step (one update per step if unset).",
     )
     micro_batch_size: int = Field(
         default=4, gt=0, le=4096, description="Sequences per forward/backward on each rank."
     )
     checkpoint_interval: int = Field(
-        default=50, gt=0, description="Save a checkpoint every N steps."
+        default=50, gt=0, le=10_000_000, description="Save a checkpoint every N steps."
     )
     keep_checkpoints: int = Field(default=3, ge=1, le=1000, description="Checkpoints to keep.")
     output_dir: str = Field(
@@ -287,7 +320,13 @@ class TrainingSpec(ApiModel):
         description="PersistentVolumeClaim holding outputDir, mounted read-write on the trainer "
         "pods (required in a cluster: outputs must survive the pods).",
     )
-    seed: int = Field(default=42, ge=0, description="Seed for sampling and initialization.")
+    seed: int = Field(
+        default=42,
+        ge=0,
+        le=2**32 - 1,
+        description="Seed for sampling and initialization (the engines seed numpy with it, which "
+        "takes 32 bits).",
+    )
     export: list[Literal["adapter", "merged"]] = Field(
         default_factory=lambda: ["adapter"],
         min_length=1,

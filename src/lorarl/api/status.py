@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from lorarl.api.base import ApiModel
+from lorarl.api.base import ReportModel
 
 Phase = Literal["Pending", "Starting", "Running", "Restarting", "Suspended", "Succeeded", "Failed"]
 ConditionType = Literal[
@@ -14,7 +14,7 @@ ConditionType = Literal[
 ]
 
 
-class Condition(ApiModel):
+class Condition(ReportModel):
     """metav1.Condition."""
 
     type: str = Field(description="Condition type, e.g. Running.")
@@ -29,7 +29,7 @@ class Condition(ApiModel):
     )
 
 
-class StepMetrics(ApiModel):
+class StepMetrics(ReportModel):
     reward_mean: float | None = Field(default=None, description="Mean reward of the last step.")
     reward_std: float | None = Field(default=None, description="Reward standard deviation.")
     kl: float | None = Field(default=None, description="KL to the base model.")
@@ -71,8 +71,7 @@ class StepMetrics(ApiModel):
     )
 
 
-
-class SyncStatus(ApiModel):
+class SyncStatus(ReportModel):
     version: int = Field(default=0, ge=0, description="Adapter version the engines serve.")
     seconds: float | None = Field(default=None, description="Duration of the last sync.")
     bytes: int | None = Field(default=None, description="Bytes sent in the last sync.")
@@ -80,7 +79,7 @@ class SyncStatus(ApiModel):
     time: str | None = Field(default=None, description="When the last sync finished.")
 
 
-class EvalRecord(ApiModel):
+class EvalRecord(ReportModel):
     """One evaluation on data.valFiles: the engines at the weights after `step` steps sample
     `samplesPerPrompt` completions per validation prompt, scored with the job's reward.
 
@@ -109,13 +108,13 @@ class EvalRecord(ApiModel):
         )
 
 
-class CheckpointStatus(ApiModel):
+class CheckpointStatus(ReportModel):
     step: int = Field(ge=0, description="Step of the newest complete checkpoint.")
     path: str = Field(description="Where it is.")
     time: str | None = Field(default=None, description="When it was written.")
 
 
-class LoRARLJobStatus(ApiModel):
+class LoRARLJobStatus(ReportModel):
     phase: Phase | None = Field(default=None, description="Coarse state of the job.")
     conditions: list[Condition] = Field(default_factory=list, description="Detailed state.")
     observed_generation: int | None = Field(

@@ -6,7 +6,6 @@ Every problem names the field path, the rule and the value, e.g.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,17 @@ from pydantic import ValidationError
 
 from lorarl.api.job import LoRARLJob
 from lorarl.api.rules import CLUSTER, CRD_ONLY
+from lorarl.api.safe_yaml import (
+    EXCERPT_CHARS,
+    MAX_DOCUMENT_BYTES,
+    InputLimitError,
+    check_tree,
+    excerpt,
+    load_all,
+)
+
+# More problems than this in one manifest are summarized (a hostile one can make thousands).
+MAX_PROBLEMS = 20
 
 
 @dataclass(frozen=True)
@@ -63,9 +73,18 @@ def check_manifest(doc: Any, *, cluster: bool = True, crd_only: bool = False) ->
     if not isinstance(doc, dict):
         return [Problem("", f"a manifest must be a mapping (got {_show(doc)})")]
     try:
+        check_tree(doc)
         LoRARLJob.model_validate(doc, context=CRD_ONLY if crd_only else _context(cluster))
+    except InputLimitError as exc:
+        return [Problem("", f"manifest refused: {exc}")]
+    except RecursionError:  # check_tree bounds the depth; kept so no input can crash a caller
+        return [Problem("", "manifest refused: nested too deeply")]
     except ValidationError as exc:
-        return [_problem(err) for err in exc.errors(include_url=False)]
+        problems = [_problem(err) for err in exc.errors(include_url=False)]
+        if len(problems) > MAX_PROBLEMS:
+            more = len(problems) - MAX_PROBLEMS
+            problems = [*problems[:MAX_PROBLEMS], Problem("", f"... and {more} more problems")]
+        return problems
     return []
 
 
@@ -73,16 +92,22 @@ def load_documents(path: str | Path) -> list[tuple[str, Any]]:
     """(source label, parsed document) for each YAML document; a YAML error becomes a Problem."""
     path = Path(path)
     try:
-        text = path.read_text()
+        with path.open("rb") as f:
+            data = f.read(MAX_DOCUMENT_BYTES + 1)  # no more than the limit is ever read
+        text = data.decode()
     except OSError as exc:
         raise ManifestError([Problem("", f"cannot read {path}: {exc.strerror}")]) from exc
+    except UnicodeDecodeError as exc:
+        raise ManifestError([Problem("", f"{path} is not UTF-8 text ({exc.reason})")]) from None
     try:
-        docs = [d for d in yaml.safe_load_all(text) if d is not None]
+        docs = load_all(text)
+    except InputLimitError as exc:
+        raise ManifestError([Problem("", f"YAML refused: {exc}")]) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        reason = getattr(exc, "problem", None) or str(exc)
-        raise ManifestError([Problem("", f"invalid YAML{where}: {reason}")]) from exc
+        reason = str(getattr(exc, "problem", None) or exc)[:EXCERPT_CHARS]
+        raise ManifestError([Problem("", f"invalid YAML{where}: {reason}")]) from None
     if not docs:
         raise ManifestError([Problem("", "no YAML documents found")])
     if len(docs) == 1:
@@ -113,8 +138,10 @@ _MESSAGES = {
     "int_type": "must be an integer",
     "int_parsing": "must be an integer",
     "int_from_float": "must be an integer",
+    "int_parsing_size": "must be an integer of at most 4300 digits",
     "float_type": "must be a number",
     "float_parsing": "must be a number",
+    "finite_number": "must be a finite number",
     "bool_type": "must be true or false",
     "bool_parsing": "must be true or false",
     "string_type": "must be a string",
@@ -156,12 +183,7 @@ def _join(loc: list[str]) -> str:
 
 
 def _show(value: Any) -> str:
-    if isinstance(value, str):
-        return json.dumps(value)
-    try:
-        return json.dumps(value, sort_keys=True, default=str)
-    except (TypeError, ValueError):
-        return repr(value)
+    return excerpt(value)
 
 
 def load_job_file(path: str | Path) -> LoRARLJob:

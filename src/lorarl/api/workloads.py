@@ -3,11 +3,13 @@ and scheduling, and the environment variables lorarl reserves for its own wiring
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Field, ValidationInfo, model_validator
+from pydantic_core import PydanticCustomError
 
 from lorarl.api.base import MAX_SECONDS, ApiModel
+from lorarl.api.engine_flags import overriding_arg
 from lorarl.api.k8s import (
     DNS1123_LABEL,
     GPU_RESOURCE,
@@ -17,7 +19,7 @@ from lorarl.api.k8s import (
     ResourceRequirements,
     Toleration,
 )
-from lorarl.api.rules import Rule, enforce, rules_schema_extra
+from lorarl.api.rules import Rule, crd_only, enforce, rules_schema_extra
 
 # The per-job secrets, delivered by reference (a Secret in a cluster, generated per run locally):
 # the engines' API key, and the key that authenticates the weight-sync channel's announcements.
@@ -216,11 +218,33 @@ class RolloutSpec(PodTemplateFields):
     kv_cache_gib: int | None = Field(
         default=None, ge=1, le=4096, description="KV cache size in GiB for CPU engines."
     )
-    engine_args: list[str] = Field(
-        default_factory=list, description="Extra engine command-line flags."
+    engine_args: list[Annotated[str, Field(max_length=4096)]] = Field(
+        default_factory=list,
+        max_length=128,
+        description="Extra engine command-line flags. Flags lorarl sets (API key, host, port, "
+        "model, served name, logprob mode, LoRA serving, and those mirroring spec fields such as "
+        "--dtype or --seed) cannot be overridden, nor abbreviated, and --config is refused.",
     )
 
     _rules = enforce(_ROLLOUT_ENV_RULE, _ENV_VALUE_RULE, _TP_RULE, _TP_CPU_RULE, _NO_GPU_RESOURCE)
+
+    @model_validator(mode="after")
+    def _no_managed_flags(self, info: ValidationInfo) -> RolloutSpec:
+        """Python only (argparse's prefix matching is beyond a CEL rule's cost budget): the
+        webhook and `lorarl validate` refuse it, and the plan refuses it again."""
+        if crd_only(info):
+            return self
+        cpu = self.gpus_per_replica == 0
+        bad = overriding_arg(self.engine, self.engine_args, cpu=cpu)
+        if bad is None:
+            return self
+        message = (
+            f"must not override or abbreviate a flag lorarl sets for {self.engine} (the API key, "
+            "address, model, LoRA serving; the rest mirror spec fields: set those instead)"
+        )
+        raise PydanticCustomError(
+            "rule", "{message}", {"message": message, "field": "engineArgs", "value": bad}
+        )
 
 
 class RunPolicy(ApiModel):
@@ -247,7 +271,19 @@ class RunPolicy(ApiModel):
     )
 
 
+# system-node-critical and system-cluster-critical outrank every workload and are Kubernetes'
+# own; the operator's allow-list (the chart's webhook.allowedPriorityClasses) limits the rest.
+_SYSTEM_PRIORITY_RULE = Rule(
+    cel="!has(self.priorityClassName) || !self.priorityClassName.startsWith('system-')",
+    message="system-* PriorityClasses are reserved for cluster components",
+    check=lambda m: not (m.priority_class_name or "").startswith("system-"),
+    field="priorityClassName",
+)
+
+
 class SchedulingSpec(ApiModel):
+    model_config = ConfigDict(json_schema_extra=rules_schema_extra(_SYSTEM_PRIORITY_RULE))
+
     queue_name: str | None = Field(
         default=None,
         min_length=1,
@@ -259,5 +295,9 @@ class SchedulingSpec(ApiModel):
         default="none", description="Gang-schedule all pods of the job with a PodGroup."
     )
     priority_class_name: ObjectName | None = Field(
-        default=None, description="PriorityClass for the job's pods."
+        default=None,
+        description="PriorityClass for the job's pods: one the operator allows (its admin lists "
+        "them in the chart's webhook.allowedPriorityClasses; none by default), never system-*.",
     )
+
+    _rules = enforce(_SYSTEM_PRIORITY_RULE)

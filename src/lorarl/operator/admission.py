@@ -3,9 +3,10 @@ change once a job runs (pods are immutable, so other edits would silently not ap
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
+from lorarl.api.safe_yaml import excerpt
 from lorarl.api.validation import Problem, check_manifest
 
 # Read again on every pass, so changing them on a running job means what it says.
@@ -18,9 +19,33 @@ MUTABLE = (
 )
 
 
-def manifest_problems(obj: Mapping[str, Any]) -> list[Problem]:
-    """Validate what the user wrote (the status is the operator's, not theirs)."""
-    return check_manifest({k: v for k, v in obj.items() if k != "status"})
+PRIORITY_CLASS_PATH = "spec.scheduling.priorityClassName"
+
+
+def manifest_problems(
+    obj: Mapping[str, Any], allowed_priority_classes: Collection[str] | None = None
+) -> list[Problem]:
+    """Validate what the user wrote (the status is the operator's, not theirs); with an
+    allow-list, also the PriorityClass (the operator's config, from the chart)."""
+    problems = check_manifest({k: v for k, v in obj.items() if k != "status"})
+    if allowed_priority_classes is not None and not problems:
+        problems += priority_class_problems(obj, allowed_priority_classes)
+    return problems
+
+
+def priority_class_problems(obj: Mapping[str, Any], allowed: Collection[str]) -> list[Problem]:
+    """A PriorityClass outranks (and can preempt) other workloads: only the admin's list."""
+    name = ((obj.get("spec") or {}).get("scheduling") or {}).get("priorityClassName")
+    if name is None or name in allowed:
+        return []
+    choices = ", ".join(sorted(allowed)) if allowed else "none: leave it unset"
+    return [
+        Problem(
+            PRIORITY_CLASS_PATH,
+            f"must be a PriorityClass the operator allows ({choices}; the chart's "
+            f"webhook.allowedPriorityClasses) (got {excerpt(name)})",
+        )
+    ]
 
 
 def changed_paths(old: Any, new: Any, prefix: str) -> list[str]:

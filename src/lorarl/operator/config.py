@@ -4,6 +4,7 @@ charts/lorarl/README.md). A bad value fails start-up with the variable's name.""
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +31,9 @@ class OperatorConfig:
     progress_timeout: float = 2.0
     operator_namespace: str = "default"  # where the operator and status API pods run
     request_timeout: float = 15.0
+    # PriorityClasses a job may name (checked at admission); empty: none, jobs run at the
+    # cluster's default priority.
+    allowed_priority_classes: tuple[str, ...] = ()
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> OperatorConfig:
@@ -46,6 +50,7 @@ class OperatorConfig:
             progress_timeout=_seconds(env, "LORARL_PROGRESS_TIMEOUT", 2.0),
             operator_namespace=env.get("LORARL_OPERATOR_NAMESPACE") or _own_namespace(),
             request_timeout=_seconds(env, "LORARL_REQUEST_TIMEOUT", 15.0),
+            allowed_priority_classes=_priority_classes(env),
         )
 
     def progress_base(self, namespace: str, name: str) -> str:
@@ -86,6 +91,20 @@ def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
     if value <= 0:
         raise ConfigError(f"{name}: must be greater than 0 (got {raw})")
     return value
+
+
+_DNS1123_SUBDOMAIN = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
+
+
+def _priority_classes(env: Mapping[str, str]) -> tuple[str, ...]:
+    name = "LORARL_ALLOWED_PRIORITY_CLASSES"
+    names = tuple(n.strip() for n in env.get(name, "").split(",") if n.strip())
+    for n in names:
+        if len(n) > 253 or not re.fullmatch(_DNS1123_SUBDOMAIN, n):
+            raise ConfigError(f"{name}: {n[:80]!r} is not a PriorityClass name")
+        if n.startswith("system-"):
+            raise ConfigError(f"{name}: {n!r}: system-* classes are for cluster components")
+    return names
 
 
 def _template(env: Mapping[str, str]) -> str:

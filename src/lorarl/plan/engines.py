@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from lorarl.api.engine_flags import overriding_arg
 from lorarl.api.spec import LoRARLJobSpec
 from lorarl.api.workloads import ENGINE_API_KEY_ENV
 
@@ -27,6 +28,12 @@ SGLANG_ORIGINAL_LOGPROB_ENV = "SGLANG_RETURN_ORIGINAL_LOGPROB"
 
 
 def engine_command(spec: LoRARLJobSpec, model_path: str, host: str, port: int) -> list[str]:
+    r = spec.rollout
+    bad = overriding_arg(r.engine, r.engine_args, cpu=r.gpus_per_replica == 0)
+    if bad is not None:  # the spec refuses it too; kept so no path reaches an engine with it
+        raise ValueError(
+            f"spec.rollout.engineArgs: {bad[:60]!r} overrides a flag lorarl sets for {r.engine}"
+        )
     if spec.rollout.engine == "sglang":
         return sglang_command(spec, model_path, host, port)
     return vllm_command(spec, model_path, host, port)

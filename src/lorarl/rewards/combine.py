@@ -9,6 +9,7 @@ from typing import Any
 from lorarl.rewards.registry import (
     BoundReward,
     RewardResult,
+    check_reward,
     get_reward,
     register_factory,
     to_result,
@@ -24,6 +25,11 @@ Component = (
 
 
 def _parse_component(i: int, comp: Component) -> tuple[BoundReward, float]:
+    spec, weight, params = _split(i, comp)
+    return get_reward(spec, **params), weight
+
+
+def _split(i: int, comp: Component) -> tuple[Any, float, Mapping[str, Any]]:
     if isinstance(comp, Mapping):  # the form a YAML job spec gives: {name, weight, params}
         unknown = set(comp) - {"name", "weight", "params"}
         if unknown or "name" not in comp:
@@ -46,10 +52,26 @@ def _parse_component(i: int, comp: Component) -> tuple[BoundReward, float]:
         raise ValueError(f"weighted: component {i} weight must be a finite number, got {weight!r}")
     if not isinstance(params, Mapping):
         raise ValueError(f"weighted: component {i} params must be a mapping, got {params!r}")
-    return get_reward(spec, **params), float(weight)
+    return spec, float(weight), params
 
 
-@register_factory("weighted")
+def _check(components: Sequence[Component]) -> None:
+    """Each component's shape, name and params, with nothing bound (see check_reward)."""
+    if isinstance(components, (str, bytes)) or not isinstance(components, Sequence):
+        raise ValueError("weighted: components must be a non-empty list")
+    if not components:
+        raise ValueError("weighted: components must be a non-empty list")
+    for i, comp in enumerate(components):
+        spec, _, params = _split(i, comp)
+        if not isinstance(spec, str):
+            raise ValueError(f"weighted: component {i} name must be a string, got {spec!r}")
+        try:
+            check_reward(spec, params)
+        except ValueError as exc:  # an unknown name here is a bad param of weighted
+            raise ValueError(f"weighted: component {i}: {exc}") from None
+
+
+@register_factory("weighted", check=_check)
 def weighted(components: Sequence[Component]) -> Callable[..., RewardResult]:
     """Sum of weight * score over components; each component's score is kept in info."""
     if isinstance(components, (str, bytes)) or not components:

@@ -25,6 +25,8 @@ __all__ = [
     "RewardError",
     "RewardFn",
     "RewardResult",
+    "UnknownRewardError",
+    "check_reward",
     "get_reward",
     "list_rewards",
     "register",
@@ -49,6 +51,10 @@ class RewardFn(Protocol):
 
 class RewardError(RuntimeError):
     """A reward function raised or returned something unusable while scoring."""
+
+
+class UnknownRewardError(ValueError):
+    """A reward name that is neither registered nor `module:function`."""
 
 
 @dataclass(frozen=True)
@@ -82,9 +88,12 @@ def register(
     return _registrar(name, is_factory=False, check=check)
 
 
-def register_factory(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Register `factory(**params) -> reward fn`, for rewards that build state once (weighted)."""
-    return _registrar(name, is_factory=True, check=None)
+def register_factory(
+    name: str, *, check: Callable[..., None] | None = None
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Register `factory(**params) -> reward fn`, for rewards that build state once (weighted);
+    `check(**params)` validates params without building anything (see `check_reward`)."""
+    return _registrar(name, is_factory=True, check=check)
 
 
 def _registrar(
@@ -121,13 +130,7 @@ def get_reward(spec: str | Callable[..., Any], **params: Any) -> BoundReward:
     spec = spec.strip()
     if ":" in spec:
         return _bind(spec, _import_callable(spec), params)
-    _load_builtins()
-    entry = _REGISTRY.get(spec)
-    if entry is None:
-        raise ValueError(
-            f"unknown reward {spec!r}; known rewards: {', '.join(sorted(_REGISTRY))} "
-            "(or use 'module:function' for your own)"
-        )
+    entry = _entry(spec)
     if entry.is_factory:
         _check_accepts(spec, entry.fn, params, positional=0)
         return BoundReward(name=spec, fn=entry.fn(**params))
@@ -135,6 +138,33 @@ def get_reward(spec: str | Callable[..., Any], **params: Any) -> BoundReward:
     if entry.check is not None:
         entry.check(**params)
     return bound
+
+
+def _entry(name: str) -> _Entry:
+    _load_builtins()
+    entry = _REGISTRY.get(name)
+    if entry is None:
+        raise UnknownRewardError(
+            f"unknown reward {name!r}; known rewards: {', '.join(sorted(_REGISTRY))} "
+            "(or use 'module:function' for your own)"
+        )
+    return entry
+
+
+def check_reward(spec: str, params: Mapping[str, Any]) -> None:
+    """What `get_reward(spec, **params)` would refuse, found without binding: no factory runs
+    (no model loads) and no user module is imported, so `lorarl validate` and the webhook can call
+    it. A `module:function` reward lives in the user's image: only the trainer can check it.
+    Raises UnknownRewardError for an unknown name, ValueError for refused params."""
+    if ":" in spec:
+        return
+    entry = _entry(spec)
+    _check_accepts(spec, entry.fn, params, positional=0 if entry.is_factory else 4)
+    if entry.check is not None:
+        try:
+            entry.check(**params)
+        except (TypeError, AttributeError, KeyError) as exc:  # a param of the wrong type
+            raise ValueError(f"reward {spec!r}: invalid parameters: {exc}") from None
 
 
 def _import_callable(spec: str) -> Callable[..., Any]:

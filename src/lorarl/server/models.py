@@ -6,14 +6,14 @@ from typing import Literal
 
 from pydantic import Field
 
-from lorarl.api.base import ApiModel
+from lorarl.api.base import ApiModel, ReportModel
 from lorarl.api.progress import StepRecord
 from lorarl.api.status import Condition, LoRARLJobStatus
 
 Source = Literal["kubernetes", "local"]
 
 
-class JobSummary(ApiModel):
+class JobSummary(ReportModel):
     """One row of the job list: what `kubectl get lrj` prints, plus the latest reward."""
 
     namespace: str = Field(description="Namespace (`local` for `lorarl run --local` jobs).")

@@ -7,14 +7,19 @@ from typing import Any
 
 import kopf
 
+from lorarl.api.safe_yaml import InputLimitError, check_tree
 from lorarl.operator.admission import manifest_problems, update_refusal
 from lorarl.operator.handlers.common import CONFIG, JOBS
 from lorarl.operator.reconciler import plain
 
 
 def validate_lorarljob(body: kopf.Body, old: Any, operation: str, **_: Any) -> None:
+    try:
+        check_tree(body)  # before anything walks it recursively
+    except InputLimitError as exc:
+        raise kopf.AdmissionError(f"manifest refused: {exc}", code=422) from None
     new = plain(body)
-    problems = manifest_problems(new)
+    problems = manifest_problems(new, CONFIG.allowed_priority_classes)
     if problems:
         raise kopf.AdmissionError("; ".join(str(p) for p in problems), code=422)
     if operation == "UPDATE" and old:

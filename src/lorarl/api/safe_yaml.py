@@ -1,0 +1,131 @@
+"""The one way manifests are read: YAML with limits, so hostile input gets a short error.
+
+A job spec is about a hundred values. What is refused, before anything is built from it:
+documents over 1 MiB (a ConfigMap's limit, which the rendered job must fit anyway), nesting
+deeper than `MAX_DEPTH`, more than `MAX_NODES` values once YAML aliases are expanded (an "alias
+bomb" of a few lines expands to millions), and a key repeated in one mapping (YAML would keep the
+last one silently). Depth and size are counted on the parser's event stream, stopping at the
+first value over a limit, so neither a bomb nor deep brackets is ever built (a YAML parser slows
+quadratically with depth, and Python's recursion would fail on it). `check_tree` applies the
+same limits to an object that arrived as JSON (the webhook's AdmissionReview).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import yaml
+
+MAX_DOCUMENT_BYTES = 1024 * 1024
+MAX_DEPTH = 64
+MAX_NODES = 100_000
+EXCERPT_CHARS = 200
+
+_Parser = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when present (faster)
+
+
+class InputLimitError(ValueError):
+    """A document over a size, depth or alias-expansion limit, or with a repeated key."""
+
+
+def excerpt(value: Any, limit: int = EXCERPT_CHARS) -> str:
+    """`value` as JSON, cut to `limit` characters: what an error may echo of user input."""
+    try:
+        text = json.dumps(value, sort_keys=True, default=str)
+    except (TypeError, ValueError, RecursionError):  # mixed key types, a cycle, too deep
+        text = f"<{type(value).__name__}>"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+class _Loader(_Parser):  # type: ignore[misc, valid-type]
+    """SafeLoader that refuses a key repeated in one mapping (merge keys `<<` may override)."""
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            seen: set[Any] = set()
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    repeated = key in seen
+                    seen.add(key)
+                except TypeError:  # an unhashable key: the base class reports it
+                    continue
+                if repeated:
+                    mark = key_node.start_mark
+                    raise InputLimitError(
+                        f"duplicate key {excerpt(key, 60)} at line {mark.line + 1}, column "
+                        f"{mark.column + 1} (a key may appear once per mapping)"
+                    )
+        return super().construct_mapping(node, deep=deep)
+
+
+def _check_events(text: str) -> None:
+    """Depth and alias-expanded size (of all documents together) from the event stream,
+    stopping at the first excess."""
+    depth = 0
+    sizes: list[int] = [0]  # values counted so far in each open collection
+    anchored: dict[str, int] = {}  # anchor -> expanded size of its node
+    anchors: list[str | None] = [None]
+    for event in yaml.parse(text, Loader=_Parser):
+        if isinstance(event, yaml.CollectionStartEvent):
+            depth += 1
+            if depth > MAX_DEPTH:
+                line = event.start_mark.line + 1
+                raise InputLimitError(f"nesting deeper than {MAX_DEPTH} levels (line {line})")
+            sizes.append(1)
+            anchors.append(event.anchor)
+        elif isinstance(event, yaml.CollectionEndEvent):
+            depth -= 1
+            size, anchor = sizes.pop(), anchors.pop()
+            if anchor:
+                anchored[anchor] = size
+            sizes[-1] += size
+        elif isinstance(event, yaml.ScalarEvent):
+            sizes[-1] += 1
+            if event.anchor:
+                anchored[event.anchor] = 1
+        elif isinstance(event, yaml.AliasEvent):
+            sizes[-1] += anchored.get(event.anchor, 1)
+        if sum(sizes) > MAX_NODES:
+            raise InputLimitError(
+                f"more than {MAX_NODES} values once YAML aliases are expanded (a job spec has "
+                "about a hundred; keep large data in files)"
+            )
+
+
+def load_all(text: str) -> list[Any]:
+    """Every non-empty document in `text`; raises InputLimitError or yaml.YAMLError."""
+    size = len(text.encode())
+    if size > MAX_DOCUMENT_BYTES:
+        raise InputLimitError(f"larger than {MAX_DOCUMENT_BYTES} bytes (1 MiB; got {size})")
+    try:
+        _check_events(text)
+        return [d for d in yaml.load_all(text, Loader=_Loader) if d is not None]
+    except RecursionError:  # cannot happen below MAX_DEPTH; a short error if it ever does
+        raise InputLimitError(f"nesting deeper than {MAX_DEPTH} levels") from None
+
+
+def _children(node: Any) -> Iterator[Any]:
+    if isinstance(node, Mapping):
+        yield from node.values()
+    elif isinstance(node, list | tuple):
+        yield from node
+
+
+def check_tree(obj: Any) -> None:
+    """The same depth and size limits for an already-parsed object (e.g. JSON); iterative."""
+    stack = [(obj, 0)]
+    count = 0
+    while stack:
+        node, depth = stack.pop()
+        count += 1
+        if count > MAX_NODES:
+            raise InputLimitError(f"more than {MAX_NODES} values")
+        if isinstance(node, Mapping | list | tuple):
+            if depth + 1 > MAX_DEPTH:
+                raise InputLimitError(f"nesting deeper than {MAX_DEPTH} levels")
+            stack.extend((child, depth + 1) for child in _children(node))
