@@ -34,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import NoReturn
 
 import torch
@@ -232,6 +233,7 @@ class SyncReceiver:
         self.poll_interval = poll_interval
         self._pending_version: int | None = None
         self._ignored: dict[int, bytes] = {}  # announcement seq -> the bad value last logged
+        self._hasher = ThreadPoolExecutor(1, thread_name_prefix="lorarl-sync-sha256")
         self.last_stats: TransferStats | None = None
         try:
             formed, seq = self._read_value("formed"), self._read_value("seq")
@@ -282,6 +284,7 @@ class SyncReceiver:
 
     def close(self) -> None:
         self._ep.drop()
+        self._hasher.shutdown(wait=False)
 
     def _receive_update(self, generation: int, seq: int) -> Received:
         ep = self._ep
@@ -300,11 +303,13 @@ class SyncReceiver:
                 check_layout(header)
             except UpdateValidationError as exc:
                 problem = str(exc)
-            buffers = []
+            buffers, digests = [], []
             for spec in header.buckets:  # sizes are signed: received even when refused, so
                 buf = torch.empty(spec.nbytes, dtype=torch.uint8, device=ep.device)  # the
                 ep.broadcast(buf)  # group stays in step and the refusal goes back as a nack
                 buffers.append(buf)
+                # Hashed while the next bucket arrives (hashlib and gloo both release the GIL).
+                digests.append(self._hasher.submit(bucket_digest, buf))
         except RuntimeError as exc:
             self._fail(exc)
         self.last_stats = TransferStats(
@@ -315,7 +320,7 @@ class SyncReceiver:
         self._pending_version = header.version
         tensors = {}
         if problem is None:
-            problem = _digest_problem(header, buffers)
+            problem = _digest_problem(header, [d.result() for d in digests])
         if problem is None:
             try:
                 tensors = unpack_all(buffers, header)
@@ -427,10 +432,10 @@ class SyncReceiver:
             log.warning("ignored sync announcement %d: %s", seq, exc)
 
 
-def _digest_problem(header: SyncHeader, buffers: list[torch.Tensor]) -> str | None:
-    for i, (spec, buf) in enumerate(zip(header.buckets, buffers, strict=True)):
+def _digest_problem(header: SyncHeader, digests: list[str]) -> str | None:
+    for i, (spec, digest) in enumerate(zip(header.buckets, digests, strict=True)):
         if not spec.sha256:
             return f"bucket {i} has no SHA-256 in the header"
-        if bucket_digest(buf) != spec.sha256:
+        if digest != spec.sha256:
             return f"bucket {i}: SHA-256 of the received bytes does not match the header"
     return None
