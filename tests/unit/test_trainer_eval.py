@@ -156,6 +156,19 @@ def test_console_prints_each_new_eval_once_and_the_final_one_in_the_summary() ->
     assert "eval before training: accuracy 0.250" in text
     assert "final eval step 4: accuracy 0.750, reward 0.750, pass@1 0.750" in text
 
+    console = Console(record=True, width=120)  # 40 steps: every 4th in the table, and the evals
+    history = [step(n, record(n, 0.01 * n) if n % 10 == 0 else None) for n in range(1, 41)]
+    summary(console, history, None)
+    rows = [line.split("│") for line in console.export_text().splitlines() if "│" in line]
+    shown = {int(r[1]): r[6].strip() for r in rows}
+    assert set(shown) == {*range(1, 41, 4), 10, 20, 30, 40}
+    assert [shown[n] for n in (10, 20, 30, 40)] == ["0.100", "0.200", "0.300", "0.400"]
+    assert shown[1] == ""
+
+    console = Console(record=True, width=120)
+    summary(console, [step(1), step(2)], None)
+    assert "eval" not in console.export_text()  # no eval column, no eval lines
+
 
 def job(**training) -> object:
     return parse_job(

@@ -73,17 +73,24 @@ def summary(
         return
     rewards = [r.reward_mean for r in history]
     console.print(f"reward  {sparkline(rewards)}  {rewards[0]:.3f} → {rewards[-1]:.3f}")
-    table = Table("step", "reward", "kl", "step s", "sync ms", "eval acc")
+    has_evals = any(r.eval is not None for r in history)
+    table = Table("step", "reward", "kl", "step s", "sync ms", *(["eval acc"] if has_evals else []))
     every = max(1, len(history) // width)
-    for r in history[::every] + ([history[-1]] if (len(history) - 1) % every else []):
-        table.add_row(
+    rows = history[::every] + ([history[-1]] if (len(history) - 1) % every else [])
+    evaluated = [r for r in history if r.eval is not None]
+    if len(evaluated) <= 2 * width:  # every eval gets its row, unless there are too many
+        rows = sorted({r.step: r for r in rows + evaluated}.values(), key=lambda r: r.step)
+    for r in rows:
+        cells = [
             str(r.step),
             f"{r.reward_mean:.3f}",
             "" if r.kl is None else f"{r.kl:.4f}",
             "" if r.step_seconds is None else f"{r.step_seconds:.2f}",
             "" if r.sync_seconds is None else f"{r.sync_seconds * 1000:.0f}",
-            "" if r.eval is None else f"{r.eval.accuracy:.3f}",
-        )
+        ]
+        if has_evals:
+            cells.append("" if r.eval is None else f"{r.eval.accuracy:.3f}")
+        table.add_row(*cells)
     console.print(table)
     baseline = progress.baseline_eval if progress else None
     evals = ([baseline] if baseline else []) + [r.eval for r in history if r.eval is not None]
