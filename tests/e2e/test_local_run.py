@@ -4,6 +4,7 @@ running afterwards."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import statistics
@@ -135,6 +136,8 @@ def test_cli_runs_a_short_job_end_to_end(tmp_path: Path, engine_python: str):
     doc["spec"]["training"].update(
         evalInterval=2, evalBeforeTrain=True, eval={"n": 4, "temperature": 1.0}
     )
+    doc["spec"]["training"].update(samplesInterval=2, samplesPerStep=3)  # check_tracking
+    doc["spec"]["logging"] = {"backends": ["tensorboard"]}
     job_file = tmp_path / "short.yaml"
     job_file.write_text(yaml.safe_dump(doc))
     result = subprocess.run(
@@ -148,6 +151,7 @@ def test_cli_runs_a_short_job_end_to_end(tmp_path: Path, engine_python: str):
     assert "reward" in result.stdout and "adapter:" in result.stdout
     assert (tmp_path / "run" / "adapter" / "adapter_model.safetensors").is_file()
     check_evals(load_job_file(job_file), tmp_path / "run", result.stdout)
+    check_tracking(tmp_path / "run")
 
 
 def check_evals(job, run_dir: Path, stdout: str) -> None:
@@ -165,3 +169,24 @@ def check_evals(job, run_dir: Path, stdout: str) -> None:
     detail = TestClient(create_app(store)).get("/v1/jobs/local/quickstart").json()
     assert detail["status"]["eval"] == history[-1].eval.wire()
     assert detail["status"]["baselineEval"]["step"] == 0
+
+
+def check_tracking(run_dir: Path) -> None:
+    """spec.logging's TensorBoard files (read with TensorBoard's own reader) hold every step and
+    every eval; samples.jsonl holds samplesPerStep decoded samples of each samplesInterval step."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    history = run_files.read_history(run_dir)
+    acc = EventAccumulator(str(run_dir / "tensorboard"), size_guidance={"tensors": 0})
+    acc.Reload()
+    reward = {e.step: e.value for e in acc.Scalars("reward_mean")}
+    assert reward == pytest.approx({r.step: r.reward_mean for r in history})
+    assert [e.step for e in acc.Scalars("eval/accuracy")] == [0, 2, 3]
+    samples = [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines()]
+    assert [s["step"] for s in samples] == [2, 2, 2]
+    for s in samples:
+        assert s["prompt"] and s["finish_reason"] in ("stop", "length")
+        assert isinstance(s["reward"], float) and isinstance(s["advantage"], float)
+    (text,) = acc.Tensors("samples/text_summary")
+    shown = samples[0]["prompt"][:20].replace("|", "\\|").replace("\n", "<br>")
+    assert text.step == 2 and shown in text.tensor_proto.string_val[0].decode()
