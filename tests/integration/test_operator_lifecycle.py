@@ -135,8 +135,14 @@ def test_progress_lands_in_status_and_the_status_api_reads_it(shared: Cluster) -
     shared.wait_pods("progress", {"progress-trainer-0", "progress-rollout-0", "progress-rollout-1"})
     shared.run_all("progress")
     shared.trainer.step(3)
+    # the step comes from a progress poll and the phase from pod events, written by different
+    # triggers: wait for both before reading them back
     status = wait_for(
-        lambda: (s := shared.status("progress")).get("step") == 3 and s, 10, "step 3 in status"
+        lambda: (
+            (s := shared.status("progress")).get("step") == 3 and s.get("phase") == "Running" and s
+        ),
+        10,
+        "step 3 and phase Running in status",
     )
     assert status["totalSteps"] == 20  # what the trainer reports wins over the spec
     assert status["metrics"]["rewardMean"] == pytest.approx(0.3)  # make_record: 0.1 * step

@@ -3,7 +3,8 @@
 It implements just what `KubeStore` and `KubeAuth` call:
 - POST /apis/authentication.k8s.io/v1/tokenreviews     (tokens configured by the test)
 - POST /apis/authorization.k8s.io/v1/subjectaccessreviews (grants: (user, verb, namespace);
-  namespace "" grants every namespace, like a ClusterRoleBinding)
+  namespace "" grants every namespace, like a ClusterRoleBinding; (user, verb, "/path") grants a
+  non-resource URL)
 - GET  /apis/lorarl.dev/v1alpha1/lorarljobs, .../namespaces/<ns>/lorarljobs[/<name>]
 Every call must carry the server's own service-account token, as a real API server demands.
 """
@@ -92,6 +93,10 @@ class FakeKubeApi:
         spec = body.get("spec", {})
         attrs = spec.get("resourceAttributes", {})
         self.sar_log.append(spec)
+        if "nonResourceAttributes" in spec:  # granted as (user, verb, "/path")
+            url = spec["nonResourceAttributes"]
+            grant = (spec.get("user"), url.get("verb"), url.get("path"))
+            return {**body, "status": {"allowed": grant in self.grants}}
         ok = (attrs.get("group"), attrs.get("resource")) == ("lorarl.dev", "lorarljobs") and any(
             (spec.get("user"), attrs.get("verb"), ns) in self.grants
             for ns in {"", attrs.get("namespace", "")}

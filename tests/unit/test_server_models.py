@@ -58,7 +58,12 @@ def test_status_from_running_progress() -> None:
     status = views.status_from_progress(progress)
     assert (status.phase, status.step, status.total_steps) == ("Running", 4, 8)
     assert status.metrics == StepMetrics(
-        reward_mean=0.4, reward_std=0.05, kl=0.016, entropy=0.96, tokens_per_second=504.0
+        reward_mean=0.4,
+        reward_std=0.05,
+        kl=0.016,
+        entropy=0.96,
+        tokens_per_second=504.0,
+        weight_version=4,
     )
     assert status.last_sync.seconds == 0.3 and status.checkpoint.path == "/ckpt/2"
     assert status.start_time == "1970-01-01T00:00:00Z"

@@ -27,6 +27,7 @@ from lorarl.api.job import LoRARLJob
 from lorarl.api.progress import Progress
 from lorarl.api.status import LoRARLJobStatus
 from lorarl.api.validation import ManifestError, parse_job
+from lorarl.bounded_fetch import MAX_PROGRESS_BYTES, FetchError, get_json
 from lorarl.operator import builders
 from lorarl.operator.config import OperatorConfig
 from lorarl.operator.decide import TERMINAL, Decision, Observed, decide, rfc3339
@@ -331,11 +332,10 @@ class Reconciler:
 
     async def _poll(self, job: LoRARLJob) -> Progress | None:
         url = f"{self.config.progress_base(job.namespace, job.name)}/progress"
-        try:
-            reply = await self._progress.get(url)
-            reply.raise_for_status()
-            return Progress.model_validate(reply.json())
-        except (httpx.HTTPError, ValueError) as exc:  # not up yet, restarting, or gone
+        try:  # capped in bytes and total time: a slow or huge answer must not stall reconciles
+            body = await get_json(self._progress, url, max_bytes=MAX_PROGRESS_BYTES)
+            return Progress.model_validate(body)
+        except (FetchError, ValueError) as exc:  # not up yet, restarting, gone, or junk
             log.debug("no progress from %s: %s", url, exc)
             return None
 

@@ -18,17 +18,61 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from fastapi.staticfiles import StaticFiles
 
 from lorarl.api.job import GROUP, PLURAL
+from lorarl.api.k8s import DNS1123_LABEL, DNS1123_SUBDOMAIN
 from lorarl.server.auth import ALL_NAMESPACES, Authorizer, AuthUnavailable, Unauthenticated, User
 from lorarl.server.models import ErrorDetail, Health, JobDetail, JobList, JobMetrics, JobSummary
+from lorarl.server.names import NAME_MAX, NAMESPACE_MAX, name_problem, namespace_problem
 from lorarl.server.stores.base import JobNotFound, JobStore, StoreUnavailable
 from lorarl.server.telemetry import CONTENT_TYPE, Telemetry
 
 DASHBOARD_DIR = Path(__file__).parent / "dashboard"
 _CHALLENGE = {"WWW-Authenticate": "Bearer"}
+METRICS_PATH = "/metrics"
+# The grammar is documented here and enforced by `_job_ref`/`_check_namespace`, which run before
+# the caller's token is reviewed: a malformed name never reaches a store or the API server.
+_LABEL_SCHEMA = {"pattern": DNS1123_LABEL, "maxLength": NAMESPACE_MAX}
+_SUBDOMAIN_SCHEMA = {"pattern": DNS1123_SUBDOMAIN, "maxLength": NAME_MAX}
 Namespace = Annotated[
-    str, PathParam(description="Namespace (`local` for local runs).", examples=["local"])
+    str,
+    PathParam(
+        description="Namespace (`local` for local runs): a DNS-1123 label.",
+        examples=["local"],
+        json_schema_extra=_LABEL_SCHEMA,
+    ),
 ]
-Name = Annotated[str, PathParam(description="Job name.", examples=["quickstart"])]
+Name = Annotated[
+    str,
+    PathParam(
+        description="Job name: a DNS-1123 subdomain.",
+        examples=["quickstart"],
+        json_schema_extra=_SUBDOMAIN_SCHEMA,
+    ),
+]
+NamespaceFilter = Annotated[
+    str | None,
+    Query(description="Only this namespace (a DNS-1123 label).", json_schema_extra=_LABEL_SCHEMA),
+]
+
+
+def _refuse(problem: str | None) -> None:
+    if problem is not None:
+        raise HTTPException(422, problem)
+
+
+def _job_ref(namespace: Namespace, name: Name) -> tuple[str, str]:
+    """(namespace, name), or a 422 naming the bad parameter."""
+    _refuse(namespace_problem(namespace))
+    _refuse(name_problem(name))
+    return namespace, name
+
+
+def _namespace_filter(namespace: NamespaceFilter = None) -> str | None:
+    if namespace is not None:
+        _refuse(namespace_problem(namespace))
+    return namespace
+
+
+JobRef = Annotated[tuple[str, str], Depends(_job_ref)]
 
 
 def _caller_dependency(auth: Authorizer | None) -> Callable[..., User | None]:
@@ -95,6 +139,8 @@ def create_app(store: JobStore, *, auth: Authorizer | None = None) -> FastAPI:
     errors: dict[int | str, dict[str, Any]] = {503: {"model": ErrorDetail}}
     if auth is not None:
         errors |= {401: {"model": ErrorDetail}, 403: {"model": ErrorDetail}}
+    metrics_errors = dict(errors)
+    errors[422] = {"model": ErrorDetail}
     with_404 = errors | {404: {"model": ErrorDetail}}
 
     @app.middleware("http")
@@ -119,8 +165,7 @@ def create_app(store: JobStore, *, auth: Authorizer | None = None) -> FastAPI:
 
     @app.get("/v1/jobs", response_model=JobList, responses=errors, tags=["jobs"])
     def list_jobs(
-        user: Caller,
-        namespace: Annotated[str | None, Query(description="Only this namespace.")] = None,
+        namespace: Annotated[str | None, Depends(_namespace_filter)], user: Caller
     ) -> JobList:
         """Jobs the caller may list; never another namespace's jobs."""
         if namespace is not None:
@@ -136,8 +181,9 @@ def create_app(store: JobStore, *, auth: Authorizer | None = None) -> FastAPI:
     @app.get(
         "/v1/jobs/{namespace}/{name}", response_model=JobDetail, responses=with_404, tags=["jobs"]
     )
-    def get_job(namespace: Namespace, name: Name, user: Caller) -> JobDetail:
+    def get_job(ref: JobRef, user: Caller) -> JobDetail:
         """Spec summary, status and conditions of one job."""
+        namespace, name = ref
         _require(auth, user, "get", namespace)
         return store.get_job(namespace, name)
 
@@ -147,8 +193,9 @@ def create_app(store: JobStore, *, auth: Authorizer | None = None) -> FastAPI:
         responses=with_404,
         tags=["jobs"],
     )
-    def get_metrics(namespace: Namespace, name: Name, user: Caller) -> JobMetrics:
+    def get_metrics(ref: JobRef, user: Caller) -> JobMetrics:
         """The step history: reward, KL, entropy, sync seconds, tokens/s per step."""
+        namespace, name = ref
         _require(auth, user, "get", namespace)
         return store.get_metrics(namespace, name)
 
@@ -157,7 +204,7 @@ def create_app(store: JobStore, *, auth: Authorizer | None = None) -> FastAPI:
         return Health()
 
     @app.get(
-        "/metrics",
+        METRICS_PATH,
         tags=["ops"],
         response_class=Response,
         responses={
@@ -165,9 +212,19 @@ def create_app(store: JobStore, *, auth: Authorizer | None = None) -> FastAPI:
                 "content": {CONTENT_TYPE: {"schema": {"type": "string"}}},
                 "description": "Prometheus text format.",
             }
-        },
+        }
+        | metrics_errors,
     )
-    def metrics() -> Response:
+    def metrics(user: Caller) -> Response:
+        """Requests by route and jobs by phase. With auth, only for callers RBAC lets `get` the
+        non-resource URL /metrics (as Prometheus' own ClusterRole usually does)."""
+        if auth is not None and user is not None:
+            try:
+                allowed = auth.allowed_url(user, "get", METRICS_PATH)
+            except AuthUnavailable as exc:
+                raise HTTPException(503, str(exc)) from exc
+            if not allowed:
+                raise HTTPException(403, f"user {user.username!r} may not get {METRICS_PATH}")
         return Response(telemetry.render(), media_type=CONTENT_TYPE)
 
     @app.get("/", include_in_schema=False)

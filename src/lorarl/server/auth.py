@@ -2,6 +2,7 @@
 
 The server asks Kubernetes the same question kubectl's request would face (`get`/`list`
 `lorarljobs.lorarl.dev` in a namespace), so the status API never shows more than kubectl would.
+For `/metrics` it asks what kube-rbac-proxy asks: may the caller `get` that non-resource URL.
 Review results are cached for a few seconds, keyed by a hash of the token (the token itself is
 never kept), so a refreshing dashboard does not cost two API calls per request; a revoked right
 stops working within `ttl` seconds.
@@ -48,6 +49,10 @@ class Authorizer(Protocol):
 
     def allowed(self, user: User, verb: str, namespace: str) -> bool:
         """May `user` `verb` lorarljobs in `namespace` (ALL_NAMESPACES: cluster-wide)?"""
+        ...
+
+    def allowed_url(self, user: User, verb: str, path: str) -> bool:
+        """May `user` `verb` the non-resource URL `path` (RBAC `nonResourceURLs`)?"""
         ...
 
 
@@ -123,13 +128,20 @@ class KubeAuth:
         )
 
     def allowed(self, user: User, verb: str, namespace: str) -> bool:
-        key = ("access", user.token_hash, verb, namespace)
-        cached = self._cache.get(key)
-        if cached is not None:
-            return cached
         attributes = {"verb": verb, "group": GROUP, "resource": PLURAL}
         if namespace != ALL_NAMESPACES:
             attributes["namespace"] = namespace
+        return self._review(user, ("access", verb, namespace), {"resourceAttributes": attributes})
+
+    def allowed_url(self, user: User, verb: str, path: str) -> bool:
+        attributes = {"nonResourceAttributes": {"verb": verb, "path": path}}
+        return self._review(user, ("url", verb, path), attributes)
+
+    def _review(self, user: User, question: tuple[str, ...], attributes: dict) -> bool:
+        key = (question[0], user.token_hash, *question[1:])
+        cached = self._cache.get(key)
+        if cached is not None:
+            return cached
         review = self._post(
             SUBJECT_ACCESS_REVIEWS,
             {
@@ -140,7 +152,7 @@ class KubeAuth:
                     "uid": user.uid,
                     "groups": list(user.groups),
                     "extra": user.extra,
-                    "resourceAttributes": attributes,
+                    **attributes,
                 },
             },
         )

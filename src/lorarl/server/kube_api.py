@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote, unquote, urlsplit
 
 import httpx
 
@@ -24,6 +25,21 @@ class KubeApiError(RuntimeError):
     def __init__(self, status: int | None, message: str) -> None:
         super().__init__(message)
         self.status = status  # None: the API server did not answer at all
+
+
+def segment(value: str) -> str:
+    """`value` as one URL path segment: percent-quoted, and never empty, `.` or `..`, which URL
+    normalisation would turn into another resource (a `get` of `.` is a `list`)."""
+    if value in ("", ".", ".."):
+        raise ValueError(f"{value!r} cannot be a path segment of a Kubernetes API URL")
+    return quote(value, safe="")
+
+
+def _check_path(path: str) -> None:
+    """Refuse a path httpx would rewrite: dot segments, raw or percent-encoded."""
+    parts = unquote(urlsplit(path).path).split("/")
+    if any(p in (".", "..") for p in parts):
+        raise ValueError(f"refusing Kubernetes API path with a '.' or '..' segment: {path!r}")
 
 
 class KubeApi:
@@ -64,6 +80,7 @@ class KubeApi:
         return {"Authorization": f"Bearer {token}"} if token else {}
 
     def request(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict:
+        _check_path(path)
         try:
             response = self._client.request(method, path, json=body, headers=self._headers())
         except httpx.HTTPError as exc:

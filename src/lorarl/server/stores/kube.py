@@ -11,15 +11,15 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from urllib.parse import quote
 
 from pydantic import ValidationError
 
 from lorarl.api.job import GROUP, PLURAL, VERSION, LoRARLJob
 from lorarl.api.status import LoRARLJobStatus
 from lorarl.server import views
-from lorarl.server.kube_api import KubeApi, KubeApiError
+from lorarl.server.kube_api import KubeApi, KubeApiError, segment
 from lorarl.server.models import JobDetail, JobMetrics, JobSummary, SpecSummary
+from lorarl.server.names import name_problem, namespace_problem
 from lorarl.server.stores.base import JobNotFound, StoreUnavailable
 from lorarl.server.stores.progress_client import ProgressClient, TrainerUnreachable
 
@@ -30,8 +30,8 @@ _BASE = f"/apis/{GROUP}/{VERSION}"
 def jobs_path(namespace: str | None = None, name: str | None = None) -> str:
     if namespace is None:
         return f"{_BASE}/{PLURAL}"
-    path = f"{_BASE}/namespaces/{quote(namespace, safe='')}/{PLURAL}"
-    return f"{path}/{quote(name, safe='')}" if name is not None else path
+    path = f"{_BASE}/namespaces/{segment(namespace)}/{PLURAL}"
+    return f"{path}/{segment(name)}" if name is not None else path
 
 
 @dataclass(frozen=True)
@@ -95,8 +95,9 @@ class KubeStore:
             namespaces = [ns for ns in namespaces or [self._namespace] if ns == self._namespace]
         if namespaces is None:
             items = self._get(jobs_path()).get("items") or []
-        else:
-            items = [i for ns in namespaces for i in self._get(jobs_path(ns)).get("items") or []]
+        else:  # a namespace that cannot exist has no jobs; never put it in a URL
+            valid = [ns for ns in namespaces if namespace_problem(ns) is None]
+            items = [i for ns in valid for i in self._get(jobs_path(ns)).get("items") or []]
         now = self._clock()
         rows = [
             views.job_summary(p.namespace, p.name, p.status, p.created, now)
@@ -106,6 +107,8 @@ class KubeStore:
 
     def _read_job(self, namespace: str, name: str) -> dict:
         if self._namespace is not None and namespace != self._namespace:
+            raise JobNotFound(namespace, name)
+        if namespace_problem(namespace) or name_problem(name):  # cannot exist: not a URL
             raise JobNotFound(namespace, name)
         return self._get(jobs_path(namespace, name), namespace, name)
 

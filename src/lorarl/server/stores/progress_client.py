@@ -1,11 +1,21 @@
-"""Reads a trainer's progress endpoint (`GET /progress`, `GET /progress/history`)."""
+"""Reads a trainer's progress endpoint (`GET /progress`, `GET /progress/history`).
+
+Every read is capped in bytes and in total time (`lorarl.bounded_fetch`): whatever answers at a
+trainer's address must not make the status API parse a giant body or hold one of its threads.
+"""
 
 from __future__ import annotations
 
-import httpx
 from pydantic import TypeAdapter, ValidationError
 
 from lorarl.api.progress import Progress, StepRecord
+from lorarl.bounded_fetch import (
+    DEADLINE_S,
+    MAX_HISTORY_BYTES,
+    MAX_PROGRESS_BYTES,
+    FetchError,
+    get_json_sync,
+)
 
 _HISTORY = TypeAdapter(list[StepRecord])
 
@@ -24,32 +34,43 @@ def base_url(url: str) -> str:
 
 
 class ProgressClient:
-    """Short timeouts: a dashboard refresh must not hang on a trainer that went away."""
+    """Short timeouts: a dashboard refresh must not hang on a trainer that went away.
 
-    def __init__(self, timeout: float = 2.0, client: httpx.Client | None = None) -> None:
-        self._client = client or httpx.Client(timeout=timeout, trust_env=False)
+    `timeout`: seconds per network read; `deadline`: seconds for a whole request, however the
+    peer paces its bytes."""
 
-    def _get(self, url: str) -> object:
+    def __init__(
+        self,
+        timeout: float = 2.0,
+        *,
+        deadline: float = DEADLINE_S,
+        max_progress_bytes: int = MAX_PROGRESS_BYTES,
+        max_history_bytes: int = MAX_HISTORY_BYTES,
+    ) -> None:
+        self._timeout, self._deadline = timeout, deadline
+        self._max_progress, self._max_history = max_progress_bytes, max_history_bytes
+
+    def _get(self, url: str, max_bytes: int) -> object:
         try:
-            response = self._client.get(url)
-            response.raise_for_status()
-            return response.json()
-        except (httpx.HTTPError, ValueError) as exc:
-            raise TrainerUnreachable(f"{url}: {exc or type(exc).__name__}") from exc
+            return get_json_sync(
+                url, max_bytes=max_bytes, deadline_s=self._deadline, read_timeout=self._timeout
+            )
+        except FetchError as exc:
+            raise TrainerUnreachable(str(exc)) from exc
 
     def progress(self, base: str) -> Progress:
         url = f"{base_url(base)}/progress"
         try:
-            return Progress.model_validate(self._get(url))
+            return Progress.model_validate(self._get(url, self._max_progress))
         except ValidationError as exc:
             raise TrainerUnreachable(f"{url}: unreadable progress: {exc}") from exc
 
     def history(self, base: str) -> list[StepRecord]:
         url = f"{base_url(base)}/progress/history"
         try:
-            return _HISTORY.validate_python(self._get(url))
+            return _HISTORY.validate_python(self._get(url, self._max_history))
         except ValidationError as exc:
             raise TrainerUnreachable(f"{url}: unreadable history: {exc}") from exc
 
     def close(self) -> None:
-        self._client.close()
+        """Nothing to release: each read uses its own short-lived connection."""
