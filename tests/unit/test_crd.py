@@ -38,6 +38,7 @@ def test_crd_shape():
     assert version["subresources"]["scale"]["specReplicasPath"] == ".spec.rollout.replicas"
     columns = {c["name"]: c for c in version["additionalPrinterColumns"]}
     assert {"Phase", "Step", "Reward", "Sync", "Age"} <= set(columns)
+    assert columns["Eval"]["jsonPath"] == ".status.eval.accuracy" and columns["Eval"]["priority"]
     # conditions are read by type, never by position
     condition_paths = [c["jsonPath"] for c in columns.values() if "conditions" in c["jsonPath"]]
     assert condition_paths and all("?(@.type==" in p for p in condition_paths)

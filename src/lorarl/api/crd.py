@@ -27,6 +27,8 @@ PRINTER_COLUMNS = [
     {"name": "Reward", "type": "number", "jsonPath": ".status.metrics.rewardMean"},
     {"name": "Sync", "type": "number", "jsonPath": ".status.lastSync.seconds",
      "description": "Seconds the last weight sync took."},
+    {"name": "Eval", "type": "number", "priority": 1, "jsonPath": ".status.eval.accuracy",
+     "description": "Accuracy of the latest eval on data.valFiles."},
     {"name": "Running", "type": "string", "priority": 1,
      "jsonPath": '.status.conditions[?(@.type=="Running")].status'},
     {"name": "Reason", "type": "string", "priority": 1,
