@@ -26,7 +26,8 @@ from lorarl.local.env_refs import with_job_keys
 from lorarl.local.ports import free_port_block
 from lorarl.local.processes import Child
 from lorarl.plan import JobPlan, LocalAddressing, plan
-from lorarl.sync.buckets import SyncHeader, pack
+from lorarl.sync import transport
+from lorarl.sync.buckets import Bucket, SyncHeader, pack
 from lorarl.sync.transport import SyncResult, SyncSender
 from tests.support.tiny_models import LINEAR_PARENTS, linear_modules, make_tiny_model
 
@@ -379,3 +380,36 @@ def test_bad_updates_are_rejected_and_the_last_good_version_stays(pod: Pod) -> N
     assert_serves(
         pod.rollout.greedy(0, pod.model_name(pod.version)), peft_greedy(pod.model_dir, recovered)
     )
+
+
+def test_a_header_that_lies_is_refused_and_the_sidecar_keeps_serving(pod: Pod, monkeypatch) -> None:
+    """A header whose offsets do not fit its bucket (issue 16): the old sidecar process died on
+    it; now it nacks with the reason, counts a rejection, and applies the next good update."""
+    assert pod.send(lora_tensors(31)).ok
+    good_version, rejected = pod.version, pod.rollout.status(0)["rejected"]
+    real_pack = transport.pack
+
+    def lying_pack(*args, **kwargs) -> list[Bucket]:
+        first, *rest = real_pack(*args, **kwargs)
+        entries = (first.spec.entries[0].model_copy(update={"offset": 1 << 30}),)
+        lie = first.spec.model_copy(update={"entries": entries + first.spec.entries[1:]})
+        return [Bucket(lie, first.buffer), *rest]
+
+    monkeypatch.setattr(transport, "pack", lying_pack)
+    result = pod.send(lora_tensors(32))
+    (ack,) = result.failed
+    assert not ack.ok and "exceed the bucket" in ack.message, ack.message
+    # The receiver nacks before it raises, so the sidecar counts the refusal just after.
+    status = wait_for("the refusal in /status", lambda: _counted(pod, rejected + 1), timeout=10)
+    assert "exceed the bucket" in status["lastError"] and status["version"] == good_version
+    monkeypatch.undo()
+    recovered = lora_tensors(33)
+    assert pod.send(recovered).ok
+    assert_serves(
+        pod.rollout.greedy(0, pod.model_name(pod.version)), peft_greedy(pod.model_dir, recovered)
+    )
+
+
+def _counted(pod: Pod, rejected: int) -> dict[str, Any] | None:
+    status = pod.rollout.status(0)
+    return status if status["rejected"] == rejected else None
