@@ -4,6 +4,7 @@ completions API) with the job's real reward, built as the trainer builds it."""
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
@@ -12,6 +13,7 @@ import pytest
 
 from lorarl.api.validation import parse_job
 from lorarl.rewards import get_reward, score_batch
+from lorarl.trainer.data import PromptDataset
 from lorarl.trainer.eval import build_evaluator
 from lorarl.trainer.rollout_client import RolloutClient
 from lorarl.trainer.rollout_types import SamplingParams
@@ -51,22 +53,26 @@ def job_with_val(tmp_path: Path, rows: list[dict], **eval_spec):
     )  # fmt: skip
 
 
-def evaluator(job, url: str):
+def evaluator(job, url: str, train_prompts=None):
     client = RolloutClient([url], "vllm", model_name="base", timeout_s=60)
     reward = job.spec.reward
     scorer = partial(score_batch, get_reward(reward.function, **reward.params))  # as the trainer
     train = SamplingParams(max_tokens=99, temperature=1.0, seed=7, stop_token_ids=(2,))
-    return build_evaluator(job, make_tokenizer(), client, scorer, train)
+    return build_evaluator(job, make_tokenizer(), client, scorer, train, train_prompts)
 
 
-def test_eval_scores_every_val_prompt_with_the_jobs_reward(tmp_path, engine) -> None:
+def test_eval_scores_every_val_prompt_with_the_jobs_reward(tmp_path, engine, caplog) -> None:
     url, controls = engine
     rows = [{"prompt": f"after {c}", "answer": "x", "pattern": p}
             for c, p in zip("abcdef", [ALWAYS, NEVER] * 3, strict=True)]  # fmt: skip
     long = "a prompt far longer than the forty tokens this job allows"
     rows.append({"prompt": long, "answer": "x", "pattern": ALWAYS})
-    ev = evaluator(job_with_val(tmp_path, rows, n=4, temperature=1.0, maxPrompts=4), url)
+    train = PromptDataset.from_rows([{"prompt": "after b"}, {"prompt": "after z"}], "prompt")
+    with caplog.at_level(logging.WARNING, logger="lorarl.trainer.eval"):
+        ev = evaluator(job_with_val(tmp_path, rows, n=4, temperature=1.0, maxPrompts=4), url, train)
     assert len(ev.dataset) == 4  # the long prompt dropped, then the first 4 kept
+    assert "dropped 1 of 7 validation prompts longer than data.maxPromptTokens=40" in caplog.text
+    assert "1 of 4 validation prompts are also training prompts" in caplog.text
     assert ev.sampling.max_tokens == 6 and ev.sampling.seed == 7
     before = controls.requests["/v1/completions"]
     rec = ev.run(step=5, version=5, model_name="base")

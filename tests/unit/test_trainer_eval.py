@@ -20,7 +20,7 @@ from lorarl.local.ports import free_port
 from lorarl.operator.status import apply_progress
 from lorarl.server.views import status_from_progress
 from lorarl.trainer.data import PromptDataset
-from lorarl.trainer.eval import Evaluator, aggregate, ks_for, pass_at_k
+from lorarl.trainer.eval import Evaluator, aggregate, ks_for, pass_at_k, shared_prompts
 from lorarl.trainer.loop import StepState, Trainer
 from lorarl.trainer.progress import ProgressTracker
 from lorarl.trainer.rollout_client import RolloutClient
@@ -213,3 +213,13 @@ def test_a_failed_eval_is_a_warning_and_the_run_goes_on(caplog) -> None:
         assert trainer._evaluate(3) is None
     assert "eval at step 3 failed; training goes on" in caplog.text
     assert "rollout request failed" in caplog.text
+
+
+def test_validation_prompts_seen_in_training_are_counted() -> None:
+    def data(*prompts):
+        return PromptDataset.from_rows([{"prompt": p} for p in prompts], "prompt")
+
+    chat = [{"role": "user", "content": "after b"}]
+    train = data("after a", chat, "after c")
+    assert shared_prompts(data("after a", "after b", chat, "after d"), train) == 2
+    assert shared_prompts(data("after e"), train) == 0

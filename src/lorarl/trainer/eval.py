@@ -10,6 +10,7 @@ evals differ only by the weights.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import math
 import time
@@ -104,11 +105,24 @@ class Evaluator:
         return [scores[i * self.n : (i + 1) * self.n] for i in range(len(items))]
 
 
+def shared_prompts(val: PromptDataset, train: PromptDataset) -> int:
+    """How many validation prompts are also training prompts (an eval on them measures recall)."""
+    key = lambda it: json.dumps(it.prompt, sort_keys=True)  # noqa: E731
+    seen = {key(it) for it in train}
+    return sum(key(it) in seen for it in val)
+
+
 def build_evaluator(
-    job: LoRARLJob, tokenizer, client: RolloutClient, scorer: Callable, train: SamplingParams
+    job: LoRARLJob,
+    tokenizer,
+    client: RolloutClient,
+    scorer: Callable,
+    train: SamplingParams,
+    train_prompts: PromptDataset | None = None,
 ) -> Evaluator | None:
     """The job's eval (None when evals are off): data.valFiles loaded like trainFiles, sampled
-    with training.eval's settings and the train sampling's seed and stop tokens."""
+    with training.eval's settings and the train sampling's seed and stop tokens. Validation
+    prompts that are also in `train_prompts` are reported, not removed."""
     spec = job.spec
     t, e = spec.training, spec.training.eval
     if not (t.eval_interval or t.eval_before_train):
@@ -128,6 +142,11 @@ def build_evaluator(
         dataset = PromptDataset(
             list(dataset)[: e.max_prompts], dataset.source, dataset.chat_template_kwargs
         )
+    if train_prompts is not None and (shared := shared_prompts(dataset, train_prompts)):
+        log.warning(
+            "%d of %d validation prompts are also training prompts: their eval measures recall",
+            shared, len(dataset),
+        )  # fmt: skip
     sampling = dataclasses.replace(
         train, temperature=e.temperature, top_p=1.0, top_k=None,
         max_tokens=e.max_tokens or spec.data.max_response_tokens,

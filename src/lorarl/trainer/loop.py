@@ -233,7 +233,7 @@ class Trainer:
         )
         # Evals share the train rollouts' client and reward; None when evals are off.
         self.evaluator = build_evaluator(
-            self.job, self.tokenizer, self.worker.client, self.worker.scorer, sampling
+            self.job, self.tokenizer, self.worker.client, self.worker.scorer, sampling, self.dataset
         )
 
     def _scorer(self):
