@@ -87,74 +87,6 @@ def test_tensorboard_event_files_hold_every_step_eval_and_samples(tmp_path: Path
     assert [r["prompt"] for r in read_samples(tmp_path)] == ["What is 0+2?", "What is 1+2?"]
 
 
-@pytest.fixture(scope="module")
-def mlflow_server(tmp_path_factory):
-    """A real tracking server: sqlite backend, artifacts proxied into a temp folder."""
-    home = tmp_path_factory.mktemp("mlflow")
-    port = free_port()
-    log = open(home / "server.log", "w")  # noqa: SIM115 (closed at teardown)
-    # No background job runner: it is a server feature the tests do not use (and needs huey).
-    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
-         "--workers", "1", "--backend-store-uri", f"sqlite:///{home}/mlflow.db",
-         "--artifacts-destination", str(home / "artifacts")],
-        cwd=home, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-    )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"mlflow server did not start: {(home / 'server.log').read_text()}")
-            time.sleep(0.3)
-        yield url
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-        log.close()
-
-
-@pytest.mark.slow
-def test_mlflow_server_receives_metrics_samples_and_a_restart_continues_the_run(
-    tmp_path: Path, mlflow_server: str
-):
-    from mlflow import MlflowClient
-
-    job = _job({"backends": ["mlflow"], "mlflow": {"trackingUri": mlflow_server,
-                                                   "experiment": "tracking-test"}})  # fmt: skip
-    _run(job, tmp_path)
-    client = MlflowClient(mlflow_server)
-    run_id = json.loads((tmp_path / IDS_FILE).read_text())["mlflow_run_id"]
-    run = client.get_run(run_id)
-    assert run.info.status == "FINISHED" and run.info.run_name == job.name
-    assert client.get_experiment(run.info.experiment_id).name == "tracking-test"
-    history = client.get_metric_history(run_id, "reward_mean")
-    assert sorted((m.step, round(m.value, 6)) for m in history) == [(1, 0.1), (2, 0.2), (3, 0.3)]
-    assert [m.step for m in client.get_metric_history(run_id, "eval/accuracy")] == [3]
-    (tmp_path / "dl").mkdir()
-    got = client.download_artifacts(run_id, "samples/step_00000002.json", str(tmp_path / "dl"))
-    table = json.loads(Path(got).read_text())
-    rows = [dict(zip(table["columns"], row, strict=True)) for row in table["data"]]
-    assert [(r["prompt"], r["completion"]) for r in rows] == [
-        ("What is 0+2?", "It is 2."),
-        ("What is 1+2?", "It is 3."),
-    ]
-    # A restarted trainer (same output dir) logs into the same run, not a new one.
-    _run(job, tmp_path, steps=[4], phase="Failed")
-    assert json.loads((tmp_path / IDS_FILE).read_text())["mlflow_run_id"] == run_id
-    assert [m.step for m in client.get_metric_history(run_id, "reward_mean")] == [1, 2, 3, 4]
-    assert client.get_run(run_id).info.status == "FAILED"
-
-
 def test_an_mlflow_server_that_is_down_warns_and_never_holds_or_fails_the_run(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ):
@@ -202,10 +134,10 @@ class _Flaky:
 def test_a_raising_sink_is_skipped_for_a_backoff_then_retried(caplog):
     caplog.set_level(logging.WARNING, logger="lorarl.trainer.tracking")
     bad, good = _Flaky(fail=1), _Flaky(fail=0)
-    fan = Fanout([bad, good], backoff_s=(0.3, 1.0))
+    fan = Fanout([bad, good], backoff_s=(2.0, 4.0))
     fan.log_metrics(1, {"a": 1.0})
     fan.log_metrics(2, {"a": 2.0})  # within the backoff: dropped for `bad`
-    time.sleep(0.6)
+    time.sleep(2.2)
     fan.log_metrics(3, {"a": 3.0})
     fan.log_samples(3, [{"step": 3}])
     fan.close(failed=True)
@@ -222,7 +154,7 @@ def test_a_stalled_sink_never_holds_the_caller_and_overflow_is_dropped(caplog):
     t0 = time.monotonic()
     for step in range(1, 11):
         fan.log_metrics(step, {"a": float(step)})
-    assert time.monotonic() - t0 < 0.4  # ten puts, no waiting on a sink that takes 0.5 s each
+    assert time.monotonic() - t0 < 2.0  # waiting on the sink would take >= 4 s (8 x 0.5 s)
     assert fan.dropped_full >= 6 and "trackers are behind" in caplog.text
     fan.close()
     assert slow.got[0] == 1 and len(slow.got) == 10 - fan.dropped_full
@@ -275,3 +207,86 @@ def test_wandb_offline_run_holds_every_step_eval_and_the_samples_table(
     assert table["columns"][:3] == ["step", "prompt", "completion"]
     assert [row[1] for row in table["data"]] == ["What is 0+2?", "What is 1+2?"]
     assert (tmp_path / SAMPLES_FILE).is_file()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _mlflow_process(request, tmp_path_factory):
+    """A real tracking server (sqlite backend, artifacts proxied into a temp folder), started
+    with the module's first test so it boots while the others run; only if a test needs it."""
+    if not any("mlflow_server" in item.fixturenames for item in request.session.items):
+        yield None
+        return
+    home = tmp_path_factory.mktemp("mlflow")
+    port = free_port()
+    log = open(home / "server.log", "w")  # noqa: SIM115 (closed at teardown)
+    # No background job runner: it is a server feature the tests do not use (and needs huey).
+    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
+         "--workers", "1", "--backend-store-uri", f"sqlite:///{home}/mlflow.db",
+         "--artifacts-destination", str(home / "artifacts")],
+        cwd=home, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+    )  # fmt: skip
+    try:
+        yield proc, f"http://127.0.0.1:{port}", home / "server.log"
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(3)
+        except subprocess.TimeoutExpired:  # uvicorn waits for idle keep-alive clients
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        log.close()
+
+
+@pytest.fixture
+def mlflow_server(_mlflow_process) -> str:
+    proc, url, log_path = _mlflow_process
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return url
+        except httpx.HTTPError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            pytest.fail(f"mlflow server did not start: {log_path.read_text()}")
+        time.sleep(0.3)
+
+
+@pytest.mark.slow
+def test_mlflow_server_receives_metrics_samples_and_a_restart_continues_the_run(
+    tmp_path: Path, mlflow_server: str
+):
+    from mlflow import MlflowClient
+
+    job = _job({"backends": ["mlflow"], "mlflow": {"trackingUri": mlflow_server,
+                                                   "experiment": "tracking-test"}})  # fmt: skip
+    _run(job, tmp_path)
+    client = MlflowClient(mlflow_server)
+    run_id = json.loads((tmp_path / IDS_FILE).read_text())["mlflow_run_id"]
+    run = client.get_run(run_id)
+    assert run.info.status == "FINISHED" and run.info.run_name == job.name
+    assert client.get_experiment(run.info.experiment_id).name == "tracking-test"
+    history = client.get_metric_history(run_id, "reward_mean")
+    assert sorted((m.step, round(m.value, 6)) for m in history) == [(1, 0.1), (2, 0.2), (3, 0.3)]
+    assert [m.step for m in client.get_metric_history(run_id, "eval/accuracy")] == [3]
+    (tmp_path / "dl").mkdir()
+    got = client.download_artifacts(run_id, "samples/step_00000002.json", str(tmp_path / "dl"))
+    table = json.loads(Path(got).read_text())
+    rows = [dict(zip(table["columns"], row, strict=True)) for row in table["data"]]
+    assert [(r["prompt"], r["completion"]) for r in rows] == [
+        ("What is 0+2?", "It is 2."),
+        ("What is 1+2?", "It is 3."),
+    ]
+    # A restarted trainer (same output dir) logs into the same run, not a new one.
+    _run(job, tmp_path, steps=[4], phase="Failed")
+    assert json.loads((tmp_path / IDS_FILE).read_text())["mlflow_run_id"] == run_id
+    assert [m.step for m in client.get_metric_history(run_id, "reward_mean")] == [1, 2, 3, 4]
+    assert client.get_run(run_id).info.status == "FAILED"
+    # A run deleted on the server (or a server that lost it): the next start opens a new run.
+    client.delete_run(run_id)
+    _run(job, tmp_path, steps=[5])
+    new_id = json.loads((tmp_path / IDS_FILE).read_text())["mlflow_run_id"]
+    assert new_id != run_id and client.get_run(new_id).info.status == "FINISHED"
+    assert [m.step for m in client.get_metric_history(new_id, "reward_mean")] == [5]

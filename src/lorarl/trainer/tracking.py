@@ -99,12 +99,13 @@ class Fanout:
         if not self._thread.is_alive():
             return
         self._failed_run = failed
+        deadline = time.monotonic() + timeout_s
         try:
             self._queue.put(None, timeout=timeout_s)
         except queue.Full:
             log.warning("tracking: queue still full after %.0f s; closing without it", timeout_s)
             return
-        self._thread.join(timeout_s)
+        self._thread.join(max(0.0, deadline - time.monotonic()))
         if self._thread.is_alive():
             log.warning("tracking: trackers did not finish within %.0f s; leaving them", timeout_s)
 

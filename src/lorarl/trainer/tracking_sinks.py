@@ -93,8 +93,7 @@ class MlflowSink:
     def open(self) -> None:
         client = self._mlflow.MlflowClient(tracking_uri=self.uri)
         known = self.ids.get("mlflow_run_id")
-        if known is not None:
-            client.get_run(known)  # raises if it is gone: then a new run below would be wrong
+        if known is not None and self._run_exists(client, known):
             client.update_run(known, status="RUNNING")
             self.client, self.run_id = client, known
             return
@@ -104,6 +103,19 @@ class MlflowSink:
         self.client, self.run_id = client, run.info.run_id
         self.ids.set("mlflow_run_id", self.run_id)
         client.log_dict(self.run_id, self.job.spec.wire(), "job_spec.json")
+
+    def _run_exists(self, client, run_id: str) -> bool:
+        """False only when the server says the run is gone or deleted (start a new one); any
+        other error (the server is down) propagates, for the fan-out to retry later."""
+        from mlflow.exceptions import MlflowException
+
+        try:
+            run = client.get_run(run_id)
+        except MlflowException as exc:
+            if exc.error_code == "RESOURCE_DOES_NOT_EXIST":
+                return False
+            raise
+        return run.info.lifecycle_stage != "deleted"
 
     def log_metrics(self, step: int, metrics: Mapping[str, float]) -> None:
         from mlflow.entities import Metric
