@@ -216,7 +216,22 @@ def test_a_replayed_announcement_does_not_count_for_another_operation(channel) -
     sender.close(wait=TIMEOUT)
     for s in sidecars:
         assert s.next_event(timeout=TIMEOUT) == ("closed",)
-    assert int(attacker.ctl.add(f"closed/{seq}", 0)) == 2
+    assert attacker.ctl.check([f"closed/{seq}/1", f"closed/{seq}/2"])
+
+
+def test_poisoned_counters_do_not_cut_anyone_off_the_store(channel) -> None:
+    """The store server drops a client that increments a non-number: junk in a counter that
+    the trainer or the sidecars `add` to would cut them off the store for good."""
+    sender, sidecars, attacker = channel
+    seq = attacker.next_seq()
+    for key in ("rejoin", "rejoin/1", f"closed/{seq}", f"closed/{seq}/1"):
+        attacker.write(key, b"not a number")
+    settle(sidecars)
+    assert_serving(sender, sidecars, 2)  # junk reads as a rejoin request: a new generation
+    assert sender.generation == 1
+    sender.close(wait=TIMEOUT)
+    for s in sidecars:
+        assert s.next_event(timeout=TIMEOUT) == ("closed",)
 
 
 # -- lying or forged headers and payloads ------------------------------------------------------

@@ -4,6 +4,7 @@ on a PrefixStore, fixed-size acknowledgements, and the results a sender reports.
 from __future__ import annotations
 
 import contextlib
+import secrets
 import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -177,6 +178,19 @@ class Endpoint:
 
     def broadcast(self, tensor: torch.Tensor) -> None:
         self.group.pg.broadcast(tensor, 0).wait()
+
+    def mark(self, name: str) -> None:
+        """Set this rank's mark `name/<rank>` to a fresh random value (a request or a report)."""
+        self.ctl.set(f"{name}/{self.rank}", secrets.token_hex(8))
+
+    def marks(self, name: str) -> dict[str, bytes]:
+        """Every receiver's current mark `name/<rank>` (absent ones left out)."""
+        out = {}
+        for rank in range(1, self.world_size):
+            key = f"{name}/{rank}"
+            if self.ctl.check([key]):
+                out[key] = self.ctl.get(key)
+        return out
 
     def all_gather_acks(self, mine: torch.Tensor) -> list[torch.Tensor]:
         out = [torch.empty_like(mine) for _ in range(self.world_size)]

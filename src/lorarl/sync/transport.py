@@ -9,7 +9,8 @@ Control vs data: receivers wait for work on the *store* (an announcement key per
 only the payload moves through the group. A process group has a fixed membership, so a sidecar
 that restarts cannot re-enter the group its old incarnation was in. Instead every group has a
 *generation*: its rendezvous keys live under `gen<g>/`. A restarted receiver reads the newest
-formed generation, asks to rejoin (a store counter), and takes part only in announcements of a
+formed generation, asks to rejoin (a fresh mark under `rejoin/<rank>`), and takes part only in
+announcements of a
 newer generation. The sender notices the request, announces a new generation, every receiver
 (healthy or restarted) builds the new group, and `service_rejoin()` re-sends the latest update so
 the newcomer catches up at once. A collective failure (peer died) drops the group on both sides;
@@ -17,7 +18,7 @@ the next operation re-forms it. Re-forming waits until *all* `world_size` receiv
 worlds are fixed), bounded by `timeout`; the operator's job is to restart the missing pod.
 
 Trust: the store has no access control, so every announcement, control value and header is
-signed with the job's key (`sync.auth`) and every bucket's SHA-256 is in the signed header. A
+signed with the job's key (`sync/auth.py`) and every bucket's SHA-256 is in the signed header. A
 store value that does not verify is logged and ignored (the genuine one may still come); a header
 that does not verify makes the receiver leave the group (it cannot follow the rest of the
 operation) and report why under `ctl/nack/<n>/<rank>`; a signed header whose layout or digests do
@@ -26,7 +27,11 @@ not fit its buckets is nacked in-band. Nothing a peer sends crashes a receiver.
 Protocol of one operation n (announcement `ctl/announce/<n>` = signed {"op", "generation", "seq"}):
   sync:  [form group if new generation] -> broadcast header length (int64) -> MAC + header JSON
          (uint8) -> one broadcast per bucket (uint8) -> all_gather acks (fixed-size uint8).
-  close: receivers bump `ctl/closed/<n>` and stop.
+  close: receivers set `ctl/closed/<n>/<rank>` and stop.
+
+Control marks (rejoin requests, close reports) are set, never incremented with `add`: the store
+server drops the connection of a client that increments a non-number, so a counter anyone can
+overwrite would cut the trainer or a sidecar off the store. The receiving end is `receiver.py`.
 """
 
 from __future__ import annotations
@@ -34,21 +39,12 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from concurrent.futures import ThreadPoolExecutor
-from typing import NoReturn
 
 import torch
-from pydantic import ValidationError
 
-from lorarl.sync.auth import Announcement, BadMessage, Signer, bucket_digest, resolve_key
-from lorarl.sync.buckets import Bucket, SyncHeader, check_layout, pack, unpack_all
-from lorarl.sync.errors import (
-    SyncClosed,
-    SyncError,
-    SyncRefused,
-    SyncTransportError,
-    UpdateValidationError,
-)
+from lorarl.sync.auth import Signer, bucket_digest, resolve_key
+from lorarl.sync.buckets import Bucket, SyncHeader, pack
+from lorarl.sync.errors import SyncTransportError
 from lorarl.sync.group import (
     DEFAULT_BUCKET_BYTES,
     Endpoint,
@@ -60,7 +56,8 @@ from lorarl.sync.group import (
     device_for,
     encode_ack,
 )
-from lorarl.sync.store import connect_store, host_store
+from lorarl.sync.receiver import MAX_HEADER_BYTES, MAX_NACK_CHARS, SyncReceiver
+from lorarl.sync.store import host_store
 
 __all__ = [
     "DEFAULT_BUCKET_BYTES",
@@ -74,10 +71,6 @@ __all__ = [
 ]
 
 log = logging.getLogger("lorarl.sync")
-
-MAX_HEADER_BYTES = 16 * 1024 * 1024  # ~100x a 70B model's all-linear LoRA header
-MAX_NACK_CHARS = 300
-MAX_SCAN = 1_000_000  # announcements a receiver walks when the store's pointers are poisoned
 
 
 class SyncSender:
@@ -103,7 +96,7 @@ class SyncSender:
         self.bucket_bytes = bucket_bytes
         self._seq = -1
         self._next_generation = 0
-        self._rejoin_seen = 0
+        self._rejoin_seen: dict[str, bytes] = {}
         self._latest: tuple[SyncHeader, list[Bucket]] | None = None
 
     @property
@@ -115,15 +108,13 @@ class SyncSender:
         return self._ep.group.generation
 
     def rejoin_requested(self) -> bool:
-        return self._rejoin_count() != self._rejoin_seen
+        return self._rejoin_marks() != self._rejoin_seen
 
-    def _rejoin_count(self) -> int:
-        try:
-            return int(self._ep.ctl.add("rejoin", 0))
-        except (RuntimeError, ValueError):  # not a counter any more: someone overwrote it
-            log.warning("sync store key 'rejoin' was overwritten; resetting it")
-            self._ep.ctl.set("rejoin", str(self._rejoin_seen + 1))
-            return self._rejoin_seen + 1
+    def _rejoin_marks(self) -> dict[str, bytes]:
+        """Each receiver's latest rejoin mark. Marks are set, never `add`ed: the store server
+        drops the connection of a client that increments a non-number, so a counter anyone can
+        overwrite would cut the trainer off its own store."""
+        return self._ep.marks("rejoin")
 
     def send(self, tensors: dict[str, torch.Tensor], header: SyncHeader) -> SyncResult:
         """Pack, broadcast and collect one ack per receiver (rank order 1..N)."""
@@ -146,7 +137,7 @@ class SyncSender:
         ep.drop()
         deadline = time.monotonic() + wait
         while time.monotonic() < deadline:
-            if int(ep.ctl.add(f"closed/{seq}", 0)) >= ep.world_size - 1:
+            if len(ep.marks(f"closed/{seq}")) >= ep.world_size - 1:
                 break
             time.sleep(0.01)
 
@@ -183,7 +174,7 @@ class SyncSender:
             ep.ctl.set("formed", self._signer.value("formed", generation))
             # Read after forming: every request made until now came from a rank that is in the
             # new group (formation needs all ranks), so it is served.
-            self._rejoin_seen = self._rejoin_count()
+            self._rejoin_seen = self._rejoin_marks()
         sealed = self._signer.seal_header(header.to_bytes(), generation, seq)
         try:
             ep.broadcast(torch.tensor([len(sealed)], dtype=torch.int64, device=ep.device))
@@ -205,237 +196,3 @@ class SyncSender:
         )
         acks = tuple(decode_ack(r, gathered[r]) for r in range(1, ep.world_size))
         return SyncResult(header.version, generation, acks, stats)
-
-
-class SyncReceiver:
-    """A sidecar: waits for announcements on the sender's store and receives updates.
-
-    `key` is the job's sync key; None reads `LORARL_SYNC_KEY` (a missing key is an error)."""
-
-    def __init__(
-        self,
-        host: str,
-        port: int,
-        rank: int,
-        world_size: int,
-        backend: str,
-        timeout: float = 120.0,
-        device: torch.device | str | None = None,
-        poll_interval: float = 0.05,
-        key: str | bytes | None = None,
-    ):
-        if rank == 0:
-            raise ValueError("rank 0 is the sender; receivers are ranks 1..world_size-1")
-        device_for(backend, device or "cpu")
-        self._signer = Signer(resolve_key(key))
-        store = connect_store(host, port, timeout)
-        self._ep = Endpoint(store, rank, world_size, backend, timeout, device)
-        self.poll_interval = poll_interval
-        self._pending_version: int | None = None
-        self._ignored: dict[int, bytes] = {}  # announcement seq -> the bad value last logged
-        self._hasher = ThreadPoolExecutor(1, thread_name_prefix="lorarl-sync-sha256")
-        self.last_stats: TransferStats | None = None
-        try:
-            formed, seq = self._read_value("formed"), self._read_value("seq")
-            rejoin = formed >= 0
-        except BadMessage as exc:
-            log.warning("sync store pointers do not verify (%s); scanning announcements", exc)
-            formed, seq = self._scan()
-            rejoin = True  # whatever was formed, a fresh generation is safe
-        # Generations formed before we (re)started already hold our rank's old incarnation.
-        self._min_generation = formed + 1
-        self._next_seq = max(seq, 0)
-        if rejoin:
-            self._ep.ctl.add("rejoin", 1)
-
-    @property
-    def generation(self) -> int:
-        return self._ep.group.generation
-
-    def recv(self, timeout: float | None = None) -> Received:
-        """Block until the next update; raises SyncClosed when the sender closes, SyncRefused
-        when an update was refused (already reported to the sender; call recv() again)."""
-        if self._pending_version is not None:
-            raise SyncError(f"ack() version {self._pending_version} before receiving the next one")
-        ep = self._ep
-        while True:
-            op, generation, seq = self._wait_announcement(timeout)
-            if op == "close":
-                ep.drop()
-                ep.ctl.add(f"closed/{seq}", 1)
-                raise SyncClosed("sender closed the sync channel")
-            if generation < self._min_generation:
-                continue  # formed before we joined; our rank there is a dead incarnation
-            if generation != ep.group.generation:
-                ep.form(generation)
-            return self._receive_update(generation, seq)
-
-    def ack(self, version: int, ok: bool = True, message: str = "") -> None:
-        """Report the outcome of the last update; the sender's send() returns once all ack."""
-        if self._pending_version is None:
-            raise SyncError("ack() without a received update")
-        ep = self._ep
-        try:
-            ep.all_gather_acks(encode_ack(version, ok, message, ep.device))
-        except RuntimeError as exc:
-            self._fail(exc)
-        finally:
-            self._pending_version = None
-
-    def close(self) -> None:
-        self._ep.drop()
-        self._hasher.shutdown(wait=False)
-
-    def _receive_update(self, generation: int, seq: int) -> Received:
-        ep = self._ep
-        start = time.perf_counter()
-        problem = None
-        try:
-            length = torch.zeros(1, dtype=torch.int64, device=ep.device)
-            ep.broadcast(length)
-            size = int(length.item())
-            if not 0 < size <= MAX_HEADER_BYTES:
-                self._leave(generation, seq, f"header length {size} outside 1..{MAX_HEADER_BYTES}")
-            raw = torch.empty(size, dtype=torch.uint8, device=ep.device)
-            ep.broadcast(raw)
-            header = self._open_header(bytes(raw.cpu().numpy()), generation, seq)
-            try:
-                check_layout(header)
-            except UpdateValidationError as exc:
-                problem = str(exc)
-            buffers, digests = [], []
-            for spec in header.buckets:  # sizes are signed: received even when refused, so
-                buf = torch.empty(spec.nbytes, dtype=torch.uint8, device=ep.device)  # the
-                ep.broadcast(buf)  # group stays in step and the refusal goes back as a nack
-                buffers.append(buf)
-                # Hashed while the next bucket arrives (hashlib and gloo both release the GIL).
-                digests.append(self._hasher.submit(bucket_digest, buf))
-        except RuntimeError as exc:
-            self._fail(exc)
-        self.last_stats = TransferStats(
-            bytes=8 + raw.numel() + sum(b.numel() for b in buffers),
-            seconds=time.perf_counter() - start,
-            buckets=len(buffers),
-        )
-        self._pending_version = header.version
-        tensors = {}
-        if problem is None:
-            problem = _digest_problem(header, [d.result() for d in digests])
-        if problem is None:
-            try:
-                tensors = unpack_all(buffers, header)
-            except UpdateValidationError as exc:
-                problem = str(exc)
-        if problem is not None:
-            log.error("refused update v%d: %s", header.version, problem)
-            self.ack(header.version, ok=False, message=problem[:900])
-            raise SyncRefused(f"v{header.version}: {problem}")
-        return Received(header, tensors)
-
-    def _open_header(self, data: bytes, generation: int, seq: int) -> SyncHeader:
-        try:
-            return SyncHeader.from_bytes(self._signer.open_header(data, generation, seq))
-        except BadMessage as exc:
-            reason = str(exc)
-        except ValidationError as exc:  # signed but unparseable: the bucket sizes are unknown
-            first = exc.errors()[0]
-            where = ".".join(str(p) for p in first["loc"]) or "header"
-            reason = f"header does not parse: {where}: {first['msg']}"
-        self._leave(generation, seq, reason)
-
-    def _leave(self, generation: int, seq: int, reason: str) -> NoReturn:
-        """Refuse an operation we cannot follow to its end: say why in the store, leave the
-        group (peers see a closed connection at once) and ask for a new generation."""
-        log.error("refused sync operation %d: %s", seq, reason)
-        with contextlib.suppress(RuntimeError):
-            self._ep.ctl.set(f"nack/{seq}/{self._ep.rank}", reason[:MAX_NACK_CHARS])
-        self._min_generation = max(self._min_generation, generation + 1)
-        self._ep.drop()
-        with contextlib.suppress(RuntimeError):
-            self._ep.ctl.add("rejoin", 1)
-        raise SyncRefused(f"sync operation {seq}: {reason}")
-
-    def _fail(self, exc: BaseException) -> NoReturn:
-        """Leave the broken group and ask the sender for a fresh one."""
-        generation = self._ep.group.generation
-        self._min_generation = generation + 1
-        self._ep.drop()
-        self._pending_version = None
-        with contextlib.suppress(RuntimeError):
-            self._ep.ctl.add("rejoin", 1)
-        raise SyncTransportError(
-            f"rank {self._ep.rank}: sync group generation {generation} failed: {exc}"
-        ) from exc
-
-    def _read_value(self, name: str) -> int:
-        """A signed control value; -1 when absent (nothing announced or formed yet)."""
-        ctl = self._ep.ctl
-        return self._signer.open_value(name, ctl.get(name)) if ctl.check([name]) else -1
-
-    def _announcement(self, seq: int) -> Announcement | None:
-        """The verified announcement at `seq`, None if absent; BadMessage if it does not verify."""
-        key = f"announce/{seq}"
-        if not self._ep.ctl.check([key]):
-            return None
-        return self._signer.open_announcement(self._ep.ctl.get(key), seq)
-
-    def _scan(self) -> tuple[int, int]:
-        """(newest verified generation, the seq after the last announcement), read from the
-        announcements themselves when the pointers to them are poisoned: the receiver then
-        waits only for operations announced after it started (its rejoin request makes one)."""
-        newest_generation, after_last = -1, 0
-        for seq in range(MAX_SCAN):
-            try:
-                found = self._announcement(seq)
-            except BadMessage:
-                after_last = seq + 1
-                continue
-            if found is None:
-                if not self._ep.ctl.check([f"announce/{seq + 1}"]):
-                    break
-                continue
-            newest_generation = max(newest_generation, found.generation)
-            after_last = seq + 1
-        return newest_generation, after_last
-
-    def _wait_announcement(self, timeout: float | None) -> Announcement:
-        """The next verified announcement. One that does not verify is logged and ignored: the
-        sender's own write may still replace it, and once a verified later one exists, it is
-        skipped (a restarted receiver is never wedged on a poisoned key)."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        delay = 0.001
-        while True:
-            seq = self._next_seq
-            try:
-                found = self._announcement(seq)
-            except BadMessage as exc:
-                found = None
-                self._log_ignored(seq, exc)
-                with contextlib.suppress(BadMessage, RuntimeError):
-                    if self._announcement(seq + 1) is not None:
-                        self._next_seq += 1
-                        continue
-            except RuntimeError as exc:
-                raise SyncTransportError(f"sync store unreachable: {exc}") from exc
-            if found is not None:
-                self._next_seq += 1
-                return found
-            if deadline is not None and time.monotonic() > deadline:
-                raise TimeoutError(f"no sync announcement within {timeout} s")
-            time.sleep(delay)
-            delay = min(delay * 2, self.poll_interval)
-
-    def _log_ignored(self, seq: int, exc: BadMessage) -> None:
-        reason = str(exc).encode()
-        if self._ignored.get(seq) != reason:  # once per distinct bad value, not every poll
-            self._ignored = {seq: reason}
-            log.warning("ignored sync announcement %d: %s", seq, exc)
-
-
-def _digest_problem(header: SyncHeader, digests: list[str]) -> str | None:
-    for i, (spec, digest) in enumerate(zip(header.buckets, digests, strict=True)):
-        if not spec.sha256:
-            return f"bucket {i} has no SHA-256 in the header"
-        if digest != spec.sha256:
-            return f"bucket {i}: SHA-256 of the received bytes does not match the header"
-    return None
