@@ -132,6 +132,8 @@ def test_alias_bomb_is_refused_before_it_expands(tmp_path: Path, target: str) ->
     assert len(text) < 10_000  # a few kB that expand to 9**7, about 4.8 million strings
     start = time.monotonic()
     refused_by_cli(tmp_path, text, f"more than {MAX_NODES} values once YAML aliases are expanded")
+    r = CliRunner().invoke(main, ["plan", str(tmp_path / "job.yaml")])  # ran for minutes before
+    assert r.exit_code == 1 and "YAML refused: more than" in r.output and len(r.output) < 1000
     assert time.monotonic() - start < 5
 
 
