@@ -128,10 +128,13 @@ def test_cli_runs_a_short_job_end_to_end(tmp_path: Path, engine_python: str):
     doc = yaml.safe_load(QUICKSTART.read_text())
     doc["spec"]["training"]["totalSteps"] = 3
     doc["spec"]["rollout"]["replicas"] = 1
-    # Evals on held-out prompts: before training, after step 2 and after the last step.
+    # Evals before training, after step 2 and after the last step. The quickstart's task has only
+    # 8 prompts ("after a".."after h"), so these are training prompts (and the trainer says so):
+    # this checks the plumbing, not generalization.
     train_file = ROOT / doc["spec"]["data"]["trainFiles"][0]
+    rows = {json.loads(line)["prompt"]: line for line in train_file.read_text().splitlines()}
     val_file = tmp_path / "val.jsonl"
-    val_file.write_text("".join(train_file.read_text().splitlines(keepends=True)[:8]))
+    val_file.write_text("".join(line + "\n" for _, line in sorted(rows.items())))
     doc["spec"]["data"]["valFiles"] = [str(val_file)]
     doc["spec"]["training"].update(
         evalInterval=2, evalBeforeTrain=True, eval={"n": 4, "temperature": 1.0}
@@ -151,6 +154,8 @@ def test_cli_runs_a_short_job_end_to_end(tmp_path: Path, engine_python: str):
     assert "reward" in result.stdout and "adapter:" in result.stdout
     assert (tmp_path / "run" / "adapter" / "adapter_model.safetensors").is_file()
     check_evals(load_job_file(job_file), tmp_path / "run", result.stdout)
+    trainer_log = (tmp_path / "run" / "logs" / "quickstart-trainer-0-trainer.log").read_text()
+    assert "8 of 8 validation prompts are also training prompts" in trainer_log
     check_tracking(tmp_path / "run")
 
 
