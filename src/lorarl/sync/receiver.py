@@ -91,7 +91,8 @@ class SyncReceiver:
             op, generation, seq = self._wait_announcement(timeout)
             if op == "close":
                 ep.drop()
-                ep.mark(f"closed/{seq}")
+                with contextlib.suppress(RuntimeError):  # the sender may be gone already
+                    ep.mark(f"closed/{seq}")
                 raise SyncClosed("sender closed the sync channel")
             if generation < self._min_generation:
                 continue  # formed before we joined; our rank there is a dead incarnation
