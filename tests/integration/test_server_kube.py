@@ -181,6 +181,18 @@ def test_unreachable_trainer_gives_empty_history_with_detail(
     assert trainer.url in body["detail"]
 
 
+def test_samples_come_from_the_trainer_or_say_where_they_are(
+    client: TestClient, trainer: FakeTrainer
+) -> None:
+    # This fake trainer has no /progress/samples: the reply points at the files on the volume.
+    body = client.get("/v1/jobs/team-a/a1/samples", headers=bearer(ALICE)).json()
+    assert body["samples"] == [] and body["live"] is False
+    assert "samples.jsonl in training.outputDir" in body["detail"]
+    assert trainer.requests[-1] == "/progress/samples"
+    assert client.get("/v1/jobs/team-a/ghost/samples", headers=bearer(ALICE)).status_code == 404
+    assert client.get("/v1/jobs/team-b/b1/samples", headers=bearer(ALICE)).status_code == 403
+
+
 def test_default_progress_url_is_the_rank0_pod(kube: FakeKubeApi) -> None:
     store = KubeStore(KubeApi(kube.url, token=kube.server_token))
     assert store.progress_url("team-a", "a1") == "http://a1-trainer-0.a1.team-a.svc:8080"

@@ -23,6 +23,7 @@ OPERATIONS = [
     ("GET", "/v1/jobs"),
     ("GET", "/v1/jobs/{namespace}/{name}"),
     ("GET", "/v1/jobs/{namespace}/{name}/metrics"),
+    ("GET", "/v1/jobs/{namespace}/{name}/samples"),
     ("GET", "/healthz"),
     ("GET", "/metrics"),
 ]

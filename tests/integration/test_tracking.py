@@ -23,11 +23,11 @@ import yaml
 
 from lorarl.api.progress import StepRecord
 from lorarl.api.run_files import read_history
+from lorarl.api.samples import SAMPLES_FILE, read_sample_rows
 from lorarl.api.status import EvalRecord
 from lorarl.api.validation import parse_job
 from lorarl.local.ports import free_port
 from lorarl.trainer.progress import ProgressTracker
-from lorarl.trainer.samples import SAMPLES_FILE, read_samples
 from lorarl.trainer.tracking import IDS_FILE, Fanout, build_fanout
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -84,7 +84,7 @@ def test_tensorboard_event_files_hold_every_step_eval_and_samples(tmp_path: Path
     (text,) = acc.Tensors("samples/text_summary")
     table = text.tensor_proto.string_val[0].decode()
     assert text.step == 2 and "What is 1+2?" in table and "It is 3." in table
-    assert [r["prompt"] for r in read_samples(tmp_path)] == ["What is 0+2?", "What is 1+2?"]
+    assert [r["prompt"] for r in read_sample_rows(tmp_path)] == ["What is 0+2?", "What is 1+2?"]
 
 
 def test_an_mlflow_server_that_is_down_warns_and_never_holds_or_fails_the_run(

@@ -11,20 +11,19 @@ from typing import Any
 import pytest
 import yaml
 
+from lorarl.api.samples import (
+    SAMPLES_FILE,
+    append_samples,
+    read_sample_rows,
+    read_samples,
+    trim_samples,
+)
 from lorarl.api.validation import check_manifest, parse_job
 from lorarl.local.tiny import make_tokenizer
 from lorarl.operator import builders
 from lorarl.plan import plan
 from lorarl.trainer.batch import TrainSample
-from lorarl.trainer.samples import (
-    SAMPLES_FILE,
-    TEXT_LIMIT,
-    append_samples,
-    due,
-    read_samples,
-    sample_rows,
-    trim_samples,
-)
+from lorarl.trainer.samples import TEXT_LIMIT, due, sample_rows
 from lorarl.trainer.tracking import flatten
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -160,7 +159,8 @@ def test_samples_file_appends_and_a_resume_drops_the_redone_steps(tmp_path: Path
         append_samples(tmp_path, sample_rows(step, _samples(4, tok), tok, 2))
     with open(tmp_path / SAMPLES_FILE, "a") as f:
         f.write('{"step": 8, "prom')  # a torn last line
-    assert [r["step"] for r in read_samples(tmp_path)] == [2, 2, 4, 4, 6, 6]
+    assert [r["step"] for r in read_sample_rows(tmp_path)] == [2, 2, 4, 4, 6, 6]
+    assert [r.step for r in read_samples(tmp_path, limit=3)] == [4, 6, 6]  # the newest
     trim_samples(tmp_path, 4)
     lines = (tmp_path / SAMPLES_FILE).read_text().splitlines()
     assert [json.loads(line)["step"] for line in lines] == [2, 2, 4, 4]

@@ -20,7 +20,15 @@ from fastapi.staticfiles import StaticFiles
 from lorarl.api.job import GROUP, PLURAL
 from lorarl.api.k8s import DNS1123_LABEL, DNS1123_SUBDOMAIN
 from lorarl.server.auth import ALL_NAMESPACES, Authorizer, AuthUnavailable, Unauthenticated, User
-from lorarl.server.models import ErrorDetail, Health, JobDetail, JobList, JobMetrics, JobSummary
+from lorarl.server.models import (
+    ErrorDetail,
+    Health,
+    JobDetail,
+    JobList,
+    JobMetrics,
+    JobSamples,
+    JobSummary,
+)
 from lorarl.server.names import NAME_MAX, NAMESPACE_MAX, name_problem, namespace_problem
 from lorarl.server.stores.base import JobNotFound, JobStore, StoreUnavailable
 from lorarl.server.telemetry import CONTENT_TYPE, Telemetry
@@ -198,6 +206,19 @@ def create_app(store: JobStore, *, auth: Authorizer | None = None) -> FastAPI:
         namespace, name = ref
         _require(auth, user, "get", namespace)
         return store.get_metrics(namespace, name)
+
+    @app.get(
+        "/v1/jobs/{namespace}/{name}/samples",
+        response_model=JobSamples,
+        responses=with_404,
+        tags=["jobs"],
+    )
+    def get_samples(ref: JobRef, user: Caller) -> JobSamples:
+        """The newest sample completions with their rewards and advantages
+        (training.samplesInterval)."""
+        namespace, name = ref
+        _require(auth, user, "get", namespace)
+        return store.get_samples(namespace, name)
 
     @app.get("/healthz", response_model=Health, tags=["ops"])
     def healthz() -> Health:

@@ -8,6 +8,7 @@ from pydantic import Field
 
 from lorarl.api.base import ApiModel, ReportModel
 from lorarl.api.progress import StepRecord
+from lorarl.api.samples import SampleRecord
 from lorarl.api.status import Condition, LoRARLJobStatus
 
 Source = Literal["kubernetes", "local"]
@@ -73,6 +74,18 @@ class JobMetrics(ApiModel):
     live: bool = Field(description="Whether the history came from a running trainer just now.")
     detail: str | None = Field(
         default=None, description="Why the history is stale or empty, when it is."
+    )
+
+
+class JobSamples(ApiModel):
+    namespace: str = Field(description="Namespace.")
+    name: str = Field(description="Job name.")
+    samples: list[SampleRecord] = Field(
+        description="The newest sample completions (training.samplesInterval), oldest first."
+    )
+    live: bool = Field(description="Whether they came from a running trainer just now.")
+    detail: str | None = Field(
+        default=None, description="Why the list is stale or empty, when it is."
     )
 
 

@@ -3,7 +3,7 @@ the same on disk (`progress.json`, `history.jsonl` in the output dir) so a finis
 be shown. Every step's record also goes to the job's experiment trackers (`tracking.Fanout`), and
 sample completions to `samples.jsonl` and the trackers.
 
-A stdlib HTTP server on purpose: the trainer image should not need a web framework for three
+A stdlib HTTP server on purpose: the trainer image should not need a web framework for four
 read-only routes.
 """
 
@@ -25,9 +25,15 @@ from lorarl.api.run_files import (
     write_history,
     write_progress,
 )
+from lorarl.api.samples import (
+    SERVED_SAMPLES,
+    SampleRecord,
+    append_samples,
+    read_sample_rows,
+    trim_samples,
+)
 from lorarl.api.status import CheckpointStatus, EvalRecord, SyncStatus
 from lorarl.jsonhttp import JsonHttpServer
-from lorarl.trainer.samples import append_samples, trim_samples
 from lorarl.trainer.tracking import Fanout, flatten
 
 log = logging.getLogger(__name__)
@@ -46,6 +52,7 @@ class ProgressTracker:
         self.output_dir = output_dir
         self.history: list[StepRecord] = []
         self.tracking: Fanout | None = None  # rank 0's experiment trackers (spec.logging)
+        self.samples: list[dict[str, Any]] = []  # the newest sample completions, served
         self.progress = Progress(
             job=job, phase="Starting", total_steps=total_steps, started_at=time.time()
         )
@@ -54,6 +61,7 @@ class ProgressTracker:
         """Keep the recorded steps a restarted run still stands on (drop those it will redo)."""
         kept = [r for r in read_history(self.output_dir) if r.step <= upto_step]
         trim_samples(self.output_dir, upto_step)
+        samples = read_sample_rows(self.output_dir)[-SERVED_SAMPLES:]
         evals = [r.eval for r in kept if r.eval is not None]
         try:  # the eval before training is in no step record: keep the old report's
             baseline = read_progress(self.output_dir).baseline_eval
@@ -61,6 +69,7 @@ class ProgressTracker:
             baseline = None
         with self._lock:
             self.history = kept
+            self.samples = samples
             self.progress.step = upto_step
             self.progress.latest = kept[-1] if kept else None
             self.progress.baseline_eval = baseline
@@ -87,6 +96,8 @@ class ProgressTracker:
         if not rows:
             return
         append_samples(self.output_dir, rows)
+        with self._lock:
+            self.samples = (self.samples + list(rows))[-SERVED_SAMPLES:]
         if self.tracking is not None:
             self.tracking.log_samples(step, rows)
 
@@ -119,6 +130,11 @@ class ProgressTracker:
         write_termination_message(final)
         if self.tracking is not None:
             self.tracking.close(failed=phase == "Failed")
+
+    def samples_wire(self) -> list[dict[str, Any]]:
+        with self._lock:
+            rows = list(self.samples)
+        return [SampleRecord.model_validate(r).wire() for r in rows]
 
     def snapshot(self) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         with self._lock:
@@ -164,6 +180,7 @@ class ProgressServer(JsonHttpServer):
         routes = {
             "/progress": lambda: (200, tracker.snapshot()[0]),
             "/progress/history": lambda: (200, tracker.snapshot()[1]),
+            "/progress/samples": lambda: (200, tracker.samples_wire()),
             "/healthz": lambda: (200, {"ok": True}),
         }
         super().__init__(routes, port, host)

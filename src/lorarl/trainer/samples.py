@@ -1,18 +1,14 @@
 """Sample completions (`training.samplesInterval`): every N steps rank 0 keeps a few prompts with
-their completions, rewards and advantages, in outputDir/samples.jsonl (one JSON object per
-sample) and in the trackers' tables. Texts are cut to a bounded length so the file stays small."""
+their completions, rewards and advantages, in outputDir/samples.jsonl (`lorarl.api.samples`) and
+in the trackers' tables. Texts are cut to a bounded length so the file stays small."""
 
 from __future__ import annotations
 
-import json
-import os
-from pathlib import Path
 from typing import Any
 
 from lorarl.api.spec import TrainingSpec
 from lorarl.trainer.batch import TrainSample
 
-SAMPLES_FILE = "samples.jsonl"
 TEXT_LIMIT = 2000  # characters of prompt or completion kept per sample
 
 
@@ -46,40 +42,3 @@ def sample_rows(
         }
         for s in picked
     ]
-
-
-def append_samples(output_dir: Path, rows: list[dict[str, Any]]) -> None:
-    """One write per step: a crash can tear at most the last line (readers skip it)."""
-    if not rows:
-        return
-    output_dir.mkdir(parents=True, exist_ok=True)
-    text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
-    with open(output_dir / SAMPLES_FILE, "a", encoding="utf-8") as f:
-        f.write(text)
-
-
-def read_samples(output_dir: Path, limit: int | None = None) -> list[dict[str, Any]]:
-    """The stored samples, oldest first (the last `limit` if given); a torn line is skipped."""
-    path = output_dir / SAMPLES_FILE
-    if not path.exists():
-        return []
-    rows = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            row = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(row, dict):
-            rows.append(row)
-    return rows[-limit:] if limit else rows
-
-
-def trim_samples(output_dir: Path, upto_step: int) -> None:
-    """A resumed run redoes the steps after its checkpoint: drop their samples (atomically)."""
-    path = output_dir / SAMPLES_FILE
-    if not path.exists():
-        return
-    kept = [r for r in read_samples(output_dir) if int(r.get("step", 0)) <= upto_step]
-    tmp = output_dir / f".{SAMPLES_FILE}.tmp"
-    tmp.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in kept), "utf-8")
-    os.replace(tmp, path)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from lorarl.server.models import JobDetail, JobMetrics, JobSummary
+from lorarl.server.models import JobDetail, JobMetrics, JobSamples, JobSummary
 
 
 class JobNotFound(LookupError):
@@ -30,4 +30,8 @@ class JobStore(Protocol):
 
     def get_metrics(self, namespace: str, name: str) -> JobMetrics:
         """The step history; empty with a `detail` when the trainer cannot be reached."""
+        ...
+
+    def get_samples(self, namespace: str, name: str) -> JobSamples:
+        """The newest sample completions; empty with a `detail` when they cannot be read."""
         ...

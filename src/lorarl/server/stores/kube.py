@@ -18,7 +18,7 @@ from lorarl.api.job import GROUP, PLURAL, VERSION, LoRARLJob
 from lorarl.api.status import LoRARLJobStatus
 from lorarl.server import views
 from lorarl.server.kube_api import KubeApi, KubeApiError, segment
-from lorarl.server.models import JobDetail, JobMetrics, JobSummary, SpecSummary
+from lorarl.server.models import JobDetail, JobMetrics, JobSamples, JobSummary, SpecSummary
 from lorarl.server.names import name_problem, namespace_problem
 from lorarl.server.stores.base import JobNotFound, StoreUnavailable
 from lorarl.server.stores.progress_client import ProgressClient, TrainerUnreachable
@@ -144,3 +144,16 @@ class KubeStore:
         return JobMetrics(
             namespace=namespace, name=name, steps=views.dedupe_steps(history), live=True
         )
+
+    def get_samples(self, namespace: str, name: str) -> JobSamples:
+        """From the trainer while it runs; afterwards they are in samples.jsonl on the volume."""
+        self._read_job(namespace, name)  # 404 for a job that is not there
+        try:
+            samples = self._client.samples(self.progress_url(namespace, name))
+        except TrainerUnreachable as exc:
+            why = (
+                f"no samples: the trainer's progress endpoint did not answer ({exc}); they are "
+                "in samples.jsonl in training.outputDir"
+            )
+            return JobSamples(namespace=namespace, name=name, samples=[], live=False, detail=why)
+        return JobSamples(namespace=namespace, name=name, samples=samples, live=True)

@@ -16,9 +16,10 @@ from pathlib import Path
 from lorarl.api import run_files
 from lorarl.api.job import LoRARLJob
 from lorarl.api.progress import Progress, StepRecord
+from lorarl.api.samples import read_samples
 from lorarl.api.status import LoRARLJobStatus
 from lorarl.server import views
-from lorarl.server.models import JobDetail, JobMetrics, JobSummary
+from lorarl.server.models import JobDetail, JobMetrics, JobSamples, JobSummary
 from lorarl.server.stores.base import JobNotFound
 from lorarl.server.stores.progress_client import ProgressClient, TrainerUnreachable
 
@@ -165,4 +166,27 @@ class LocalStore:
             steps=views.dedupe_steps(entry.history),
             live=False,
             detail=read.detail,
+        )
+
+    def get_samples(self, namespace: str, name: str) -> JobSamples:
+        """From the running trainer, else from samples.jsonl in the run directory."""
+        entry = self._entry(namespace, name)
+        why = None
+        if entry.progress_url is not None:
+            try:
+                samples = self._client.samples(entry.progress_url)
+            except TrainerUnreachable as exc:
+                why = f"trainer unreachable ({exc})"
+            else:
+                return JobSamples(namespace=LOCAL_NAMESPACE, name=name, samples=samples, live=True)
+        samples = read_samples(entry.run_dir) if entry.run_dir is not None else []
+        if entry.run_dir is None:
+            note = "no run directory to read samples.jsonl from"
+        elif samples:
+            note = f"read from {entry.run_dir}"
+        else:
+            note = "none stored (training.samplesInterval)"
+        detail = f"{why}; {note}" if why else note
+        return JobSamples(
+            namespace=LOCAL_NAMESPACE, name=name, samples=samples, live=False, detail=detail
         )

@@ -9,6 +9,7 @@ from __future__ import annotations
 from pydantic import TypeAdapter, ValidationError
 
 from lorarl.api.progress import Progress, StepRecord
+from lorarl.api.samples import SampleRecord
 from lorarl.bounded_fetch import (
     DEADLINE_S,
     MAX_HISTORY_BYTES,
@@ -18,6 +19,7 @@ from lorarl.bounded_fetch import (
 )
 
 _HISTORY = TypeAdapter(list[StepRecord])
+_SAMPLES = TypeAdapter(list[SampleRecord])
 
 
 class TrainerUnreachable(RuntimeError):
@@ -71,6 +73,13 @@ class ProgressClient:
             return _HISTORY.validate_python(self._get(url, self._max_history))
         except ValidationError as exc:
             raise TrainerUnreachable(f"{url}: unreadable history: {exc}") from exc
+
+    def samples(self, base: str) -> list[SampleRecord]:
+        url = f"{base_url(base)}/progress/samples"
+        try:
+            return _SAMPLES.validate_python(self._get(url, self._max_history))
+        except ValidationError as exc:
+            raise TrainerUnreachable(f"{url}: unreadable samples: {exc}") from exc
 
     def close(self) -> None:
         """Nothing to release: each read uses its own short-lived connection."""
