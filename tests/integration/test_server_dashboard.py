@@ -12,6 +12,7 @@ from urllib.parse import urlparse
 import pytest
 
 from lorarl.api import run_files
+from lorarl.api.samples import append_samples
 from lorarl.api.status import EvalRecord
 from lorarl.server import KubeApi, KubeAuth, KubeStore, LocalStore, create_app
 from tests.support.browser import ARGS, CHROMIUM, point_steps
@@ -159,3 +160,22 @@ def eval_record(step: int, accuracy: float) -> EvalRecord:
         step=step, reward_mean=accuracy, accuracy=accuracy, pass_at_k={"1": accuracy},
         prompts=8, samples_per_prompt=1, seconds=0.1,
     )  # fmt: skip
+
+
+def test_samples_are_listed_newest_first_as_text(page, finished_run: str, tmp_path) -> None:
+    """samples.jsonl of a finished run: one row per sample, newest step first, and a completion
+    that looks like HTML stays text."""
+    run_dir = tmp_path  # finished_run's files
+    append_samples(run_dir, [
+        {"step": s, "prompt": f"What is {s}+{i}?", "completion": f"<b>{s + i}</b>",
+         "reward": float(i), "advantage": i - 0.5, "finish_reason": "stop"}
+        for s in (4, 8) for i in range(2)
+    ])  # fmt: skip
+    page.goto(f"{finished_run}/?job=local/quickstart")
+    page.wait_for_selector("#samples-block:not([hidden]) #samples tbody tr")
+    rows = page.eval_on_selector_all(
+        "#samples tbody tr", "rows => rows.map(r => [...r.cells].map(c => c.textContent))"
+    )
+    assert [r[0] for r in rows] == ["8", "8", "4", "4"]
+    assert rows[0][4:] == ["What is 8+1?", "<b>9</b>"] and rows[0][3] == "stop"
+    assert page.locator("#samples b").count() == 0

@@ -1,5 +1,5 @@
 // lorarl dashboard: the job list and, for one job, reward (with eval accuracy) / KL / sync-time
-// curves as inline SVG.
+// curves as inline SVG, and its newest sample completions.
 // No libraries and nothing from the network but this server's /v1 API.
 "use strict";
 
@@ -199,6 +199,27 @@ function renderDetail(detail, metrics) {
   }
 }
 
+// The newest sample completions, newest first; texts as text (never HTML).
+function renderSamples(reply) {
+  const samples = reply && Array.isArray(reply.samples) ? reply.samples : [];
+  $("samples-block").hidden = samples.length === 0;
+  const body = $("samples").querySelector("tbody");
+  body.replaceChildren();
+  const text = (value) => {
+    const td = el("td");
+    td.append(el("div", value, { class: "text" }));
+    return td;
+  };
+  for (const s of [...samples].reverse()) {
+    const row = el("tr", null, { "data-step": s.step });
+    row.append(
+      el("td", s.step), el("td", fmt(s.reward)), el("td", fmt(s.advantage)),
+      el("td", s.finishReason), text(s.prompt), text(s.completion),
+    );
+    body.append(row);
+  }
+}
+
 async function refresh() {
   clearTimeout(timer);
   let active = false;
@@ -208,8 +229,12 @@ async function refresh() {
     active = list.items.some((j) => ACTIVE.has(j.phase));
     const job = selectedJob();
     if (job) {
-      const [detail, metrics] = await Promise.all([api(jobPath(job)), api(`${jobPath(job)}/metrics`)]);
+      const [detail, metrics, samples] = await Promise.all([
+        api(jobPath(job)), api(`${jobPath(job)}/metrics`),
+        api(`${jobPath(job)}/samples`).catch(() => null), // optional: never blocks the charts
+      ]);
       renderDetail(detail, metrics);
+      renderSamples(samples);
       active = ACTIVE.has(detail.status && detail.status.phase);
     } else {
       $("detail").hidden = true;
