@@ -8,8 +8,10 @@ import torch
 
 from lorarl.sync.buckets import (
     ALIGN,
+    BucketSpec,
     SyncHeader,
     TensorEntry,
+    check_layout,
     pack,
     unpack,
     unpack_all,
@@ -104,6 +106,33 @@ def test_unpack_rejects_entries_outside_the_bucket():
     bad_shape = TensorEntry(name="v", shape=(3,), dtype="float32", offset=0, numel=4)
     with pytest.raises(UpdateValidationError, match="'v'"):
         unpack(torch.zeros(16, dtype=torch.uint8), [bad_shape])
+
+
+def _entry(name: str, offset: int, shape=(4,), numel=4, dtype="float32") -> TensorEntry:
+    return TensorEntry(name=name, shape=shape, dtype=dtype, offset=offset, numel=numel)
+
+
+@pytest.mark.parametrize(
+    ("entries", "nbytes", "message"),
+    [
+        ([_entry("w", 1)], 32, "'w': offset 1 is not a multiple of float32's size"),
+        ([_entry("w", 0), _entry("v", 8)], 32, "'v' overlaps 'w'"),
+        ([_entry("w", 0, shape=(8,)), _entry("v", 4, shape=(1,), numel=1)], 64, "'w': shape"),
+        ([_entry("w", 0, shape=(16,), numel=16), _entry("v", 16)], 64, "'v' overlaps 'w'"),
+        ([_entry("w", 0), _entry("w", 16)], 32, "'w' appears twice"),
+    ],
+)
+def test_a_layout_that_does_not_fit_its_bucket_is_refused_before_any_view(entries, nbytes, message):
+    """A header is checked before the buckets arrive: a lie is an error naming the tensor,
+    never an exception from `view()` later."""
+    h = header(buckets=(BucketSpec(nbytes=nbytes, entries=tuple(entries)),))
+    with pytest.raises(UpdateValidationError, match=message):
+        check_layout(h)
+    with pytest.raises(UpdateValidationError):
+        unpack_all([torch.zeros(nbytes, dtype=torch.uint8)], h)
+    check_layout(header(buckets=(BucketSpec(nbytes=32, entries=(_entry("w", 0),)),)))
+    with pytest.raises(pydantic.ValidationError, match="shape"):
+        _entry("w", 0, shape=(-2, -2))
 
 
 def test_header_json_round_trip_and_bad_fields():

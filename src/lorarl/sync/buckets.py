@@ -235,7 +235,10 @@ def unpack_all(
         )
     out: dict[str, torch.Tensor] = {}
     for buf, spec in zip(buffers, header.buckets, strict=True):
-        out.update(unpack(buf, spec.entries, copy=copy))
+        tensors = unpack(buf, spec.entries, copy=copy)
+        if len(tensors) != len(spec.entries) or out.keys() & tensors.keys():
+            raise UpdateValidationError(f"update v{header.version}: a tensor name appears twice")
+        out.update(tensors)
     return out
 
 
