@@ -156,7 +156,7 @@ def test_cli_runs_a_short_job_end_to_end(tmp_path: Path, engine_python: str):
     check_evals(load_job_file(job_file), tmp_path / "run", result.stdout)
     trainer_log = (tmp_path / "run" / "logs" / "quickstart-trainer-0-trainer.log").read_text()
     assert "8 of 8 validation prompts are also training prompts" in trainer_log
-    check_tracking(tmp_path / "run")
+    check_tracking(load_job_file(job_file), tmp_path / "run")
 
 
 def check_evals(job, run_dir: Path, stdout: str) -> None:
@@ -176,9 +176,10 @@ def check_evals(job, run_dir: Path, stdout: str) -> None:
     assert detail["status"]["baselineEval"]["step"] == 0
 
 
-def check_tracking(run_dir: Path) -> None:
+def check_tracking(job, run_dir: Path) -> None:
     """spec.logging's TensorBoard files (read with TensorBoard's own reader) hold every step and
-    every eval; samples.jsonl holds samplesPerStep decoded samples of each samplesInterval step."""
+    every eval; samples.jsonl holds samplesPerStep decoded samples of each samplesInterval step,
+    which the REST API serves."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     history = run_files.read_history(run_dir)
@@ -193,5 +194,11 @@ def check_tracking(run_dir: Path) -> None:
         assert s["prompt"] and s["finish_reason"] in ("stop", "length")
         assert isinstance(s["reward"], float) and isinstance(s["advantage"], float)
     (text,) = acc.Tensors("samples/text_summary")
+    store = LocalStore()
+    store.add_finished(job, run_dir)
+    served = TestClient(create_app(store)).get("/v1/jobs/local/quickstart/samples").json()
+    assert [(s["step"], s["completion"]) for s in served["samples"]] == [
+        (s["step"], s["completion"]) for s in samples
+    ]
     shown = samples[0]["prompt"][:20].replace("|", "\\|").replace("\n", "<br>")
     assert text.step == 2 and shown in text.tensor_proto.string_val[0].decode()
