@@ -26,7 +26,7 @@ BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
 BENCHMARKS = (
     "trainer_step", "sync", "reward_service", "operator_scale", "vs_trl", "demo", "quickstart",
-    "cluster_e2e", "sandbox",
+    "cluster_e2e", "sandbox", "mismatch",
 )  # fmt: skip
 
 
