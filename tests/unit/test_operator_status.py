@@ -15,6 +15,7 @@ from lorarl.operator.status import (
     set_condition,
     termination,
 )
+from lorarl.server.views import status_from_progress
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -117,6 +118,9 @@ def test_correctness_metrics_reach_the_status_and_its_json() -> None:
     dumped = status.model_dump(by_alias=True, exclude_none=True)["metrics"]
     assert dumped["tisClipFrac"] == 0.04 and dumped["logprobMismatchP99"] == 0.3
     assert dumped["truncatedFraction"] == 0.25 and dumped["weightVersion"] == 2
+    # The REST API's job detail of a local run is built from the progress with the same model.
+    detail = status_from_progress(_progress(**reported)).metrics
+    assert detail is not None and {k: getattr(detail, k) for k in reported} == reported
     # A trainer that does not report them leaves them unset, not zero.
     bare = apply_progress(LoRARLJobStatus(), _progress()).metrics
     assert bare is not None and bare.tis_clip_frac is None and bare.reward_mean == 0.5
