@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import shutil
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -79,8 +80,8 @@ class Server:
         self.argv = argv
         self.child = Child(f"vllm-{mode}", argv, {**os.environ, **env}, run_dir / "vllm.log")
         self.url = f"http://127.0.0.1:{self.port}"
-        shm = Path("/dev/shm") / f"lorarl-mismatch-{os.getpid()}"
-        self.engine = VLLMEngine(self.url, shm_dir=shm,
+        self.shm = Path("/dev/shm") / f"lorarl-mismatch-{os.getpid()}"
+        self.engine = VLLMEngine(self.url, shm_dir=self.shm,
                                  known_shapes=checkpoint_weight_shapes(model_dir))  # fmt: skip
         self.applier = UpdateApplier(self.engine, model_dir, mode, rank, "bfloat16",
                                      run_dir / "adapters")  # fmt: skip
@@ -153,6 +154,7 @@ def servers(model_dir: Path, run_dir: Path, rank: int, kv_gib: int) -> Iterator[
         for s in made.values():
             s.engine.close()
             s.child.stop()
+            shutil.rmtree(s.shm, ignore_errors=True)  # the pushes' partial checkpoints' folder
 
 
 # ---------------------------------------------------------------- trainer side
