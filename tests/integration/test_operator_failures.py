@@ -209,3 +209,19 @@ def test_a_child_the_api_server_refuses_fails_the_job_with_its_message(shared: C
     assert shared.pods("refused") == {}
     time.sleep(1.0)  # several timer periods: the failure is final, nothing retries
     assert shared.status("refused")["phase"] == "Failed" and shared.pods("refused") == {}
+
+
+def test_a_secret_without_the_sync_key_gets_one_and_keeps_its_engine_key(shared: Cluster) -> None:
+    """A job whose Secret an older operator made (engine key only): the pods would fail to start
+    without LORARL_SYNC_KEY, so the reconciler adds the key and leaves the engine key alone."""
+    old = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": "oldsecret-engine-key", "namespace": "default"},
+        "stringData": {"api-key": "engine-key-of-the-old-operator"},
+    }
+    shared.kube.emulator.create("v1/secrets", old)
+    _start(shared, "oldsecret")
+    secret = shared.kube.emulator.get("v1/secrets", "default", "oldsecret-engine-key")
+    assert secret["stringData"]["api-key"] == "engine-key-of-the-old-operator"
+    assert len(secret["stringData"]["sync-key"]) >= 32
