@@ -8,16 +8,10 @@ from __future__ import annotations
 import copy
 import json
 import logging
-import os
-import signal
-import struct
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 import yaml
 
@@ -29,6 +23,8 @@ from lorarl.api.validation import parse_job
 from lorarl.local.ports import free_port
 from lorarl.trainer.progress import ProgressTracker
 from lorarl.trainer.tracking import IDS_FILE, Fanout, build_fanout
+from tests.support.mlflow_server import MlflowServer, mlflow_server_process
+from tests.support.wandb_files import wandb_history
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = yaml.safe_load((ROOT / "examples" / "quickstart.yaml").read_text())
@@ -160,30 +156,6 @@ def test_a_stalled_sink_never_holds_the_caller_and_overflow_is_dropped(caplog):
     assert slow.got[0] == 1 and len(slow.got) == 10 - fan.dropped_full
 
 
-def _wandb_records(run_file: Path):
-    """The records of a W&B run file (LevelDB log blocks holding wandb's own protobufs)."""
-    from wandb.proto import wandb_internal_pb2 as pb
-
-    data, block, pos, buf = run_file.read_bytes(), 32768, 7, b""  # 7: the W&B file header
-    assert data.startswith(b":W&B")
-    while pos + 7 <= len(data):
-        left = block - pos % block
-        if left < 7:
-            pos += left
-            continue
-        _, n, kind = struct.unpack("<IHB", data[pos : pos + 7])
-        pos += 7
-        if n == 0 and kind == 0:  # block padding
-            pos += left - 7
-            continue
-        buf, pos = buf + data[pos : pos + n], pos + n
-        if kind in (1, 4):  # FULL, LAST
-            record = pb.Record()
-            record.ParseFromString(buf)
-            yield record
-            buf = b""
-
-
 def test_wandb_offline_run_holds_every_step_eval_and_the_samples_table(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ):
@@ -193,12 +165,7 @@ def test_wandb_offline_run_holds_every_step_eval_and_the_samples_table(
     (run_dir,) = (tmp_path / "wandb").glob("offline-run-*")
     run_id = json.loads((tmp_path / IDS_FILE).read_text())["wandb_run_id"]
     (run_file,) = run_dir.glob(f"run-{run_id}.wandb")
-    steps: dict[int, dict[str, Any]] = {}
-    for record in _wandb_records(run_file):
-        if record.WhichOneof("record_type") == "history":
-            items = {i.key or "/".join(i.nested_key): json.loads(i.value_json)
-                     for i in record.history.item}  # fmt: skip
-            steps.setdefault(record.history.step.num, {}).update(items)
+    steps = wandb_history(run_file)
     assert sorted(steps) == [1, 2, 3]
     assert [round(steps[s]["reward_mean"], 6) for s in (1, 2, 3)] == [0.1, 0.2, 0.3]
     assert steps[3]["eval/accuracy"] == pytest.approx(0.3)
@@ -211,47 +178,21 @@ def test_wandb_offline_run_holds_every_step_eval_and_the_samples_table(
 
 @pytest.fixture(scope="module", autouse=True)
 def _mlflow_process(request, tmp_path_factory):
-    """A real tracking server (sqlite backend, artifacts proxied into a temp folder), started
-    with the module's first test so it boots while the others run; only if a test needs it."""
+    """A real tracking server, started with the module's first test so it boots while the
+    others run; only if a test needs it."""
     if not any("mlflow_server" in item.fixturenames for item in request.session.items):
         yield None
         return
-    home = tmp_path_factory.mktemp("mlflow")
-    port = free_port()
-    log = open(home / "server.log", "w")  # noqa: SIM115 (closed at teardown)
-    # No background job runner: it is a server feature the tests do not use (and needs huey).
-    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
-         "--workers", "1", "--backend-store-uri", f"sqlite:///{home}/mlflow.db",
-         "--artifacts-destination", str(home / "artifacts")],
-        cwd=home, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-    )  # fmt: skip
-    try:
-        yield proc, f"http://127.0.0.1:{port}", home / "server.log"
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(3)
-        except subprocess.TimeoutExpired:  # uvicorn waits for idle keep-alive clients
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        log.close()
+    with mlflow_server_process(tmp_path_factory.mktemp("mlflow")) as server:
+        yield server
 
 
 @pytest.fixture
-def mlflow_server(_mlflow_process) -> str:
-    proc, url, log_path = _mlflow_process
-    deadline = time.monotonic() + 120
-    while True:
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return url
-        except httpx.HTTPError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            pytest.fail(f"mlflow server did not start: {log_path.read_text()}")
-        time.sleep(0.3)
+def mlflow_server(_mlflow_process: MlflowServer) -> str:
+    try:
+        return _mlflow_process.wait_healthy()
+    except RuntimeError as exc:
+        pytest.fail(str(exc))
 
 
 @pytest.mark.slow
