@@ -257,6 +257,11 @@ class EvalSpec(ApiModel):
     temperature: float = Field(
         default=0.0, ge=0, le=10, description="Sampling temperature (0: greedy, the default)."
     )
+    top_p: float = Field(default=1.0, gt=0, le=1, description="Nucleus sampling mass at eval.")
+    min_p: float = Field(default=0.0, ge=0, le=1, description="Min-p at eval (0: off).")
+    repetition_penalty: float = Field(
+        default=1.0, gt=0, le=2, description="Repetition penalty at eval (1: off)."
+    )
     max_tokens: int | None = Field(
         default=None,
         ge=1,
@@ -471,8 +476,26 @@ _KL_REFERENCE_RULE = Rule(
     check=lambda m: m.algorithm.kl.reference != "initialAdapter" or bool(m.lora.adapter_path),
     field="algorithm.kl.reference",
 )
+# vLLM reports the logprobs of the min-p / penalized distribution it sampled from; the trainer
+# scores softmax(z / T). Only an importance-sampling correction weighs that gap; without one the
+# update would treat penalized samples as the policy's own.
+_SHAPED_SAMPLING_RULE = Rule(
+    cel="!has(self.rollout) || !has(self.rollout.sampling) || ((!has(self.rollout.sampling.minP) "
+    "|| self.rollout.sampling.minP == 0.0) && (!has(self.rollout.sampling.repetitionPenalty) || "
+    "self.rollout.sampling.repetitionPenalty == 1.0)) || !has(self.algorithm) || "
+    "!has(self.algorithm.rolloutCorrection) || !has(self.algorithm.rolloutCorrection.mode) || "
+    "self.algorithm.rolloutCorrection.mode != 'off'",
+    message="minP and repetitionPenalty change the distribution the engines sample from, which "
+    "the trainer does not score: they need algorithm.rolloutCorrection (tis or a mask), not off",
+    check=lambda m: (
+        (m.rollout.sampling.min_p == 0 and m.rollout.sampling.repetition_penalty == 1)
+        or m.algorithm.rollout_correction.mode != "off"
+    ),
+    field="rollout.sampling",
+)
 _SPEC_RULES = (
     _EVAL_NEEDS_VAL_RULE,
+    _SHAPED_SAMPLING_RULE,
     _KL_REFERENCE_RULE,
     _MINI_BATCH_RULE,
     _SERVICE_REWARD_RULE,

@@ -172,6 +172,25 @@ class SamplingSpec(ApiModel):
     )
     top_p: float = Field(default=1.0, gt=0, le=1, description="Nucleus sampling mass.")
     top_k: int = Field(default=-1, ge=-1, le=1_048_576, description="Top-k (-1: off).")
+    min_p: float = Field(
+        default=0.0,
+        ge=0,
+        le=1,
+        description="Min-p: drop tokens less likely than minP times the most likely one (0: off).",
+    )
+    repetition_penalty: float = Field(
+        default=1.0,
+        gt=0,
+        le=2,
+        description="Repetition penalty on tokens already in the prompt or completion (1: off; "
+        "both engines take (0, 2]).",
+    )
+    stop: list[Annotated[str, Field(min_length=1, max_length=256)]] = Field(
+        default_factory=list,
+        max_length=32,
+        description="Strings that end a completion (finish reason stop). The text the reward "
+        "sees leaves the stop string out; the trained tokens keep the tokens that formed it.",
+    )
 
     _rules = enforce(_TEMPERATURE_RULE)
 

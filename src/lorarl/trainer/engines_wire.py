@@ -9,7 +9,9 @@ vLLM (OpenAI-compatible server) `POST /v1/completions`:
   `return_tokens_as_token_ids` every entry of `logprobs.tokens` is `"token_id:<id>"`, which is the
   only way to get exact ids back (text round-trips are lossy). lorarl starts vLLM with
   `--logprobs-mode processed_logprobs`: logprobs of the distribution sampled from (after
-  temperature, top-k, top-p); vLLM's default would be the raw model distribution.
+  temperature, top-k, top-p, min-p and penalties); vLLM's default would be the raw model
+  distribution. A `stop` string is cut from `text` (`include_stop_str_in_output: false`) while
+  the tokens that formed it stay in the returned ids and logprobs.
   The response's `model` echoes the served name; in adapter mode that is `<name>-v<N>`.
 SGLang (0.5.x) `POST /generate`:
   `input_ids` + `sampling_params` (incl. `n`); with `n > 1` the answer is a list of n objects, with
@@ -77,6 +79,7 @@ def build_vllm_completion_request(
         body["top_k"] = params.top_k
     if params.seed is not None:
         body["seed"] = params.seed
+    body.update(_optional_fields(params))
     return body
 
 
@@ -163,6 +166,7 @@ def build_sglang_generate_request(
     }
     if params.seed is not None:
         sampling["sampling_seed"] = params.seed
+    sampling.update(_optional_fields(params))  # SGLang's own names; no_stop_trim stays False
     body: dict[str, Any] = {
         "input_ids": [int(t) for t in prompt_ids],
         "sampling_params": sampling,
@@ -241,6 +245,19 @@ def _sglang_tokens_and_logprobs(entries: object, where: str) -> tuple[list[int],
 
 
 # ------------------------------------------------------------------------------------- shared
+
+
+def _optional_fields(params: SamplingParams) -> dict[str, Any]:
+    """Stop strings, min-p and repetition penalty: the same names in both engines' APIs, sent
+    only when set so a default request stays the engine's default."""
+    out: dict[str, Any] = {}
+    if params.stop:
+        out["stop"] = list(params.stop)
+    if params.min_p:
+        out["min_p"] = float(params.min_p)
+    if params.repetition_penalty != 1.0:
+        out["repetition_penalty"] = float(params.repetition_penalty)
+    return out
 
 
 def _finish_reason(value: object, field: str) -> FinishReason:

@@ -9,7 +9,6 @@ evals differ only by the weights.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import math
@@ -22,6 +21,7 @@ from lorarl.api.status import EvalRecord
 from lorarl.trainer.data import PromptDataset, drop_long_prompts, encode_prompts, prompt_text
 from lorarl.trainer.rollout_client import RolloutClient
 from lorarl.trainer.rollout_types import Sample, SamplingParams
+from lorarl.trainer.sampling import eval_sampling
 
 log = logging.getLogger(__name__)
 
@@ -121,8 +121,8 @@ def build_evaluator(
     train_prompts: PromptDataset | None = None,
 ) -> Evaluator | None:
     """The job's eval (None when evals are off): data.valFiles loaded like trainFiles, sampled
-    with training.eval's settings and the train sampling's seed and stop tokens. Validation
-    prompts that are also in `train_prompts` are reported, not removed."""
+    with training.eval's settings and the train sampling's seed and stops (eval_sampling).
+    Validation prompts that are also in `train_prompts` are reported, not removed."""
     spec = job.spec
     t, e = spec.training, spec.training.eval
     if not (t.eval_interval or t.eval_before_train):
@@ -147,10 +147,7 @@ def build_evaluator(
             "%d of %d validation prompts are also training prompts: their eval measures recall",
             shared, len(dataset),
         )  # fmt: skip
-    sampling = dataclasses.replace(
-        train, temperature=e.temperature, top_p=1.0, top_k=None,
-        max_tokens=e.max_tokens or spec.data.max_response_tokens,
-    )  # fmt: skip
+    sampling = eval_sampling(spec, train)
     return Evaluator(
         dataset=dataset,
         tokenizer=tokenizer,

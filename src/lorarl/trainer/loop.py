@@ -39,10 +39,10 @@ from lorarl.trainer.overlong import OverlongConfig
 from lorarl.trainer.parallel import DistContext, shard_model
 from lorarl.trainer.progress import ProgressServer, ProgressTracker
 from lorarl.trainer.rollout_client import RolloutClient
-from lorarl.trainer.rollout_types import SamplingParams
 from lorarl.trainer.rollouts import Collected, RolloutWorker
 from lorarl.trainer.samples import due as due_samples
 from lorarl.trainer.samples import sample_rows
+from lorarl.trainer.sampling import train_sampling
 from lorarl.trainer.settings import (
     ConfigError,
     Endpoints,
@@ -196,16 +196,7 @@ class Trainer:
                 ep.sync_addr, ep.sync_port, ep.sync_world_size, spec.rollout.sync_mode,
                 backend=ep.sync_backend,
             )  # fmt: skip
-        s = spec.rollout.sampling
-        eos = self.tokenizer.eos_token_id
-        sampling = SamplingParams(
-            max_tokens=spec.data.max_response_tokens,
-            temperature=s.temperature,
-            top_p=s.top_p,
-            top_k=None if s.top_k in (-1, 0) else s.top_k,
-            seed=spec.training.seed,
-            stop_token_ids=(eos,) if eos is not None else (),
-        )
+        sampling = train_sampling(spec, self.tokenizer.eos_token_id)
         ds, choices = spec.algorithm.dynamic_sampling, algorithm_choices(self.job)
         self.worker = RolloutWorker(
             dataset=self.dataset,

@@ -5,6 +5,7 @@ Kept apart from both so the trainer's loss code can import `Sample` without pull
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
@@ -20,7 +21,11 @@ class WireFormatError(ValueError):
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """Engine-neutral sampling settings; `top_k=None` and `seed=None` mean "engine default"."""
+    """Engine-neutral sampling settings; `top_k=None` and `seed=None` mean "engine default".
+
+    `stop` strings end a completion with finish reason "stop"; both engines leave the stop string
+    out of the text but keep the tokens that formed it in the ids (and logprobs) we train on.
+    """
 
     max_tokens: int
     temperature: float = 1.0
@@ -28,6 +33,9 @@ class SamplingParams:
     top_k: int | None = None
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = ()
+    stop: tuple[str, ...] = ()
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
 
     def __post_init__(self) -> None:
         _check_int("max_tokens", self.max_tokens, minimum=1)
@@ -43,6 +51,20 @@ class SamplingParams:
         for i, tok in enumerate(stops):
             _check_int(f"stop_token_ids[{i}]", tok, minimum=0)
         object.__setattr__(self, "stop_token_ids", stops)
+        if isinstance(self.stop, str):
+            raise ValueError("stop must be a list of strings, not one string")
+        texts = tuple(self.stop)
+        for i, text in enumerate(texts):
+            if not isinstance(text, str) or not text:
+                raise ValueError(f"stop[{i}] must be a non-empty string, got {text!r}")
+        object.__setattr__(self, "stop", texts)
+        if not _finite(self.min_p) or not 0 <= self.min_p <= 1:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p!r}")
+        # Both engines accept (0, 2] (SGLang's bound; vLLM takes any positive value).
+        if not _finite(self.repetition_penalty) or not 0 < self.repetition_penalty <= 2:
+            raise ValueError(
+                f"repetition_penalty must be in (0, 2] (1: off), got {self.repetition_penalty!r}"
+            )
 
 
 @dataclass(frozen=True)
@@ -72,6 +94,10 @@ class Sample:
             raise ValueError(
                 f"Sample.finish_reason must be 'stop' or 'length', got {self.finish_reason!r}"
             )
+
+
+def _finite(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _check_int(name: str, value: object, *, minimum: int, hint: str = "") -> None:

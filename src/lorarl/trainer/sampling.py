@@ -1,0 +1,43 @@
+"""The job spec's sampling settings as engine-neutral `SamplingParams`, for training and eval.
+
+One place for the mapping so every spec field provably reaches the engines' requests (the
+request builders in engines_wire send whatever is set here).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from lorarl.api.spec import LoRARLJobSpec
+from lorarl.trainer.rollout_types import SamplingParams
+
+
+def train_sampling(spec: LoRARLJobSpec, eos_token_id: int | None) -> SamplingParams:
+    """rollout.sampling, completions capped at data.maxResponseTokens, seeded by training.seed."""
+    s = spec.rollout.sampling
+    return SamplingParams(
+        max_tokens=spec.data.max_response_tokens,
+        temperature=s.temperature,
+        top_p=s.top_p,
+        top_k=None if s.top_k in (-1, 0) else s.top_k,
+        seed=spec.training.seed,
+        stop_token_ids=(eos_token_id,) if eos_token_id is not None else (),
+        stop=tuple(s.stop),
+        min_p=s.min_p,
+        repetition_penalty=s.repetition_penalty,
+    )
+
+
+def eval_sampling(spec: LoRARLJobSpec, train: SamplingParams) -> SamplingParams:
+    """training.eval's settings over the train sampling: the seed and the stop tokens and strings
+    (they belong to the task's format) carry over; length defaults to data.maxResponseTokens."""
+    e = spec.training.eval
+    return dataclasses.replace(
+        train,
+        temperature=e.temperature,
+        top_p=e.top_p,
+        top_k=None,
+        min_p=e.min_p,
+        repetition_penalty=e.repetition_penalty,
+        max_tokens=e.max_tokens or spec.data.max_response_tokens,
+    )
