@@ -94,8 +94,16 @@ def test_every_problem_is_reported_not_just_the_first_field():
 
 def test_group_size_one_is_fine_for_non_group_algorithms():
     doc = copy.deepcopy(MINIMAL)
-    doc["spec"]["algorithm"] = {"name": "ppo", "groupSize": 1}
+    doc["spec"]["algorithm"] = {"name": "reinforce_pp", "groupSize": 1}
     assert check_manifest(doc) == []
+
+
+def test_ppo_is_refused_at_validation_until_the_critic_exists():
+    doc = copy.deepcopy(MINIMAL)
+    doc["spec"]["algorithm"] = {"name": "ppo", "groupSize": 1}
+    problems = check_manifest(doc)
+    assert [p.path for p in problems] == ["spec.algorithm.name"]
+    assert "ppo is not implemented yet" in str(problems[0])
 
 
 def test_non_mapping_manifest_is_rejected_clearly():

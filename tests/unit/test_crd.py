@@ -108,6 +108,7 @@ def _variants():
         ("lora", {"targetModules": ["q_proj", "v_proj"]}), ("lora", {"targetModules": []}),
         ("algorithm", {"name": "dapo", "groupSize": 2}),
         ("algorithm", {"name": "rloo", "groupSize": 1}),
+        ("algorithm", {"name": "reinforce_pp", "groupSize": 1}),
         ("algorithm", {"name": "ppo", "groupSize": 1}),
         ("algorithm", {"dynamicSampling": {"enabled": True}, "groupSize": 2}),
         ("rollout", {"gpusPerReplica": 8, "tensorParallelSize": 4}),
