@@ -76,6 +76,14 @@ def _to_builtins(obj: Any) -> dict[str, Any]:
     return {n: _jsonable(getattr(obj, n)) for n in names}
 
 
+class _ByteTokenizer:
+    """What `SamplingParams.normalize` asks of the tokenizer (stop-string lengths in tokens): the
+    real manager passes the model's; None would mean --skip-tokenizer-init, which we never set."""
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return list(text.encode())
+
+
 class FakeTokenizerManager:
     """Stands in for SGLang's TokenizerManager: records, validates, receives weights."""
 
@@ -109,7 +117,7 @@ class FakeTokenizerManager:
         )
         for p in params:  # the real manager's per-request checks (bad values -> ValueError)
             sp = SamplingParams(**(p or {}))
-            sp.normalize(None)
+            sp.normalize(_ByteTokenizer())
             sp.verify(VOCAB_SIZE)
         self.calls.append({"route": "/generate", "type": type(obj).__name__, "obj": parsed,
                            "parallel_sample_num": obj.parallel_sample_num})  # fmt: skip

@@ -143,6 +143,14 @@ GENERATE_CASES = {
         "policy-v3",
     ),
     "merged-top-k": ([5, 6], 1, SamplingParams(max_tokens=3, top_k=20), None),
+    "stop-min-p-penalty": (
+        [5, 6],
+        2,
+        SamplingParams(
+            max_tokens=5, stop=("\n\n", "</answer>"), min_p=0.05, repetition_penalty=1.2
+        ),
+        None,
+    ),
 }
 
 
@@ -168,6 +176,44 @@ def test_generate_body_builds_sglang_request(sglang: Harness, case: str) -> None
     )
     assert sp["top_k"] == (params.top_k if params.top_k is not None else -1)
     assert sp.get("sampling_seed") == params.seed
+    assert sp.get("stop") == (list(params.stop) or None)
+    assert sp.get("min_p", 0.0) == params.min_p
+    assert sp.get("repetition_penalty", 1.0) == params.repetition_penalty
+    assert not sp.get("no_stop_trim")  # the stop string is cut from the text, ids are kept
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("repetition_penalty", 2.5), ("repetition_penalty", 0.0), ("min_p", 1.5)],
+)
+def test_sglang_refuses_what_sampling_params_refuse(sglang: Harness, field, value) -> None:
+    """Our bounds are SGLang's: a value SamplingParams refuses, SGLang's verify refuses too."""
+    with pytest.raises(ValueError, match=field):
+        SamplingParams(max_tokens=2, **{field: value})
+    body = build_sglang_generate_request([1], 1, SamplingParams(max_tokens=2))
+    body["sampling_params"][field] = value
+    resp = sglang.http.post("/generate", json=body)
+    assert resp.status_code == 400 and field in resp.text
+    body["sampling_params"][field] = 2.0 if field == "repetition_penalty" else 1.0  # the edges
+    SamplingParams(max_tokens=2, **{field: body["sampling_params"][field]})
+    assert sglang.http.post("/generate", json=body).status_code == 200
+
+
+def test_sglang_takes_at_most_the_stop_strings_the_api_allows(sglang: Harness) -> None:
+    """rollout.sampling.stop has maxItems 32: SGLang's MAX_STOP_COUNT. Stop strings need the
+    engine's tokenizer, so our launch never skips loading it."""
+    from lorarl.api.workloads import SamplingSpec
+
+    for spec in (job_spec(), job_spec(rollout={"syncMode": "adapter"})):
+        assert "--skip-tokenizer-init" not in sglang_command(spec, "/models/m", "0.0.0.0", 1)
+
+    limit = SamplingSpec.model_fields["stop"].metadata[0].max_length
+    stops = tuple(f"s{i}" for i in range(limit))
+    body = build_sglang_generate_request([1], 1, SamplingParams(max_tokens=2, stop=stops))
+    assert sglang.http.post("/generate", json=body).status_code == 200
+    body["sampling_params"]["stop"] = [*stops, "one-more"]
+    resp = sglang.http.post("/generate", json=body)
+    assert resp.status_code == 400 and "stop" in resp.text
 
 
 def test_misspelled_generate_fields_are_caught(sglang: Harness) -> None:
