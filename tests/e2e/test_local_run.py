@@ -24,7 +24,7 @@ from lorarl.api.validation import load_job_file
 from lorarl.local import LocalRun
 from lorarl.server.app import create_app
 from lorarl.server.stores.local import LocalStore
-from tests.support.browser import ARGS, CHROMIUM, SCREENSHOT, point_steps
+from tests.support.browser import ARGS, CHROMIUM, SCREENSHOT, point_steps, wait_for_step
 from tests.support.server_live import live_server
 
 pytestmark = pytest.mark.slow
@@ -108,7 +108,8 @@ def test_quickstart_adapter_mode(tmp_path: Path, engine_python: str):
 
 
 def check_dashboard_of_finished_run(run: LocalRun, steps: int) -> None:
-    """Headless Chromium on the finished run's dashboard: one reward point per step."""
+    """Headless Chromium on the finished run's dashboard: every step on the reward, response
+    length, tokens/s and sync-time charts; the README's picture (bench/results/dashboard.png)."""
     sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright")
     if not Path(CHROMIUM).exists():
         pytest.skip("chromium not installed: apt-get install -y chromium")
@@ -118,8 +119,9 @@ def check_dashboard_of_finished_run(run: LocalRun, steps: int) -> None:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
         page = browser.new_page(viewport={"width": 1400, "height": 900})
         page.goto(f"{url}/?job=local/quickstart")
-        page.wait_for_selector(f"#chart-reward circle[data-step='{steps}']")
-        assert point_steps(page, "chart-reward") == list(range(1, steps + 1))
+        wait_for_step(page, "reward", steps, timeout=30_000)
+        for chart in ("reward", "length", "tps", "sync"):
+            assert point_steps(page, chart) == list(range(1, steps + 1)), chart
         page.screenshot(path=str(SCREENSHOT), full_page=True)
         browser.close()
 

@@ -19,11 +19,22 @@ ARGS = [
 SCREENSHOT = Path(__file__).resolve().parents[2] / "bench" / "results" / "dashboard.png"
 
 
-def point_steps(page, chart: str) -> list[int]:
-    """The step numbers of the points drawn in one chart."""
-    return [
-        int(s)
-        for s in page.eval_on_selector_all(
-            f"#{chart} circle[data-step]", "els => els.map(e => e.dataset.step)"
-        )
-    ]
+def point_steps(page, chart: str, series: int = 1) -> list[int]:
+    """The steps at which one series of a dashboard chart (`reward`, `kl`, ...) has a value: what
+    the page handed to uPlot (window.lorarlCharts); 1 is the first run's first series."""
+    return page.evaluate(
+        """([chart, i]) => { const d = window.lorarlCharts[chart].data;
+            return d[0].filter((_, j) => typeof d[i][j] === "number"); }""",
+        [chart, series],
+    )
+
+
+def wait_for_step(page, chart: str, step: int, timeout: float = 10_000) -> None:
+    """Until the chart's first series has a value at `step`."""
+    page.wait_for_function(
+        """([chart, step]) => { const u = (window.lorarlCharts || {})[chart];
+            return u && u.data.length > 1
+              && typeof u.data[1][u.data[0].indexOf(step)] === "number"; }""",
+        arg=[chart, step],
+        timeout=timeout,
+    )

@@ -111,12 +111,18 @@ def test_dashboard_is_served_without_external_resources(client: TestClient) -> N
     page = client.get("/")
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
     assert '<script src="/dashboard/app.js">' in page.text
+    assert page.headers["content-security-policy"].startswith("default-src 'self';")
     script = client.get("/dashboard/app.js")
-    assert script.status_code == 200 and "data-step" in script.text
+    assert script.status_code == 200 and "drawCharts" in script.text
+    assert "Content-Security-Policy" in script.headers
     assert client.get("/dashboard/style.css").status_code == 200
-    for text in (page.text, script.text):
-        assert "http://" not in text.replace("http://www.w3.org/2000/svg", "")
+    charts = client.get("/dashboard/charts.js")
+    vendored = client.get("/dashboard/vendor/uPlot.iife.min.js")  # shipped, not from a CDN
+    assert vendored.status_code == 200 and "uPlot" in vendored.text
+    for text in (page.text, script.text, charts.text):
+        assert "http://" not in text
         assert "https://" not in text
+    assert "Content-Security-Policy" not in client.get("/v1/jobs").headers
 
 
 @pytest.mark.parametrize("host", ["127.0.0.1", "::1", "localhost"])

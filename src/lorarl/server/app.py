@@ -36,6 +36,17 @@ from lorarl.server.telemetry import CONTENT_TYPE, Telemetry
 DASHBOARD_DIR = Path(__file__).parent / "dashboard"
 _CHALLENGE = {"WWW-Authenticate": "Bearer"}
 METRICS_PATH = "/metrics"
+# The dashboard's pages load scripts, styles and data from this server only (uPlot is vendored):
+# an injected `<script>` or a request to another host is refused by the browser itself.
+DASHBOARD_CSP = (
+    "default-src 'self'; img-src 'self' data:; object-src 'none'; base-uri 'none'; "
+    "frame-ancestors 'none'; form-action 'self'"
+)
+DASHBOARD_HEADERS = {
+    "Content-Security-Policy": DASHBOARD_CSP,
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+}
 # The grammar is documented here and enforced by `_job_ref`/`_check_namespace`, which run before
 # the caller's token is reviewed: a malformed name never reaches a store or the API server.
 _LABEL_SCHEMA = {"pattern": DNS1123_LABEL, "maxLength": NAMESPACE_MAX}
@@ -161,6 +172,13 @@ def create_app(store: JobStore, *, auth: Authorizer | None = None) -> FastAPI:
             response.status_code,
             time.perf_counter() - start,
         )
+        return response
+
+    @app.middleware("http")
+    async def dashboard_headers(request: Request, call_next):
+        response = await call_next(request)
+        if request.url.path == "/" or request.url.path.startswith("/dashboard/"):
+            response.headers.update(DASHBOARD_HEADERS)  # not /docs: FastAPI's docs use a CDN
         return response
 
     @app.exception_handler(JobNotFound)

@@ -1,17 +1,10 @@
-// lorarl dashboard: the job list and, for one job, reward (with eval accuracy) / KL / sync-time
-// curves as inline SVG, and its newest sample completions.
-// No libraries and nothing from the network but this server's /v1 API.
+// lorarl dashboard: the job list (with a check box per job: plot it), the metric charts of every
+// plotted run (charts.js), and the selected job's facts, conditions and newest samples.
+// Nothing from the network but this server's /v1 API; texts are always set as text, never HTML.
 "use strict";
 
 const REFRESH_MS = 3000;
 const ACTIVE = new Set(["Pending", "Starting", "Running", "Restarting", null, undefined]);
-const SVG_NS = "http://www.w3.org/2000/svg";
-const CHART = { width: 420, height: 180, left: 48, right: 12, top: 10, bottom: 24 };
-const CHARTS = [
-  { id: "chart-reward", key: "rewardMean" },
-  { id: "chart-kl", key: "kl" },
-  { id: "chart-sync", key: "syncSeconds" },
-];
 
 let timer = null;
 
@@ -21,12 +14,6 @@ function el(tag, text, attrs) {
   const node = document.createElement(tag);
   if (text !== undefined && text !== null) node.textContent = String(text);
   for (const [k, v] of Object.entries(attrs || {})) node.setAttribute(k, v);
-  return node;
-}
-
-function svg(tag, attrs) {
-  const node = document.createElementNS(SVG_NS, tag);
-  for (const [k, v] of Object.entries(attrs || {})) node.setAttribute(k, String(v));
   return node;
 }
 
@@ -58,38 +45,69 @@ async function api(path) {
   return body;
 }
 
-function selectedJob() {
-  const id = new URLSearchParams(window.location.search).get("job");
+function parseJob(id) {
   if (!id || !id.includes("/")) return null;
   const cut = id.indexOf("/");
   return { namespace: id.slice(0, cut), name: id.slice(cut + 1), id };
+}
+
+// The page's state lives in its URL: ?job=<ns/name> (the selected job) and &plot=<ns/name> for
+// every other run on the charts.
+function urlState() {
+  const query = new URLSearchParams(window.location.search);
+  return { job: parseJob(query.get("job")), plot: query.getAll("plot").filter(parseJob) };
+}
+
+function setUrl(job, plot) {
+  const query = new URLSearchParams();
+  if (job) query.set("job", job);
+  for (const id of plot) if (id !== job) query.append("plot", id);
+  history.pushState(null, "", `?${query}`);
+  refresh();
 }
 
 function jobPath(job) {
   return `/v1/jobs/${encodeURIComponent(job.namespace)}/${encodeURIComponent(job.name)}`;
 }
 
-function renderJobs(items) {
+// The runs on the charts, in job-list order (which fixes each run's colour).
+function plottedIds(items) {
+  const { job, plot } = urlState();
+  const wanted = new Set(plot);
+  if (job) wanted.add(job.id);
+  return items.map((j) => `${j.namespace}/${j.name}`).filter((id) => wanted.has(id));
+}
+
+function renderJobs(items, plotted) {
   const body = $("jobs").querySelector("tbody");
   body.replaceChildren();
-  const current = selectedJob();
-  for (const job of items) {
+  const { job: current, plot } = urlState();
+  items.forEach((job, index) => {
     const id = `${job.namespace}/${job.name}`;
     const row = el("tr", null, { "data-job": id });
     if (current && current.id === id) row.classList.add("selected");
+    const box = el("input", null, { type: "checkbox", "data-plot": id, title: "plot this run" });
+    box.checked = plotted.includes(id);
+    box.disabled = Boolean(current && current.id === id); // the selected job is always plotted
+    box.addEventListener("click", (event) => event.stopPropagation());
+    box.addEventListener("change", () => {
+      const rest = plot.filter((p) => p !== id);
+      setUrl(current && current.id, box.checked ? [...rest, id] : rest);
+    });
+    const pick = el("td", null, { class: "pick" });
+    const swatch = el("span", null, { class: "swatch" });
+    swatch.style.background = box.checked ? runColour(index) : "transparent";
+    pick.append(box, swatch);
     row.append(
-      el("td", job.namespace), el("td", job.name),
+      pick, el("td", job.namespace), el("td", job.name),
       el("td", job.phase || "–", { class: `phase-${job.phase}` }),
       el("td", job.totalSteps ? `${job.step ?? 0}/${job.totalSteps}` : fmt(job.step)),
       el("td", fmt(job.rewardMean)), el("td", fmt(job.lastSyncSeconds)),
       el("td", age(job.ageSeconds)),
     );
-    row.addEventListener("click", () => {
-      history.pushState(null, "", `?job=${encodeURIComponent(id)}`);
-      refresh();
-    });
+    row.addEventListener("click", () => setUrl(id, urlState().plot));
     body.append(row);
-  }
+  });
   $("no-jobs").hidden = items.length > 0;
 }
 
@@ -98,66 +116,6 @@ function evalPoints(status, steps) {
   const evals = steps.map((s) => s.eval).filter(Boolean);
   if (status.baselineEval) evals.unshift(status.baselineEval);
   return evals.map((e) => ({ step: e.step, accuracy: e.accuracy }));
-}
-
-function drawChart(node, steps, key, second) {
-  const points = steps.filter((s) => typeof s[key] === "number");
-  const extra = second ? second.points : [];
-  const { width, height, left, right, top, bottom } = CHART;
-  node.replaceChildren();
-  node.setAttribute("width", width);
-  node.setAttribute("height", height);
-  node.setAttribute("viewBox", `0 0 ${width} ${height}`);
-  const x0 = left, x1 = width - right, y0 = height - bottom, y1 = top;
-  node.append(svg("line", { class: "axis", x1: x0, y1: y0, x2: x1, y2: y0 }));
-  node.append(svg("line", { class: "axis", x1: x0, y1: y0, x2: x0, y2: y1 }));
-  if (points.length === 0 && extra.length === 0) {
-    const empty = svg("text", { x: (x0 + x1) / 2, y: (y0 + y1) / 2, "text-anchor": "middle" });
-    empty.textContent = "no data yet";
-    node.append(empty);
-    return;
-  }
-  const stepsDrawn = [...points, ...extra].map((p) => p.step);
-  const sMin = Math.min(...stepsDrawn), sMax = Math.max(...stepsDrawn);
-  const values = [...points.map((p) => p[key]), ...extra.map((p) => p[second.key])];
-  let vMin = Math.min(...values);
-  let vMax = Math.max(...values);
-  if (vMin === vMax) { vMin -= 0.5; vMax += 0.5; }
-  const sx = (s) => (sMax === sMin ? (x0 + x1) / 2 : x0 + ((s - sMin) / (sMax - sMin)) * (x1 - x0));
-  const sy = (v) => y0 - ((v - vMin) / (vMax - vMin)) * (y0 - y1);
-  const coords = points.map((p) => `${sx(p.step).toFixed(1)},${sy(p[key]).toFixed(1)}`);
-  node.append(svg("polyline", { class: "line", points: coords.join(" ") }));
-  for (const p of points) {
-    const dot = svg("circle", {
-      class: "point", cx: sx(p.step).toFixed(1), cy: sy(p[key]).toFixed(1), r: 2.5,
-      "data-step": p.step, "data-value": p[key],
-    });
-    const tip = svg("title");
-    tip.textContent = `step ${p.step}: ${fmt(p[key], 4)}`;
-    dot.append(tip);
-    node.append(dot);
-  }
-  if (extra.length) {
-    const line = extra.map((p) => `${sx(p.step).toFixed(1)},${sy(p[second.key]).toFixed(1)}`);
-    node.append(svg("polyline", { class: "line second", points: line.join(" ") }));
-    for (const p of extra) {
-      const dot = svg("circle", {
-        class: "point second", cx: sx(p.step).toFixed(1), cy: sy(p[second.key]).toFixed(1), r: 3,
-        "data-eval-step": p.step, "data-value": p[second.key],
-      });
-      const tip = svg("title");
-      tip.textContent = `${second.label} at step ${p.step}: ${fmt(p[second.key], 4)}`;
-      dot.append(tip);
-      node.append(dot);
-    }
-  }
-  const label = (text, attrs) => { const t = svg("text", attrs); t.textContent = text; return t; };
-  node.append(
-    label(fmt(vMax), { x: x0 - 4, y: y1 + 8, "text-anchor": "end" }),
-    label(fmt(vMin), { x: x0 - 4, y: y0, "text-anchor": "end" }),
-    label(`step ${sMin}`, { x: x0, y: height - 6 }),
-    label(`step ${sMax}`, { x: x1, y: height - 6, "text-anchor": "end" }),
-  );
 }
 
 function renderDetail(detail, metrics) {
@@ -183,13 +141,6 @@ function renderDetail(detail, metrics) {
     if (v === null || v === undefined) continue;
     dl.append(el("dt", k), el("dd", v));
   }
-  const evals = {
-    points: evalPoints(status, metrics.steps), key: "accuracy", label: "eval accuracy",
-  };
-  for (const chart of CHARTS) {
-    drawChart($(chart.id), metrics.steps, chart.key, chart.id === "chart-reward" ? evals : null);
-  }
-  $("eval-legend").hidden = evals.points.length === 0;
   const body = $("conditions").querySelector("tbody");
   body.replaceChildren();
   for (const c of detail.conditions || []) {
@@ -220,25 +171,56 @@ function renderSamples(reply) {
   }
 }
 
+// One plotted run's history; a run that fails to load is drawn empty and named in the note.
+async function loadRun(id, colour, label) {
+  const job = parseJob(id);
+  try {
+    const [detail, metrics] = await Promise.all([api(jobPath(job)), api(`${jobPath(job)}/metrics`)]);
+    return { id, label, colour, steps: metrics.steps, evals: evalPoints(detail.status || {}, metrics.steps),
+      active: ACTIVE.has(detail.status && detail.status.phase), detail, metrics };
+  } catch (err) {
+    if (err instanceof Unauthorized) throw err;
+    return { id, label, colour, steps: [], evals: [], active: true, error: `${id}: ${err.message}` };
+  }
+}
+
+async function renderCharts(items, plotted) {
+  const names = plotted.map((id) => parseJob(id));
+  const oneNamespace = new Set(names.map((j) => j.namespace)).size <= 1;
+  const order = items.map((j) => `${j.namespace}/${j.name}`);
+  const runs = await Promise.all(plotted.map((id, i) => loadRun(
+    id, runColour(order.indexOf(id)), oneNamespace ? names[i].name : id)));
+  $("charts-section").hidden = runs.length === 0;
+  const errors = runs.filter((r) => r.error).map((r) => r.error);
+  $("charts-note").hidden = errors.length === 0;
+  $("charts-note").textContent = errors.join(" — ");
+  if (runs.length) drawCharts($("charts"), runs);
+  return runs;
+}
+
 async function refresh() {
   clearTimeout(timer);
   let active = false;
   try {
     const list = await api("/v1/jobs");
-    renderJobs(list.items);
+    const plotted = plottedIds(list.items);
+    renderJobs(list.items, plotted);
     active = list.items.some((j) => ACTIVE.has(j.phase));
-    const job = selectedJob();
+    const job = urlState().job;
+    const [runs, samples] = await Promise.all([
+      renderCharts(list.items, plotted),
+      job ? api(`${jobPath(job)}/samples`).catch(() => null) : null, // never blocks the charts
+    ]);
     if (job) {
-      const [detail, metrics, samples] = await Promise.all([
-        api(jobPath(job)), api(`${jobPath(job)}/metrics`),
-        api(`${jobPath(job)}/samples`).catch(() => null), // optional: never blocks the charts
-      ]);
+      const own = runs.find((r) => r.id === job.id && !r.error);
+      const [detail, metrics] = own ? [own.detail, own.metrics]
+        : await Promise.all([api(jobPath(job)), api(`${jobPath(job)}/metrics`)]);
       renderDetail(detail, metrics);
       renderSamples(samples);
-      active = ACTIVE.has(detail.status && detail.status.phase);
     } else {
       $("detail").hidden = true;
     }
+    active = active || runs.some((r) => r.active);
     $("status").textContent = `updated ${new Date().toLocaleTimeString()}`;
     document.body.dataset.loaded = "true";
   } catch (err) {
@@ -253,6 +235,7 @@ async function refresh() {
   if (active) timer = setTimeout(refresh, REFRESH_MS);
 }
 
+$("charts").append(...chartFigures());
 $("login").addEventListener("submit", (event) => {
   event.preventDefault();
   sessionStorage.setItem("lorarl-token", $("token").value.trim());
@@ -260,4 +243,5 @@ $("login").addEventListener("submit", (event) => {
   refresh();
 });
 window.addEventListener("popstate", refresh);
+window.addEventListener("resize", () => { if (!$("charts-section").hidden) refresh(); });
 refresh();
