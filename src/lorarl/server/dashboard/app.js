@@ -175,12 +175,16 @@ function renderSamples(reply) {
 async function loadRun(id, colour, label) {
   const job = parseJob(id);
   try {
-    const [detail, metrics] = await Promise.all([api(jobPath(job)), api(`${jobPath(job)}/metrics`)]);
-    return { id, label, colour, steps: metrics.steps, evals: evalPoints(detail.status || {}, metrics.steps),
-      active: ACTIVE.has(detail.status && detail.status.phase), detail, metrics };
+    const [detail, metrics] = await Promise.all([
+      api(jobPath(job)), api(`${jobPath(job)}/metrics`),
+    ]);
+    return { id, label, colour, steps: metrics.steps, detail, metrics,
+      evals: evalPoints(detail.status || {}, metrics.steps),
+      active: ACTIVE.has(detail.status && detail.status.phase) };
   } catch (err) {
     if (err instanceof Unauthorized) throw err;
-    return { id, label, colour, steps: [], evals: [], active: true, error: `${id}: ${err.message}` };
+    return { id, label, colour, steps: [], evals: [], active: true,
+      error: `${id}: ${err.message}` };
   }
 }
 
@@ -243,5 +247,9 @@ $("login").addEventListener("submit", (event) => {
   refresh();
 });
 window.addEventListener("popstate", refresh);
-window.addEventListener("resize", () => { if (!$("charts-section").hidden) refresh(); });
+let resizing = null;
+window.addEventListener("resize", () => { // redraw at the new width once resizing stops
+  clearTimeout(resizing);
+  resizing = setTimeout(() => { if (!$("charts-section").hidden) refresh(); }, 200);
+});
 refresh();
