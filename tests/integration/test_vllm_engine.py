@@ -384,3 +384,46 @@ def test_sampled_logprobs_are_those_of_the_temperature_scaled_distribution(serve
           f"max |served - raw| {gap_raw:.2e}")  # fmt: skip
     assert served == pytest.approx(scaled, abs=1e-4)
     assert gap_raw > 1e-2  # the check can tell the two apart
+
+
+@pytest.mark.slow
+def test_stop_strings_min_p_and_repetition_penalty_through_the_client(server) -> None:
+    """Issue 14 #6: our request builder's stop / min_p / repetition_penalty reach vLLM's own
+    validation and sampler, and the samples keep ids and logprobs aligned."""
+    from lorarl.trainer.rollout_client import RolloutClient
+    from lorarl.trainer.rollout_types import SamplingParams
+    from tests.support.tiny_models import make_tokenizer
+
+    client = RolloutClient([server["url"]], "vllm", model_name=MODEL_NAME, api_key=API_KEY)
+    tok = make_tokenizer()
+
+    def one(**kw):
+        params = SamplingParams(max_tokens=16, **kw)
+        (sample,) = client.generate([PROMPT], 1, params, expected_version=0)[0]
+        assert len(sample.logprobs) == len(sample.completion_ids)
+        return sample
+
+    greedy = one(temperature=0.0)
+    assert greedy.finish_reason == "length" and len(greedy.completion_ids) == 16
+    pieces = [tok.decode([t], skip_special_tokens=True) for t in greedy.completion_ids]
+    # A stop string: the first character of the completion that did not appear before it.
+    k = next(i for i in range(2, 16) if pieces[i].strip() and pieces[i] not in "".join(pieces[:i]))
+    stopped = one(temperature=0.0, stop=(pieces[k],))
+    assert stopped.finish_reason == "stop"  # so the overlong handling does not treat it as cut
+    assert stopped.text == "".join(pieces[:k])  # vLLM's default: the stop string left out ...
+    assert stopped.completion_ids == greedy.completion_ids[: k + 1]  # ... its token kept
+    assert stopped.logprobs == pytest.approx(greedy.logprobs[: k + 1], abs=1e-5)
+
+    # Greedy on a random tiny model repeats itself; a strong penalty must change the tokens.
+    assert len(set(greedy.completion_ids)) < 16
+    penalized = one(temperature=0.0, repetition_penalty=2.0)
+    assert penalized.completion_ids != greedy.completion_ids
+    assert len(set(penalized.completion_ids)) > len(set(greedy.completion_ids))
+
+    # min_p = 1 keeps only the most likely token: sampling at T=1 becomes greedy, and vLLM
+    # reports the logprob of the distribution it sampled from (log 1 = 0), the behavior policy
+    # the rollout correction weighs against the trainer's.
+    free = one(temperature=1.0, seed=5)
+    narrowed = one(temperature=1.0, seed=5, min_p=1.0)
+    assert narrowed.completion_ids == greedy.completion_ids != free.completion_ids
+    assert narrowed.logprobs == pytest.approx([0.0] * 16, abs=1e-5)
