@@ -122,6 +122,11 @@ def check_dashboard_of_finished_run(run: LocalRun, steps: int) -> None:
         wait_for_step(page, "reward", steps, timeout=30_000)
         for chart in ("reward", "length", "tps", "sync"):
             assert point_steps(page, chart) == list(range(1, steps + 1)), chart
+        box = page.locator("#chart-reward .u-over").bounding_box()  # hover: the picture shows
+        x = page.evaluate(f"lorarlCharts.reward.valToPos({steps - 5}, 'x')")  # a step's values
+        page.mouse.move(box["x"] + x, box["y"] + box["height"] / 2)
+        shown = page.locator("#chart-reward .u-legend .u-series .u-value").all_text_contents()
+        assert shown[0] == str(steps - 5) and shown[1] != "–", shown
         page.screenshot(path=str(SCREENSHOT), full_page=True)
         browser.close()
 

@@ -17,7 +17,7 @@ const CHART_SPECS = [
     series: [{ key: "entropy", label: "entropy" }] },
   { id: "length", title: "Response length (mean)", y: "tokens",
     series: [{ key: "responseLengthMean", label: "tokens" }] },
-  { id: "clip", title: "Clip fractions", y: "fraction of tokens",
+  { id: "clip", title: "Clip fractions", y: "fraction of tokens", fraction: true,
     series: [{ key: "clipFraction", label: "clip" },
       { key: "clipFractionFirstUpdate", label: "clip, first update", dash: DASHED },
       { key: "tisClipFrac", label: "rollout correction", dash: [2, 3] }] },
@@ -73,7 +73,10 @@ function chartData(spec, runs) {
 function chartOptions(spec, series, width) {
   return {
     width, height: CHART_HEIGHT, series,
-    scales: { x: { time: false } },
+    // A fraction's axis starts at 0 and shows at least 0-0.05 (uPlot would span 0-100 for zeros).
+    scales: { x: { time: false },
+      ...(spec.fraction ? { y: { range: (u, min, max) => [0, Math.max(max || 0, 0.05) * 1.05] } }
+        : {}) },
     axes: [
       { label: "step", labelSize: 18, size: 32 },
       { label: spec.y, labelSize: 18, size: 56, values: (u, ticks) => ticks.map(formatValue) },
