@@ -5,9 +5,9 @@ from __future__ import annotations
 import re
 from typing import Literal
 
-import yaml
 from pydantic import ConfigDict, Field
 
+from lorarl.api import safe_yaml
 from lorarl.api.base import ApiModel
 from lorarl.api.rules import Rule, enforce, rules_schema_extra
 from lorarl.api.spec import LoRARLJobSpec
@@ -61,7 +61,7 @@ def rendered_config(job: LoRARLJob) -> dict:
 
 
 def config_bytes(job: LoRARLJob) -> int:
-    return len(yaml.safe_dump(rendered_config(job), sort_keys=True).encode())
+    return len(safe_yaml.dump(rendered_config(job)).encode())
 
 
 _CONFIG_SIZE_RULE = Rule(

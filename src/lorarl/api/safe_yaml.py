@@ -24,6 +24,13 @@ MAX_NODES = 100_000
 EXCERPT_CHARS = 200
 
 _Parser = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when present (faster)
+_Dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+
+
+def dump(data: Any) -> str:
+    """`yaml.safe_dump(data, sort_keys=True)` through libyaml when present: the operator renders
+    every job's config (and its size check) with it, ~4x faster than the pure-Python emitter."""
+    return yaml.dump(data, Dumper=_Dumper, sort_keys=True)
 
 
 class InputLimitError(ValueError):

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import yaml
-
+from lorarl.api import safe_yaml
 from lorarl.api.job import LoRARLJob
 from lorarl.api.k8s import ResourceRequirements
 from lorarl.api.workloads import SYNC_KEY_ENV
@@ -82,15 +81,16 @@ def service(plan: JobPlan) -> Obj:
 
 
 def config_data(plan: JobPlan) -> dict[str, str]:
-    return {CONFIG_FILE: yaml.safe_dump(plan.config, sort_keys=True)}
+    return {CONFIG_FILE: safe_yaml.dump(plan.config)}
 
 
-def config_map(plan: JobPlan) -> Obj:
+def config_map(plan: JobPlan, data: dict[str, str] | None = None) -> Obj:
+    """`data`: `config_data(plan)` when the caller rendered it already (YAML is not cheap)."""
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": _meta(plan, config_map_name(plan.name)),
-        "data": config_data(plan),
+        "data": config_data(plan) if data is None else data,
     }
 
 

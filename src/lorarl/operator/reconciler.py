@@ -15,7 +15,7 @@ import json
 import logging
 import secrets
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,6 +25,8 @@ from pydantic import ValidationError
 
 from lorarl.api.job import LoRARLJob
 from lorarl.api.progress import Progress
+from lorarl.api.rules import CLUSTER
+from lorarl.api.safe_yaml import InputLimitError, check_tree
 from lorarl.api.status import LoRARLJobStatus
 from lorarl.api.validation import ManifestError, parse_job
 from lorarl.bounded_fetch import MAX_PROGRESS_BYTES, FetchError, get_json
@@ -39,7 +41,58 @@ from lorarl.plan import JobPlan, plan
 log = logging.getLogger("lorarl.operator")
 Key = tuple[str, str]
 LAG = 30.0  # seconds after which the pod index is trusted over our own memory
+# A burst of pod events for one job (three pods created, then scheduled, then running) becomes
+# one pass: the first event waits this long, later ones join it.
+DEBOUNCE = 0.2
 PERMANENT_STATUSES = (400, 422)  # BadRequest, Invalid: the same request can never succeed
+
+
+@dataclass(frozen=True)
+class Parsed:
+    """A job's validated model, plan and rendered config, and the input they came from.
+
+    Validating a spec renders it to YAML (the ConfigMap size rule) and planning renders it
+    again: tens of milliseconds that every pod event and timer tick would otherwise repeat for
+    a spec that has not changed."""
+
+    key: str
+    job: LoRARLJob
+    plan: JobPlan
+    config: dict[str, str]
+    config_hash: str
+
+
+def job_input(body: Mapping[str, Any]) -> dict[str, Any]:
+    """What the job's model is built from: only name, namespace and labels of the metadata (so
+    kopf's bookkeeping annotations never change the rendered config)."""
+    meta = body.get("metadata") or {}
+    return {
+        "apiVersion": body.get("apiVersion"),
+        "kind": body.get("kind"),
+        "metadata": {
+            "name": meta.get("name"),
+            "namespace": meta.get("namespace"),
+            "labels": dict(meta.get("labels") or {}),
+        },
+        "spec": plain(body.get("spec") or {}),
+    }
+
+
+def parsed(body: Mapping[str, Any], cached: Parsed | None) -> Parsed:
+    """The cached parse when the job's input is the same, else a fresh one (raises
+    ManifestError/ValueError for a spec the webhook would refuse)."""
+    doc = job_input(body)
+    key = json.dumps(doc, sort_keys=True, default=str)
+    if cached is not None and cached.key == key:
+        return cached
+    try:  # one validation when the spec is good (parse_job validates twice, to list problems)
+        check_tree(doc)
+        job = LoRARLJob.model_validate(doc, context=CLUSTER)
+    except (InputLimitError, RecursionError, ValidationError):
+        job = parse_job(doc, cluster=True)  # raises ManifestError with every problem listed
+    job_plan = plan(job)
+    config = builders.config_data(job_plan)
+    return Parsed(key, job, job_plan, config, _hash(config))
 
 
 @dataclass
@@ -55,6 +108,10 @@ class JobState:
     # Our own pod writes the pod index has not shown yet: name -> (view, when); uid -> when.
     created: dict[str, tuple[PodView, float]] = field(default_factory=dict)
     deleted: dict[str, float] = field(default_factory=dict)
+    parsed: Parsed | None = None  # the spec's parse, plan and config, reused while it is unchanged
+    # Pod events not yet reconciled: the newest pod list, and whether a pass is already waiting.
+    pending: list[PodView] | None = None
+    poking: bool = False
 
     def observe(self, pods: list[PodView], now: float) -> list[PodView]:
         """The index, corrected for writes it has not caught up with: a pass right after a
@@ -79,22 +136,8 @@ def plain(value: Any) -> Any:
 
 
 def job_from_body(body: Mapping[str, Any]) -> LoRARLJob:
-    """The job as every process sees it: only name, namespace and labels of the metadata (so
-    kopf's bookkeeping annotations never change the rendered config)."""
-    meta = body.get("metadata") or {}
-    return parse_job(
-        {
-            "apiVersion": body.get("apiVersion"),
-            "kind": body.get("kind"),
-            "metadata": {
-                "name": meta.get("name"),
-                "namespace": meta.get("namespace"),
-                "labels": dict(meta.get("labels") or {}),
-            },
-            "spec": plain(body.get("spec") or {}),
-        },
-        cluster=True,
-    )
+    """The job as every process sees it (see `job_input`)."""
+    return parse_job(job_input(body), cluster=True)
 
 
 def _hash(data: Mapping[str, str]) -> str:
@@ -111,6 +154,7 @@ class Reconciler:
     ) -> None:
         self.kube, self.config, self.metrics = kube, config, metrics
         self.jobs: dict[Key, JobState] = {}
+        self.debounce = DEBOUNCE
         self.closed = False  # at shutdown, handlers still in flight must not touch the clients
         self._progress = progress_client or httpx.AsyncClient(
             timeout=config.progress_timeout, trust_env=False
@@ -139,21 +183,47 @@ class Reconciler:
         self.jobs.pop((namespace, name), None)
 
     async def poke(self, namespace: str, name: str, pods: Iterable[PodView], trigger: str) -> None:
-        """A pod of the job changed: reconcile with the newest body this process has seen."""
+        """A pod of the job changed: reconcile with the newest body this process has seen.
+
+        Debounced per job: while one poke waits for its pass, later ones only hand it their
+        (newer) pod list, so a burst of events costs one pass, not one each."""
         state = self.jobs.get((namespace, name))
-        if state is not None:
-            await self.reconcile(state.body, pods, trigger=trigger)
+        if state is None:
+            return
+        state.pending = list(pods)
+        if state.poking:
+            return  # the waiting pass will see these pods
+        state.poking = True
+        taken = False
+
+        def take() -> list[PodView]:  # at the start of the pass: later events start a new one
+            nonlocal taken
+            state.poking, taken = False, True
+            pods, state.pending = state.pending or [], None
+            return pods
+
+        try:
+            await asyncio.sleep(self.debounce)
+            await self._locked(state, take, trigger, False)
+        finally:
+            if not taken:  # cancelled or closed before the pass began
+                state.poking = False
 
     async def reconcile(
         self, body: Mapping[str, Any], pods: Iterable[PodView], *, trigger: str, poll: bool = False
     ) -> Decision | None:
         state = self.remember(body)
+        return await self._locked(state, lambda: list(pods), trigger, poll)
+
+    async def _locked(
+        self, state: JobState, pods: Callable[[], list[PodView]], trigger: str, poll: bool
+    ) -> Decision | None:
         async with state.lock:
             if self.closed:
                 return None
             started = time.monotonic()
             try:
-                observed = state.observe(list(pods), time.monotonic())
+                observed = state.observe(pods(), time.monotonic())
                 return await self._pass(state, observed, trigger, poll)
             except Exception:
                 if self.metrics:
@@ -174,14 +244,14 @@ class Reconciler:
             return None
         previous = state.status or _stored_status(body)
         try:
-            job = job_from_body(body)
-            job_plan = plan(job)
+            state.parsed = parsed(body, state.parsed)
         except (ManifestError, ValueError) as exc:
             await self._invalid(state, previous, str(exc))
             return None
+        job, job_plan = state.parsed.job, state.parsed.plan
         if previous.phase not in TERMINAL:
             try:
-                await self._ensure_children(state, job, job_plan)
+                await self._ensure_children(state, state.parsed)
             except KubeError as exc:
                 if not await self._rejected(state, previous, exc):
                     raise
@@ -222,18 +292,18 @@ class Reconciler:
         )
         return decision
 
-    async def _ensure_children(self, state: JobState, job: LoRARLJob, job_plan: JobPlan) -> None:
-        data = builders.config_data(job_plan)
+    async def _ensure_children(self, state: JobState, p: Parsed) -> None:
+        job, job_plan, data = p.job, p.plan, p.config
         if state.ensured:
-            if _hash(data) != state.config_hash:  # the plan changed (scale, edit while suspended)
+            if p.config_hash != state.config_hash:  # the plan changed (scale, edit while suspended)
                 await self._patch_config(job_plan, data)
-                state.config_hash = _hash(data)
+                state.config_hash = p.config_hash
             return
         children = [
             builders.engine_key_secret(
                 job_plan, secrets.token_urlsafe(32), sync_key=secrets.token_urlsafe(32)
             ),
-            builders.config_map(job_plan),
+            builders.config_map(job_plan, data),
             builders.service(job_plan),
             builders.network_policy(job_plan, self.config.operator_namespace),
         ]
@@ -246,7 +316,7 @@ class Reconciler:
             await self._ensure_sync_key(job_plan)
         if results[1] is None:  # the ConfigMap exists: make it match this spec
             await self._patch_config(job_plan, data)
-        state.ensured, state.config_hash = True, _hash(data)
+        state.ensured, state.config_hash = True, p.config_hash
 
     async def _ensure_sync_key(self, job_plan: JobPlan) -> None:
         """A job created by an operator from before the signed sync channel has a Secret with
