@@ -68,7 +68,9 @@ def test_autoscaling_between_replicas_and_max_replicas():
 
 def test_bad_replica_settings_name_the_field():
     with pytest.raises(ValueError, match=r"spec.reward.service.maxReplicas \(1\) must be >= "):
-        deployment_options(RewardServiceSpec(replicas=2, maxReplicas=1), BatchSettings(), 1)
+        deployment_options(
+            RewardServiceSpec.model_construct(replicas=2, max_replicas=1), BatchSettings(), 1
+        )
     with pytest.raises(ValueError, match=r"max_ongoing_requests .* must be >= max_batch_size"):
         deployment_options(None, BatchSettings(max_batch_size=64, max_ongoing_requests=8), 1)
 

@@ -213,4 +213,8 @@ class VolumeClaim(ApiModel):
         description="PersistentVolumeClaim to mount.",
     )
     mount_path: str = Field(pattern=r"^/", description="Absolute path to mount the claim at.")
-    read_only: bool = Field(default=False, description="Mount read-only.")
+    read_only: bool = Field(
+        default=False,
+        description="Mount read-only. model.volume and data.volume are always mounted "
+        "read-only; training.volume must stay writable.",
+    )

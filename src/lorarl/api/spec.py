@@ -122,7 +122,9 @@ class DataSpec(ApiModel):
         "evaluated every training.evalInterval steps.",
     )
     volume: VolumeClaim | None = Field(
-        default=None, description="PersistentVolumeClaim holding the data files."
+        default=None,
+        description="PersistentVolumeClaim holding the data files, mounted read-only on the "
+        "trainer pods.",
     )
     prompt_key: str = Field(
         default="prompt",
@@ -157,7 +159,38 @@ class DataSpec(ApiModel):
     seed: int = Field(default=0, ge=0, le=INT64_MAX, description="Shuffle seed.")
 
 
+_MAX_REPLICAS_RULE = Rule(
+    cel="!has(self.maxReplicas) || self.maxReplicas >= self.replicas",
+    message="must be at least replicas (the autoscaler's lower bound)",
+    check=lambda m: m.max_replicas is None or m.max_replicas >= m.replicas,
+    field="maxReplicas",
+)
+
+
+def _resources_set(r: ResourceRequirements) -> bool:
+    return bool(r.requests or r.limits)
+
+
+# replicas, maxReplicas and resources size the service lorarl runs; an external one sizes itself.
+_EXTERNAL_SERVICE_RULE = Rule(
+    cel="!has(self.url) || ((!has(self.replicas) || self.replicas == 1) && "
+    "!has(self.maxReplicas) && (!has(self.resources) || ((!has(self.resources.requests) || "
+    "size(self.resources.requests) == 0) && (!has(self.resources.limits) || "
+    "size(self.resources.limits) == 0))))",
+    message="replicas, maxReplicas and resources size the reward service lorarl runs; with url "
+    "(your own service) they would be ignored: leave them unset",
+    check=lambda m: (
+        m.url is None
+        or (m.replicas == 1 and m.max_replicas is None and not _resources_set(m.resources))
+    ),
+)
+
+
 class RewardServiceSpec(ApiModel):
+    model_config = ConfigDict(
+        json_schema_extra=rules_schema_extra(_MAX_REPLICAS_RULE, _EXTERNAL_SERVICE_RULE)
+    )
+
     url: str | None = Field(
         default=None,
         pattern=r"^https?://",
@@ -178,6 +211,8 @@ class RewardServiceSpec(ApiModel):
     resources: ResourceRequirements = Field(
         default_factory=ResourceRequirements, description="Reward pod resources."
     )
+
+    _rules = enforce(_MAX_REPLICAS_RULE, _EXTERNAL_SERVICE_RULE)
 
 
 _ONE_REWARD_SOURCE = Rule(
@@ -294,8 +329,19 @@ _EXPORT_RULE = Rule(
 )
 
 
+# The trainer writes checkpoints and the adapter there; a read-only claim fails the first save.
+_OUTPUT_WRITABLE_RULE = Rule(
+    cel="!has(self.volume) || !has(self.volume.readOnly) || !self.volume.readOnly",
+    message="must be false: the trainer writes checkpoints and the adapter to this claim",
+    check=lambda m: m.volume is None or not m.volume.read_only,
+    field="volume.readOnly",
+)
+
+
 class TrainingSpec(ApiModel):
-    model_config = ConfigDict(json_schema_extra=rules_schema_extra(_EXPORT_RULE))
+    model_config = ConfigDict(
+        json_schema_extra=rules_schema_extra(_EXPORT_RULE, _OUTPUT_WRITABLE_RULE)
+    )
 
     total_steps: int = Field(default=100, gt=0, le=10_000_000, description="RL steps to run.")
     prompts_per_step: int = Field(
@@ -372,7 +418,7 @@ class TrainingSpec(ApiModel):
     )
     eval: EvalSpec = Field(default_factory=EvalSpec, description="Eval sampling settings.")
 
-    _rules = enforce(_EXPORT_RULE)
+    _rules = enforce(_EXPORT_RULE, _OUTPUT_WRITABLE_RULE)
 
 
 _MINI_BATCH_RULE = Rule(

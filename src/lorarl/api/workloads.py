@@ -209,13 +209,36 @@ _TP_CPU_RULE = Rule(
     field="tensorParallelSize",
 )
 
+# Each engine memory knob reaches one kind of engine only; elsewhere it would be ignored.
+DEFAULT_MEMORY_FRACTION = 0.85
+_MEMORY_FRACTION_RULE = Rule(
+    cel=f"!has(self.memoryFraction) || self.memoryFraction == {DEFAULT_MEMORY_FRACTION} || "
+    "self.gpusPerReplica > 0",
+    message="applies to GPU engines only (gpusPerReplica > 0); a CPU engine's KV cache is "
+    "kvCacheGib",
+    check=lambda m: m.memory_fraction == DEFAULT_MEMORY_FRACTION or m.gpus_per_replica > 0,
+    field="memoryFraction",
+)
+_KV_CACHE_RULE = Rule(
+    cel="!has(self.kvCacheGib) || (self.engine == 'vllm' && self.gpusPerReplica == 0)",
+    message="applies to vLLM on CPU only (engine vllm, gpusPerReplica 0); a GPU engine's KV "
+    "cache is sized by memoryFraction",
+    check=lambda m: m.kv_cache_gib is None or (m.engine == "vllm" and m.gpus_per_replica == 0),
+    field="kvCacheGib",
+)
+_ROLLOUT_RULES = (
+    _ROLLOUT_ENV_RULE,
+    _ENV_VALUE_RULE,
+    _TP_RULE,
+    _TP_CPU_RULE,
+    _NO_GPU_RESOURCE,
+    _MEMORY_FRACTION_RULE,
+    _KV_CACHE_RULE,
+)
+
 
 class RolloutSpec(PodTemplateFields):
-    model_config = ConfigDict(
-        json_schema_extra=rules_schema_extra(
-            _ROLLOUT_ENV_RULE, _ENV_VALUE_RULE, _TP_RULE, _TP_CPU_RULE, _NO_GPU_RESOURCE
-        )
-    )
+    model_config = ConfigDict(json_schema_extra=rules_schema_extra(*_ROLLOUT_RULES))
 
     engine: Literal["sglang", "vllm"] = Field(
         default="sglang", description="Inference engine: sglang (GPU) or vllm (GPU and CPU)."
@@ -232,10 +255,17 @@ class RolloutSpec(PodTemplateFields):
     )
     sampling: SamplingSpec = Field(default_factory=SamplingSpec, description="Sampling params.")
     memory_fraction: float = Field(
-        default=0.85, gt=0, le=1, description="Fraction of GPU memory the engine may take."
+        default=DEFAULT_MEMORY_FRACTION,
+        gt=0,
+        le=1,
+        description="Fraction of GPU memory the engine may take (GPU engines only).",
     )
     kv_cache_gib: int | None = Field(
-        default=None, ge=1, le=4096, description="KV cache size in GiB for CPU engines."
+        default=None,
+        ge=1,
+        le=4096,
+        description="KV cache size in GiB of a vLLM CPU engine (1 if unset); GPU engines use "
+        "memoryFraction instead.",
     )
     engine_args: list[Annotated[str, Field(max_length=4096)]] = Field(
         default_factory=list,
@@ -245,7 +275,7 @@ class RolloutSpec(PodTemplateFields):
         "--dtype or --seed) cannot be overridden, nor abbreviated, and --config is refused.",
     )
 
-    _rules = enforce(_ROLLOUT_ENV_RULE, _ENV_VALUE_RULE, _TP_RULE, _TP_CPU_RULE, _NO_GPU_RESOURCE)
+    _rules = enforce(*_ROLLOUT_RULES)
 
     @model_validator(mode="after")
     def _no_managed_flags(self, info: ValidationInfo) -> RolloutSpec:
