@@ -7,11 +7,20 @@ two mini-batches per step, through the real local stack (vLLM on CPU started by 
 - The engine's logprobs equal the trainer's at the fp32 floor (same temperature-scaled
   distribution, same weights), so truncated importance sampling truncates nothing.
 - It still learns: the reward rises.
+
+Issue 14, "done when", on the same run (no second SmolLM2 run): held-out prompts of the task
+(data.valFiles) evaluated before training and every 5 steps (0, 5, 8), in the history, the
+progress file, the REST API's job detail and the dashboard (headless Chromium); the evals in
+TensorBoard's event files, a real `mlflow server`'s run and W&B's offline run file; and
+`export: [adapter, merged]`, the merged folder served by a fresh vLLM (fp32) with the logprobs
+of the PEFT model (base + the exported adapter) within fp32 noise.
 """
 
 from __future__ import annotations
 
+import json
 import statistics
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,16 +28,35 @@ import pytest
 from lorarl.api import LoRARLJob
 from lorarl.data_tasks import write_task_jsonl
 from lorarl.local import LocalRun
+from tests.support.done_when import (
+    check_dashboard_shows_eval,
+    check_evals_served,
+    check_merged_export_in_vllm,
+    check_trackers,
+)
 from tests.support.local_jobs import read_history
+from tests.support.mlflow_server import MlflowServer, mlflow_server_process
 from tests.support.models import smollm2
 
 pytestmark = pytest.mark.slow
 
 STEPS = 8
+EVAL_STEPS = [0, 5, 8]  # evalBeforeTrain, every evalInterval=5 steps, and after the last step
+VAL_PROMPTS = 16
 
 
-def job(tmp_path: Path) -> LoRARLJob:
+@pytest.fixture(scope="module")
+def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowServer]:
+    with mlflow_server_process(tmp_path_factory.mktemp("mlflow")) as server:
+        yield server
+
+
+def job(tmp_path: Path, mlflow_url: str) -> LoRARLJob:
     data = write_task_jsonl(tmp_path / "larger.jsonl", "larger", n=64, seed=0)
+    val = write_task_jsonl(tmp_path / "val.jsonl", "larger", n=VAL_PROMPTS, seed=1)
+    train_prompts = {json.loads(line)["prompt"] for line in data.read_text().splitlines()}
+    val_prompts = {json.loads(line)["prompt"] for line in val.read_text().splitlines()}
+    assert len(val_prompts) == VAL_PROMPTS and not val_prompts & train_prompts  # held out
     return LoRARLJob.model_validate({
         "apiVersion": "lorarl.dev/v1alpha1", "kind": "LoRARLJob", "metadata": {"name": "rlfix"},
         "spec": {
@@ -36,20 +64,31 @@ def job(tmp_path: Path) -> LoRARLJob:
             "lora": {"rank": 16, "alpha": 32, "dropout": 0.05},
             "algorithm": {"name": "grpo", "groupSize": 8},
             "optim": {"lr": 3e-4},
-            "data": {"trainFiles": [str(data)], "maxPromptTokens": 128, "maxResponseTokens": 24},
+            "data": {"trainFiles": [str(data)], "valFiles": [str(val)], "maxPromptTokens": 128,
+                     "maxResponseTokens": 24},
             "reward": {"function": "math_answer"},
             "training": {"totalSteps": STEPS, "promptsPerStep": 4, "miniBatchSize": 16,
-                         "microBatchSize": 8, "checkpointInterval": STEPS},
+                         "microBatchSize": 8, "checkpointInterval": STEPS,
+                         "evalBeforeTrain": True, "evalInterval": 5,
+                         "export": ["adapter", "merged"]},
             "trainer": {"gpusPerReplica": 0, "processesPerReplica": 1},
             "rollout": {"engine": "vllm", "replicas": 1, "gpusPerReplica": 0,
                         "syncMode": "merged", "kvCacheGib": 1,
                         "sampling": {"temperature": 0.7}},
+            "logging": {"backends": ["tensorboard", "mlflow", "wandb"],
+                        "mlflow": {"trackingUri": mlflow_url, "experiment": "rlfix-e2e"},
+                        "wandb": {"project": "rlfix-e2e", "mode": "offline"}},
         },
     })  # fmt: skip
 
 
-def test_grpo_at_temperature_with_dropout_and_mini_batches(tmp_path: Path, engine_python: str):
-    with LocalRun(job(tmp_path), tmp_path / "run", engine_python=engine_python) as run:
+def test_grpo_at_temperature_with_dropout_and_mini_batches(
+    tmp_path: Path, engine_python: str, mlflow_server: MlflowServer, monkeypatch: pytest.MonkeyPatch
+):
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("WANDB_DISABLE_GIT", "true")
+    the_job = job(tmp_path, mlflow_server.wait_healthy())
+    with LocalRun(the_job, tmp_path / "run", engine_python=engine_python) as run:
         run.start()
         result = run.wait(timeout_s=900)
     assert result.progress is not None and result.progress.phase == "Succeeded", result
@@ -68,3 +107,9 @@ def test_grpo_at_temperature_with_dropout_and_mini_batches(tmp_path: Path, engin
     assert max(h["tisClipFrac"] for h in history) == 0.0
     rewards = [h["rewardMean"] for h in history]
     assert statistics.mean(rewards[-3:]) > statistics.mean(rewards[:3]) + 0.05, rewards
+
+    run_dir = tmp_path / "run"
+    check_evals_served(the_job, run_dir, EVAL_STEPS, VAL_PROMPTS)
+    check_trackers(run_dir, mlflow_server.url, EVAL_STEPS)
+    check_dashboard_shows_eval(the_job, run_dir)
+    check_merged_export_in_vllm(run_dir, smollm2(), tmp_path / "val.jsonl", engine_python)
