@@ -208,7 +208,7 @@ def test_engines_get_the_key_by_reference_never_by_value() -> None:
     assert by_name["VLLM_API_KEY"] == {"name": "VLLM_API_KEY", "value": "$(LORARL_ENGINE_API_KEY)"}
     names = [e["name"] for e in engine["env"]]
     assert names.index("LORARL_ENGINE_API_KEY") < names.index("VLLM_API_KEY")
-    j, p = job(rollout={"engine": "sglang", "gpusPerReplica": 1})
+    j, p = job(rollout={"engine": "sglang", "gpusPerReplica": 1, "kvCacheGib": None})
     engine = builders.pod(p, j, "rollout", 0)["spec"]["containers"][0]
     argv = engine["command"]
     assert argv[argv.index("--api-key") + 1] == "$(LORARL_ENGINE_API_KEY)"
@@ -218,7 +218,12 @@ def test_engines_get_the_key_by_reference_never_by_value() -> None:
 def test_gpus_become_limits() -> None:
     j, p = job(
         trainer={"gpusPerReplica": 4, "processesPerReplica": None},
-        rollout={"gpusPerReplica": 2, "tensorParallelSize": 2, "engine": "sglang"},
+        rollout={
+            "gpusPerReplica": 2,
+            "tensorParallelSize": 2,
+            "engine": "sglang",
+            "kvCacheGib": None,
+        },
     )
     trainer = builders.pod(p, j, "trainer", 0)["spec"]["containers"][0]
     assert trainer["resources"] == {"limits": {"nvidia.com/gpu": "4"}}

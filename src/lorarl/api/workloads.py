@@ -226,11 +226,21 @@ _KV_CACHE_RULE = Rule(
     check=lambda m: m.kv_cache_gib is None or (m.engine == "vllm" and m.gpus_per_replica == 0),
     field="kvCacheGib",
 )
+# The SGLang command and image are GPU builds (no CPU device flag is planned): a CPU SGLang pod
+# would fail at engine start instead of being refused here.
+_SGLANG_GPU_RULE = Rule(
+    cel="self.engine != 'sglang' || self.gpusPerReplica > 0",
+    message="sglang runs on GPUs here (gpusPerReplica of at least 1); use engine vllm for CPU "
+    "engines",
+    check=lambda m: m.engine != "sglang" or m.gpus_per_replica > 0,
+    field="gpusPerReplica",
+)
 _ROLLOUT_RULES = (
     _ROLLOUT_ENV_RULE,
     _ENV_VALUE_RULE,
     _TP_RULE,
     _TP_CPU_RULE,
+    _SGLANG_GPU_RULE,
     _NO_GPU_RESOURCE,
     _MEMORY_FRACTION_RULE,
     _KV_CACHE_RULE,
@@ -241,7 +251,8 @@ class RolloutSpec(PodTemplateFields):
     model_config = ConfigDict(json_schema_extra=rules_schema_extra(*_ROLLOUT_RULES))
 
     engine: Literal["sglang", "vllm"] = Field(
-        default="sglang", description="Inference engine: sglang (GPU) or vllm (GPU and CPU)."
+        default="sglang",
+        description="Inference engine: sglang (GPU only) or vllm (GPU and CPU).",
     )
     replicas: int = Field(default=1, ge=1, le=1024, description="Rollout engine pods.")
     gpus_per_replica: int = Field(default=1, ge=0, le=16, description="GPUs per rollout pod.")

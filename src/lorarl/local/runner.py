@@ -158,6 +158,8 @@ class LocalRun:
             **self._user_env(container),
             **self.extra_env,
         }
+        if self._no_gpus(replica):  # a pod of gpusPerReplica 0 sees no GPU; neither does this
+            env["CUDA_VISIBLE_DEVICES"] = ""
         if container.name not in SYNC_KEY_CONTAINERS:  # not even one inherited from our shell
             env.pop(SYNC_KEY_ENV, None)
         argv = [expand(arg, env) for arg in argv]
@@ -168,6 +170,12 @@ class LocalRun:
             log_path=self.run_dir / "logs" / f"{name}.log",
             restartable=container.name == "engine",
         )
+
+    def _no_gpus(self, replica: ReplicaPlan) -> bool:
+        """Trainer and rollout replicas with gpusPerReplica 0 (the reward service sizes its own
+        resources, so it keeps what this machine has)."""
+        role = self.plan.role(replica.role)
+        return replica.role in ("trainer", "rollout") and role.gpus_per_replica == 0
 
     def _threads(self, container: ContainerPlan) -> dict[str, str]:
         """Share this machine's cores between trainer ranks: torch's default (all cores per
