@@ -22,6 +22,7 @@ from lorarl.local.cluster_fields import CLUSTER_ONLY, local_warning, set_cluster
 from lorarl.local.runner import RunFailed
 from lorarl.plan import LocalAddressing, plan
 from lorarl.plan.engines import engine_env
+from lorarl.trainer.settings import ConfigError, reward_service_client
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "spec-fields.md"
@@ -234,6 +235,10 @@ def test_each_mlflow_credential_becomes_a_secret_ref_on_the_trainer():
          "maxReplicas"),
         ({"training": {"volume": {"claimName": "o", "mountPath": "/o", "readOnly": True}}},
          "readOnly"),
+        ({"reward": {"function": "regex_match", "params": {"pattern": "a"},
+          "service": {"url": "http://r:8000"}}}, "reward.params"),
+        ({"reward": {"function": "regex_match", "params": {"pattern": "a"}, "service": {}}},
+         None),
     ],
 )  # fmt: skip
 def test_ignored_values_are_refused_and_the_rest_accepted(spec, refused_field):
@@ -268,3 +273,23 @@ def test_placement_resources_and_images_reach_the_pods():
     assert rollout["containers"][0]["resources"]["requests"]["cpu"] == "2"
     reward = builders.pod(p, job, "reward", 0)["spec"]
     assert reward["containers"][0]["resources"]["limits"]["cpu"] == "3"
+
+
+def test_the_trainers_reward_requests_name_the_specs_reward():
+    """The service lorarl runs serves the reward under its function (or entrypoint) name, and an
+    external one may serve several: every request names it."""
+    assert reward_service_client(_job(), None) is None  # scored in-process
+    service = {"url": "http://rewards:8000", "timeoutSeconds": 7, "maxRetries": 1}
+    external = _job(reward={"function": "code_tests", "service": service})
+    client = reward_service_client(external, None)
+    assert (client.url, client.reward, client.timeout_s, client.max_retries) == (
+        "http://rewards:8000",
+        "code_tests",
+        7,
+        1,
+    )
+    own = _job(reward={"entrypoint": "my.mod:score", "service": {"url": "http://x:1"}})
+    client = reward_service_client(own, "http://127.0.0.1:9000")  # the plan's endpoint wins
+    assert (client.url, client.reward) == ("http://127.0.0.1:9000", "my.mod:score")
+    with pytest.raises(ConfigError, match="no url is known"):
+        reward_service_client(_job(reward={"function": "exact_match", "service": {}}), None)

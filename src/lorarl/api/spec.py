@@ -222,6 +222,17 @@ _ONE_REWARD_SOURCE = Rule(
 )
 
 
+# The /score protocol carries the reward's name, not its params: an external service scores
+# with its own. Python only (params is schemaless in the CRD, out of CEL's reach).
+_EXTERNAL_PARAMS_RULE = Rule(
+    cel=None,
+    message="an external reward service (service.url) scores with its own settings; params "
+    "would be ignored: leave them empty",
+    check=lambda m: m.service is None or m.service.url is None or not m.params,
+    field="params",
+)
+
+
 class RewardSpec(ApiModel):
     model_config = ConfigDict(json_schema_extra=rules_schema_extra(_ONE_REWARD_SOURCE))
 
@@ -237,14 +248,17 @@ class RewardSpec(ApiModel):
         description="A reward function from your image, as module:function.",
     )
     params: dict[str, Any] = Field(
-        default_factory=dict, description="Keyword arguments for the reward function."
+        default_factory=dict,
+        description="Keyword arguments for the reward function (not with service.url: an "
+        "external service scores with its own settings).",
     )
     service: RewardServiceSpec | None = Field(
         default=None,
-        description="Score through a Ray Serve reward service instead of inside the trainer.",
+        description="Score through a Ray Serve reward service instead of inside the trainer; "
+        "each request names the reward (function or entrypoint).",
     )
 
-    _rules = enforce(_ONE_REWARD_SOURCE)
+    _rules = enforce(_ONE_REWARD_SOURCE, _EXTERNAL_PARAMS_RULE)
 
     @model_validator(mode="after")
     def _known_reward(self, info: ValidationInfo) -> RewardSpec:

@@ -51,6 +51,7 @@ from lorarl.trainer.settings import (
     lora_settings,
     loss_config,
     output_dirs,
+    reward_service_client,
 )
 from lorarl.trainer.tracking import build_fanout
 from lorarl.trainer.update import UpdateConfig, update_policy
@@ -229,14 +230,8 @@ class Trainer:
 
     def _scorer(self):
         reward = self.job.spec.reward
-        if reward.service is not None:
-            url = self.endpoints.reward or reward.service.url
-            if not url:
-                raise ConfigError(
-                    "spec.reward.service is set but no url is known "
-                    "(LORARL_REWARD_ENDPOINT is empty and spec.reward.service.url is unset)"
-                )
-            self.reward_client = RewardServiceClient.from_spec(url, reward.service)
+        self.reward_client = reward_service_client(self.job, self.endpoints.reward)
+        if self.reward_client is not None:
             return partial(_score_remote, self.reward_client)
         try:
             fn = get_reward(reward.function or reward.entrypoint, **reward.params)

@@ -10,6 +10,7 @@ from pathlib import Path
 from lorarl.api.job import LoRARLJob
 from lorarl.api.validation import ManifestError, load_job_file
 from lorarl.plan.engines import ENGINE_API_KEY_ENV
+from lorarl.rewards.client import RewardServiceClient
 from lorarl.trainer.losses import LossConfig
 from lorarl.trainer.model import LoraSettings
 
@@ -146,6 +147,23 @@ def advantage_estimator(job: LoRARLJob) -> str:
     if algo.name == "reinforce_pp":
         return "reinforce_pp_baseline" if algo.group_size > 1 else "reinforce_pp"
     return algo.name
+
+
+def reward_service_client(job: LoRARLJob, endpoint: str | None) -> RewardServiceClient | None:
+    """The client of the job's reward service (None: the trainer scores in-process). Requests
+    name the spec's reward (function or entrypoint): the service lorarl runs serves it under
+    that name, and an external one (service.url) may serve several."""
+    reward = job.spec.reward
+    if reward.service is None:
+        return None
+    url = endpoint or reward.service.url
+    if not url:
+        raise ConfigError(
+            "spec.reward.service is set but no url is known "
+            "(LORARL_REWARD_ENDPOINT is empty and spec.reward.service.url is unset)"
+        )
+    name = reward.function or reward.entrypoint
+    return RewardServiceClient.from_spec(url, reward.service, reward=name)
 
 
 def output_dirs(job: LoRARLJob) -> tuple[Path, Path, Path]:
