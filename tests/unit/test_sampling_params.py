@@ -47,6 +47,9 @@ def doc_with(sampling: dict | None = None, correction: str | None = None, **trai
     if correction is not None:
         doc["spec"]["algorithm"] = {"rolloutCorrection": {"mode": correction}}
     doc["spec"]["training"].update(training)
+    if "eval" in training:  # eval settings need evals on, and those validation prompts
+        doc["spec"]["training"].setdefault("evalBeforeTrain", True)
+        doc["spec"]["data"]["valFiles"] = ["v.jsonl"]
     return doc
 
 

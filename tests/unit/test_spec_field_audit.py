@@ -239,6 +239,11 @@ def test_each_mlflow_credential_becomes_a_secret_ref_on_the_trainer():
           "service": {"url": "http://r:8000"}}}, "reward.params"),
         ({"reward": {"function": "regex_match", "params": {"pattern": "a"}, "service": {}}},
          None),
+        ({"data": {"trainFiles": ["t.jsonl"], "valFiles": ["v.jsonl"]}}, "data.valFiles"),
+        ({"data": {"trainFiles": ["t.jsonl"], "valFiles": ["v.jsonl"]},
+          "training": {"evalBeforeTrain": True}}, None),
+        ({"training": {"eval": {"maxPrompts": 10}}}, "training.eval"),
+        ({"training": {"eval": {"n": 1, "temperature": 0.0}}}, None),  # the defaults, spelled out
     ],
 )  # fmt: skip
 def test_ignored_values_are_refused_and_the_rest_accepted(spec, refused_field):

@@ -343,6 +343,29 @@ _EXPORT_RULE = Rule(
 )
 
 
+def _eval_defaults_cel() -> str:
+    """CEL: training.eval is all defaults (absent fields count as defaults)."""
+    parts = []
+    for alias, info in ((f.alias, f) for f in EvalSpec.model_fields.values()):
+        if info.default is None:
+            parts.append(f"!has(self.eval.{alias})")
+        else:
+            parts.append(f"(!has(self.eval.{alias}) || self.eval.{alias} == {info.default!r})")
+    return "!has(self.eval) || (" + " && ".join(parts) + ")"
+
+
+_EVALS_ON_CEL = (
+    "(has(self.evalInterval) && self.evalInterval > 0) || "
+    "(has(self.evalBeforeTrain) && self.evalBeforeTrain)"
+)
+# Settings of a feature that is off are ignored: refused, like logging settings without their
+# backend.
+_EVAL_SETTINGS_UNUSED_RULE = Rule(
+    cel=f"{_EVALS_ON_CEL} || {_eval_defaults_cel()}",
+    message="eval settings are given but evals are off: set evalInterval or evalBeforeTrain",
+    check=lambda m: m.eval_interval > 0 or m.eval_before_train or m.eval == EvalSpec(),
+    field="eval",
+)
 # The trainer writes checkpoints and the adapter there; a read-only claim fails the first save.
 _OUTPUT_WRITABLE_RULE = Rule(
     cel="!has(self.volume) || !has(self.volume.readOnly) || !self.volume.readOnly",
@@ -354,7 +377,9 @@ _OUTPUT_WRITABLE_RULE = Rule(
 
 class TrainingSpec(ApiModel):
     model_config = ConfigDict(
-        json_schema_extra=rules_schema_extra(_EXPORT_RULE, _OUTPUT_WRITABLE_RULE)
+        json_schema_extra=rules_schema_extra(
+            _EXPORT_RULE, _OUTPUT_WRITABLE_RULE, _EVAL_SETTINGS_UNUSED_RULE
+        )
     )
 
     total_steps: int = Field(default=100, gt=0, le=10_000_000, description="RL steps to run.")
@@ -432,7 +457,7 @@ class TrainingSpec(ApiModel):
     )
     eval: EvalSpec = Field(default_factory=EvalSpec, description="Eval sampling settings.")
 
-    _rules = enforce(_EXPORT_RULE, _OUTPUT_WRITABLE_RULE)
+    _rules = enforce(_EXPORT_RULE, _OUTPUT_WRITABLE_RULE, _EVAL_SETTINGS_UNUSED_RULE)
 
 
 _MINI_BATCH_RULE = Rule(
@@ -530,6 +555,17 @@ _EVAL_NEEDS_VAL_RULE = Rule(
     ),
     field="data.valFiles",
 )
+_VAL_FILES_UNUSED_RULE = Rule(
+    cel="!has(self.data.valFiles) || size(self.data.valFiles) == 0 || (has(self.training) && "
+    "((has(self.training.evalInterval) && self.training.evalInterval > 0) || "
+    "(has(self.training.evalBeforeTrain) && self.training.evalBeforeTrain)))",
+    message="validation prompts are read by evals only: set training.evalInterval or "
+    "training.evalBeforeTrain (or leave valFiles out)",
+    check=lambda m: (
+        not m.data.val_files or m.training.eval_interval > 0 or m.training.eval_before_train
+    ),
+    field="data.valFiles",
+)
 _KL_REFERENCE_RULE = Rule(
     cel="self.algorithm.kl.reference != 'initialAdapter' || has(self.lora.adapterPath)",
     message="initialAdapter needs lora.adapterPath (the adapter training starts from)",
@@ -555,6 +591,7 @@ _SHAPED_SAMPLING_RULE = Rule(
 )
 _SPEC_RULES = (
     _EVAL_NEEDS_VAL_RULE,
+    _VAL_FILES_UNUSED_RULE,
     _SHAPED_SAMPLING_RULE,
     _KL_REFERENCE_RULE,
     _MINI_BATCH_RULE,
