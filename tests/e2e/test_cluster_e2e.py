@@ -12,6 +12,7 @@ mode scored by the reward service pod.
 
 from __future__ import annotations
 
+import json
 import statistics
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,9 +26,11 @@ from tests.support.cluster_jobs import (
     history,
     job_pods,
     prepare_assets,
+    printed_column,
     printed_columns,
     provision,
     run_job,
+    write_val_file,
 )
 
 pytestmark = pytest.mark.slow
@@ -45,12 +48,29 @@ def c(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 def test_merged_job_learns_on_the_cluster_path(c: Cluster) -> None:
     job = cluster_job("e2e-merged")
     total = job["spec"]["training"]["totalSteps"]
+    # Evals before training and after the last step, read from the data claim like the train
+    # file. The quickstart task has only 8 prompts, so they are training prompts too: this
+    # checks that an eval reaches `kubectl get`, not generalization.
+    job["spec"]["data"]["valFiles"] = [write_val_file(c)]
+    job["spec"]["training"].update(evalBeforeTrain=True, evalInterval=total)
     run = run_job(c, job, timeout=900)
     status = run.job["status"]
     assert status["step"] == total and status["lastSync"]["mode"] == "merged"
     shown = printed_columns(c, "e2e-merged")
     assert shown["PHASE"] == "Succeeded" and shown["STEP"] == str(total)
     assert float(shown["REWARD"]) == pytest.approx(status["metrics"]["rewardMean"], abs=1e-3)
+
+    # The eval accuracy is `kubectl get`-able: the final eval (the trainer's own record on the
+    # output claim), and the one before training.
+    (final,) = [s["eval"] for s in history(c, "e2e-merged") if s.get("eval")]
+    assert final["step"] == total and final["prompts"] == 8
+    path = "jsonpath={.status.eval.accuracy}"
+    got = float(c.kubectl("get", "lorarljob", "e2e-merged", "-o", path))
+    assert got == pytest.approx(final["accuracy"], abs=1e-9)
+    base = c.kubectl("get", "lorarljob", "e2e-merged", "-o", "jsonpath={.status.baselineEval}")
+    assert json.loads(base)["step"] == 0
+    wide = printed_column(c, "e2e-merged", "Eval", "-o", "wide")
+    assert float(wide) == pytest.approx(final["accuracy"], abs=1e-3)
 
     rewards = [s["rewardMean"] for s in history(c, "e2e-merged")]
     assert len(rewards) == total

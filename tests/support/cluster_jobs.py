@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -48,6 +49,17 @@ def provision(c: Cluster) -> None:
     for claim in ("models", "data"):
         subprocess.run(["chmod", "-R", "a+rX", str(c.kubelet.claim_dir("default", claim))],
                        check=True)  # fmt: skip
+
+
+def write_val_file(c: Cluster) -> str:
+    """Validation prompts on the data claim: the quickstart task's distinct prompts (it has no
+    others, so they are training prompts too); returns the path a pod reads."""
+    (train,) = QUICKSTART["spec"]["data"]["trainFiles"]
+    rows = {json.loads(line)["prompt"]: line for line in (ROOT / train).read_text().splitlines()}
+    path = c.kubelet.claim_dir("default", "data") / "val.jsonl"
+    path.write_text("".join(line + "\n" for _, line in sorted(rows.items())))
+    path.chmod(0o644)  # read by the pods' user
+    return f"/data/{path.name}"
 
 
 def cluster_job(name: str, **spec: Any) -> Obj:
@@ -136,6 +148,16 @@ def printed_columns(c: Cluster, name: str) -> dict[str, str]:
     """`kubectl get lrj NAME` as a person sees it: header -> value."""
     header, row = c.kubectl("get", "lrj", name).strip().splitlines()
     return dict(zip(header.split(), row.split(), strict=True))
+
+
+def printed_column(c: Cluster, name: str, column: str, *flags: str) -> str:
+    """One column of `kubectl get lrj NAME [flags]`, cut at the header's offsets (a column may
+    print empty, so the row is not split on blanks)."""
+    header, row = c.kubectl("get", "lrj", name, *flags).rstrip("\n").splitlines()
+    found = re.search(rf"(?:^|(?<=\s)){column.upper()}(?:\s+|$)", header)
+    assert found, f"no {column} column in: {header}"
+    end = found.end() if found.end() < len(header) else len(row)
+    return row[found.start() : end].strip()
 
 
 def history(c: Cluster, name: str) -> list[Obj]:
