@@ -127,7 +127,7 @@ def test_verl_kl_names_are_accepted(alias, same):
 
     cfg = loss_config(make(algorithm={"kl": {"coef": 0.1, "estimator": alias}}))
     assert cfg.kl_estimator == alias
-    assert problems(algorithm={"kl": {"estimator": alias}}) == []
+    assert problems(algorithm={"kl": {"coef": 0.1, "estimator": alias}}) == []
 
 
 def test_k1_as_a_loss_is_warned_about(caplog):

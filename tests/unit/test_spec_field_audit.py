@@ -244,6 +244,18 @@ def test_each_mlflow_credential_becomes_a_secret_ref_on_the_trainer():
           "training": {"evalBeforeTrain": True}}, None),
         ({"training": {"eval": {"maxPrompts": 10}}}, "training.eval"),
         ({"training": {"eval": {"n": 1, "temperature": 0.0}}}, None),  # the defaults, spelled out
+        ({"algorithm": {"kl": {"estimator": "k2"}}}, "kl.estimator"),
+        ({"algorithm": {"kl": {"coef": 0.1, "estimator": "k2"}}}, None),
+        ({"algorithm": {"rolloutCorrection": {"mode": "off", "threshold": 4}}}, "threshold"),
+        ({"algorithm": {"rolloutCorrection": {"mode": "mask-sequence", "threshold": 4}}}, None),
+        ({"algorithm": {"dynamicSampling": {"maxRounds": 5}}}, "maxRounds"),
+        ({"algorithm": {"name": "dapo", "dynamicSampling": {"maxRounds": 5}}}, None),
+        ({"algorithm": {"overlong": {"penaltyFactor": 2}}}, "penaltyFactor"),
+        ({"algorithm": {"name": "dapo", "overlong": {"penaltyFactor": 2}}}, None),
+        ({"data": {"trainFiles": ["t.jsonl"], "shuffle": False, "seed": 3}}, "data.seed"),
+        ({"data": {"trainFiles": ["t.jsonl"], "seed": 3}}, None),
+        ({"training": {"samplesPerStep": 2}}, "samplesPerStep"),
+        ({"training": {"samplesPerStep": 2, "samplesInterval": 5}}, None),
     ],
 )  # fmt: skip
 def test_ignored_values_are_refused_and_the_rest_accepted(spec, refused_field):

@@ -14,7 +14,26 @@ GROUP_ALGORITHMS = ("grpo", "dr_grpo", "dapo", "rloo")
 Algorithm = Literal["grpo", "dr_grpo", "dapo", "rloo", "reinforce_pp", "ppo"]
 
 
+_KL_OFF = "applies to the KL term, which is off (coef 0): set coef above 0 or leave it unset"
+_KL_REFERENCE_OFF_RULE = Rule(
+    cel="(has(self.coef) && self.coef > 0.0) || !has(self.reference) || self.reference == 'base'",
+    message=_KL_OFF,
+    check=lambda m: m.coef > 0 or m.reference == "base",
+    field="reference",
+)
+_KL_ESTIMATOR_OFF_RULE = Rule(
+    cel="(has(self.coef) && self.coef > 0.0) || !has(self.estimator) || self.estimator == 'k3'",
+    message=_KL_OFF,
+    check=lambda m: m.coef > 0 or m.estimator == "k3",
+    field="estimator",
+)
+
+
 class KLSpec(ApiModel):
+    model_config = ConfigDict(
+        json_schema_extra=rules_schema_extra(_KL_REFERENCE_OFF_RULE, _KL_ESTIMATOR_OFF_RULE)
+    )
+
     reference: Literal["base", "initialAdapter"] = Field(
         default="base",
         description="The KL reference policy: base (the base model, adapter disabled) or "
@@ -36,8 +55,20 @@ class KLSpec(ApiModel):
         "expectation (the trainer warns). See docs/algorithms.md.",
     )
 
+    _rules = enforce(_KL_REFERENCE_OFF_RULE, _KL_ESTIMATOR_OFF_RULE)
+
+
+_THRESHOLD_OFF_RULE = Rule(
+    cel="!has(self.mode) || self.mode != 'off' || !has(self.threshold) || self.threshold == 2.0",
+    message="applies to tis and the masks; with mode off it would be ignored: leave it unset",
+    check=lambda m: m.mode != "off" or m.threshold == 2.0,
+    field="threshold",
+)
+
 
 class RolloutCorrectionSpec(ApiModel):
+    model_config = ConfigDict(json_schema_extra=rules_schema_extra(_THRESHOLD_OFF_RULE))
+
     mode: Literal["tis", "mask-token", "mask-sequence", "off"] = Field(
         default="tis",
         description="Correction for the engines not sampling exactly the trainer's policy "
@@ -50,6 +81,8 @@ class RolloutCorrectionSpec(ApiModel):
     threshold: float = Field(
         default=2.0, gt=1, le=1000, description="The cap (tis) or the mask bound on rho."
     )
+
+    _rules = enforce(_THRESHOLD_OFF_RULE)
 
 
 class DynamicSamplingSpec(ApiModel):
@@ -128,6 +161,35 @@ _OVERLONG_BUFFER_RULE = Rule(
     ),
     field="overlong.bufferTokens",
 )
+# Settings of a part of the recipe that is off would be ignored.
+_MAX_ROUNDS_RULE = Rule(
+    cel="!has(self.dynamicSampling.maxRounds) || self.dynamicSampling.maxRounds == 3 || "
+    "(has(self.dynamicSampling.enabled) ? self.dynamicSampling.enabled : self.name == 'dapo')",
+    message="applies to dynamic sampling only (on by default for dapo)",
+    check=lambda m: (
+        m.dynamic_sampling.max_rounds == 3
+        or (
+            m.dynamic_sampling.enabled
+            if m.dynamic_sampling.enabled is not None
+            else m.name == "dapo"
+        )
+    ),
+    field="dynamicSampling.maxRounds",
+)
+_PENALTY_FACTOR_RULE = Rule(
+    cel="!has(self.overlong.penaltyFactor) || self.overlong.penaltyFactor == 1.0 || "
+    "(has(self.overlong.softPunishment) ? self.overlong.softPunishment : self.name == 'dapo')",
+    message="applies to the soft overlong punishment only (on by default for dapo)",
+    check=lambda m: (
+        m.overlong.penalty_factor == 1.0
+        or (
+            m.overlong.soft_punishment
+            if m.overlong.soft_punishment is not None
+            else m.name == "dapo"
+        )
+    ),
+    field="overlong.penaltyFactor",
+)
 # GAE needs a value model (ppo, not implemented yet); every other estimator here scores whole
 # sequences without discounting, so a changed gamma or lam would be silently ignored.
 _GAE_ONLY = (
@@ -162,6 +224,8 @@ _ALGORITHM_RULES = (
     _DYNAMIC_SAMPLING_RULE,
     _NORM_LENGTH_RULE,
     _OVERLONG_BUFFER_RULE,
+    _PENALTY_FACTOR_RULE,
+    _MAX_ROUNDS_RULE,
 )
 
 

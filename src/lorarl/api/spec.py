@@ -109,7 +109,17 @@ class LoraSpec(ApiModel):
     _rules = enforce(_ALL_LINEAR_ALONE)
 
 
+_SEED_WITHOUT_SHUFFLE_RULE = Rule(
+    cel="!has(self.seed) || self.seed == 0 || !has(self.shuffle) || self.shuffle",
+    message="seeds the shuffle, which is off: leave it unset or set shuffle true",
+    check=lambda m: m.shuffle or m.seed == 0,
+    field="seed",
+)
+
+
 class DataSpec(ApiModel):
+    model_config = ConfigDict(json_schema_extra=rules_schema_extra(_SEED_WITHOUT_SHUFFLE_RULE))
+
     train_files: list[Annotated[str, Field(min_length=1)]] = Field(
         min_length=1,
         description="Prompt sources: .jsonl or .parquet files, folders of such shards, or "
@@ -157,6 +167,8 @@ class DataSpec(ApiModel):
     )
     shuffle: bool = Field(default=True, description="Shuffle prompts every epoch.")
     seed: int = Field(default=0, ge=0, le=INT64_MAX, description="Shuffle seed.")
+
+    _rules = enforce(_SEED_WITHOUT_SHUFFLE_RULE)
 
 
 _MAX_REPLICAS_RULE = Rule(
@@ -366,6 +378,13 @@ _EVAL_SETTINGS_UNUSED_RULE = Rule(
     check=lambda m: m.eval_interval > 0 or m.eval_before_train or m.eval == EvalSpec(),
     field="eval",
 )
+_SAMPLES_PER_STEP_RULE = Rule(
+    cel="!has(self.samplesPerStep) || self.samplesPerStep == 4 || "
+    "(has(self.samplesInterval) && self.samplesInterval > 0)",
+    message="applies when samples are stored: set samplesInterval above 0",
+    check=lambda m: m.samples_per_step == 4 or m.samples_interval > 0,
+    field="samplesPerStep",
+)
 # The trainer writes checkpoints and the adapter there; a read-only claim fails the first save.
 _OUTPUT_WRITABLE_RULE = Rule(
     cel="!has(self.volume) || !has(self.volume.readOnly) || !self.volume.readOnly",
@@ -375,12 +394,16 @@ _OUTPUT_WRITABLE_RULE = Rule(
 )
 
 
+_TRAINING_RULES = (
+    _EXPORT_RULE,
+    _OUTPUT_WRITABLE_RULE,
+    _EVAL_SETTINGS_UNUSED_RULE,
+    _SAMPLES_PER_STEP_RULE,
+)
+
+
 class TrainingSpec(ApiModel):
-    model_config = ConfigDict(
-        json_schema_extra=rules_schema_extra(
-            _EXPORT_RULE, _OUTPUT_WRITABLE_RULE, _EVAL_SETTINGS_UNUSED_RULE
-        )
-    )
+    model_config = ConfigDict(json_schema_extra=rules_schema_extra(*_TRAINING_RULES))
 
     total_steps: int = Field(default=100, gt=0, le=10_000_000, description="RL steps to run.")
     prompts_per_step: int = Field(
@@ -457,7 +480,7 @@ class TrainingSpec(ApiModel):
     )
     eval: EvalSpec = Field(default_factory=EvalSpec, description="Eval sampling settings.")
 
-    _rules = enforce(_EXPORT_RULE, _OUTPUT_WRITABLE_RULE, _EVAL_SETTINGS_UNUSED_RULE)
+    _rules = enforce(*_TRAINING_RULES)
 
 
 _MINI_BATCH_RULE = Rule(
