@@ -74,7 +74,11 @@ def test_sync_backend_is_decided_once_and_both_ends_get_it(trainer_gpus, rollout
     p = plan(
         make(
             trainer={"gpusPerReplica": trainer_gpus},
-            rollout={"gpusPerReplica": rollout_gpus, "engine": "vllm"},
+            rollout={
+                "gpusPerReplica": rollout_gpus,
+                "tensorParallelSize": max(1, rollout_gpus),
+                "engine": "vllm",
+            },
         )
     )
     assert p.sync.backend == "gloo"

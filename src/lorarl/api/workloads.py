@@ -196,10 +196,13 @@ class SamplingSpec(ApiModel):
 
 
 _ROLLOUT_ENV_RULE = _env_rule()
+# A rollout pod runs one engine (no data parallelism inside a pod): GPUs beyond its
+# tensor-parallel group would sit idle.
 _TP_RULE = Rule(
-    cel="self.gpusPerReplica == 0 || self.gpusPerReplica % self.tensorParallelSize == 0",
-    message="must divide gpusPerReplica",
-    check=lambda m: m.gpus_per_replica == 0 or m.gpus_per_replica % m.tensor_parallel_size == 0,
+    cel="self.gpusPerReplica == 0 || self.gpusPerReplica == self.tensorParallelSize",
+    message="must equal gpusPerReplica: each rollout pod runs one engine over all its GPUs "
+    "(more engines: more replicas)",
+    check=lambda m: m.gpus_per_replica == 0 or m.gpus_per_replica == m.tensor_parallel_size,
     field="tensorParallelSize",
 )
 _TP_CPU_RULE = Rule(
@@ -257,7 +260,11 @@ class RolloutSpec(PodTemplateFields):
     replicas: int = Field(default=1, ge=1, le=1024, description="Rollout engine pods.")
     gpus_per_replica: int = Field(default=1, ge=0, le=16, description="GPUs per rollout pod.")
     tensor_parallel_size: int = Field(
-        default=1, ge=1, le=16, description="Tensor parallel size of each engine."
+        default=1,
+        ge=1,
+        le=16,
+        description="Tensor parallel size of each engine: gpusPerReplica on GPU (one engine per "
+        "pod), 1 on CPU.",
     )
     sync_mode: Literal["merged", "adapter"] = Field(
         default="merged",
