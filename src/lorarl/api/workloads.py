@@ -131,10 +131,23 @@ _NO_GPU_RESOURCE = Rule(
 _TRAINER_ENV_RULE = _env_rule()
 
 
+# Rank i of a pod trains on cuda:i: fewer ranks than GPUs leave GPUs idle, more find none.
+_PROCESSES_RULE = Rule(
+    cel="self.gpusPerReplica == 0 || !has(self.processesPerReplica) || "
+    "self.processesPerReplica == self.gpusPerReplica",
+    message="must equal gpusPerReplica on GPU (one rank per GPU); leave it unset there",
+    check=lambda m: (
+        m.gpus_per_replica == 0
+        or m.processes_per_replica is None
+        or m.processes_per_replica == m.gpus_per_replica
+    ),
+    field="processesPerReplica",
+)
+_TRAINER_RULES = (_TRAINER_ENV_RULE, _ENV_VALUE_RULE, _NO_GPU_RESOURCE, _PROCESSES_RULE)
+
+
 class TrainerSpec(PodTemplateFields):
-    model_config = ConfigDict(
-        json_schema_extra=rules_schema_extra(_TRAINER_ENV_RULE, _ENV_VALUE_RULE, _NO_GPU_RESOURCE)
-    )
+    model_config = ConfigDict(json_schema_extra=rules_schema_extra(*_TRAINER_RULES))
 
     replicas: int = Field(default=1, ge=1, le=1024, description="Trainer nodes (pods).")
     gpus_per_replica: int = Field(
@@ -144,11 +157,12 @@ class TrainerSpec(PodTemplateFields):
         default=None,
         ge=1,
         le=64,
-        description="torchrun processes per pod; defaults to gpusPerReplica (1 on CPU).",
+        description="torchrun processes per pod: gpusPerReplica on GPU (the default), any "
+        "number on CPU (default 1).",
     )
     fsdp: FsdpSpec = Field(default_factory=FsdpSpec, description="FSDP2 options.")
 
-    _rules = enforce(_TRAINER_ENV_RULE, _ENV_VALUE_RULE, _NO_GPU_RESOURCE)
+    _rules = enforce(*_TRAINER_RULES)
 
 
 _TEMPERATURE_RULE = Rule(
