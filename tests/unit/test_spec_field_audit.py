@@ -310,3 +310,21 @@ def test_the_trainers_reward_requests_name_the_specs_reward():
     assert (client.url, client.reward) == ("http://127.0.0.1:9000", "my.mod:score")
     with pytest.raises(ConfigError, match="no url is known"):
         reward_service_client(_job(reward={"function": "exact_match", "service": {}}), None)
+
+
+def test_wandb_entity_and_project_reach_the_run(tmp_path, monkeypatch):
+    """An offline W&B run (the real library, no server) records the spec's entity and project."""
+    from lorarl.trainer.tracking import RunIds
+    from lorarl.trainer.tracking_sinks import WandbSink
+    from tests.support.wandb_files import wandb_records
+
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)  # no key: offline
+    monkeypatch.setenv("WANDB_DISABLE_GIT", "true")
+    job = _job(logging={"backends": ["wandb"], "wandb": {"project": "p1", "entity": "team-x"}})
+    sink = WandbSink(job.spec.logging.wandb, job, tmp_path, RunIds(tmp_path))
+    sink.open()
+    sink.log_metrics(1, {"reward_mean": 0.5})
+    sink.close(failed=False)
+    (run_file,) = tmp_path.glob("wandb/offline-run-*/run-*.wandb")
+    runs = [r.run for r in wandb_records(run_file) if r.WhichOneof("record_type") == "run"]
+    assert runs and {(r.entity, r.project) for r in runs} == {("team-x", "p1")}
