@@ -328,3 +328,27 @@ def test_wandb_entity_and_project_reach_the_run(tmp_path, monkeypatch):
     (run_file,) = tmp_path.glob("wandb/offline-run-*/run-*.wandb")
     runs = [r.run for r in wandb_records(run_file) if r.WhichOneof("record_type") == "run"]
     assert runs and {(r.entity, r.project) for r in runs} == {("team-x", "p1")}
+
+
+def test_claims_mount_where_they_are_read_and_only_outputs_are_writable():
+    job = _job(
+        model={"path": "/models/m", "volume": {"claimName": "models", "mountPath": "/models"}},
+        data={"trainFiles": ["/data/t.jsonl"],
+              "volume": {"claimName": "data", "mountPath": "/data", "readOnly": False}},
+        training={"outputDir": "/out/run",
+                  "volume": {"claimName": "outs", "mountPath": "/out"}},
+    )  # fmt: skip
+    p = plan(job)
+
+    def claims(role: str) -> dict[str, tuple[str, bool]]:
+        r = p.role(role)
+        vols = {v.name: v for v in r.volumes if v.kind == "pvc"}
+        mounts = {m.volume: m for m in r.replicas[0].containers[0].mounts}
+        return {vols[n].source: (mounts[n].path, mounts[n].read_only) for n in vols}
+
+    assert claims("trainer") == {
+        "models": ("/models", True),
+        "data": ("/data", True),  # readOnly false asks for nothing lorarl would write
+        "outs": ("/out", False),
+    }
+    assert claims("rollout") == {"models": ("/models", True)}
