@@ -25,8 +25,8 @@ from bench.render import main as render_main
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
 BENCHMARKS = (
-    "trainer_step", "sync", "reward_service", "operator_scale", "vs_trl", "demo", "quickstart",
-    "cluster_e2e", "sandbox", "mismatch",
+    "trainer_step", "sync", "reward_service", "operator_scale", "operator_steady", "vs_trl", "demo",
+    "quickstart", "cluster_e2e", "sandbox", "mismatch",
 )  # fmt: skip
 
 

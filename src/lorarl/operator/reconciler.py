@@ -44,6 +44,7 @@ LAG = 30.0  # seconds after which the pod index is trusted over our own memory
 # A burst of pod events for one job (three pods created, then scheduled, then running) becomes
 # one pass: the first event waits this long, later ones join it.
 DEBOUNCE = 0.2
+POLLS = 16  # progress requests in flight at once
 PERMANENT_STATUSES = (400, 422)  # BadRequest, Invalid: the same request can never succeed
 
 
@@ -157,8 +158,13 @@ class Reconciler:
         self.debounce = DEBOUNCE
         self.closed = False  # at shutdown, handlers still in flight must not touch the clients
         self._progress = progress_client or httpx.AsyncClient(
-            timeout=config.progress_timeout, trust_env=False
+            timeout=config.progress_timeout,
+            trust_env=False,
+            limits=httpx.Limits(max_connections=POLLS, max_keepalive_connections=POLLS),
         )
+        # Polls wait here rather than in httpcore's pool, whose queue costs quadratic CPU: the
+        # timers of jobs created together fire together (1,000 polls at once at scale).
+        self._polls = asyncio.Semaphore(POLLS)
 
     async def close(self) -> None:
         self.closed = True
@@ -417,7 +423,8 @@ class Reconciler:
     async def _poll(self, job: LoRARLJob) -> Progress | None:
         url = f"{self.config.progress_base(job.namespace, job.name)}/progress"
         try:  # capped in bytes and total time: a slow or huge answer must not stall reconciles
-            body = await get_json(self._progress, url, max_bytes=MAX_PROGRESS_BYTES)
+            async with self._polls:
+                body = await get_json(self._progress, url, max_bytes=MAX_PROGRESS_BYTES)
             return Progress.model_validate(body)
         except (FetchError, ValueError) as exc:  # not up yet, restarting, gone, or junk
             log.debug("no progress from %s: %s", url, exc)
