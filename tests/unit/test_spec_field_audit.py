@@ -5,6 +5,7 @@ gpusPerReplica-0 replica, the wiring of fields no other test reaches)."""
 from __future__ import annotations
 
 import re
+import time
 import typing
 from pathlib import Path
 
@@ -326,7 +327,16 @@ def test_wandb_entity_and_project_reach_the_run(tmp_path, monkeypatch):
     sink.log_metrics(1, {"reward_mean": 0.5})
     sink.close(failed=False)
     (run_file,) = tmp_path.glob("wandb/offline-run-*/run-*.wandb")
-    runs = [r.run for r in wandb_records(run_file) if r.WhichOneof("record_type") == "run"]
+    deadline = time.monotonic() + 20  # wandb's own service process writes the file
+    while True:
+        try:
+            records = list(wandb_records(run_file))
+        except Exception:  # a record half written: read again
+            records = []
+        runs = [r.run for r in records if r.WhichOneof("record_type") == "run"]
+        if runs or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
     assert runs and {(r.entity, r.project) for r in runs} == {("team-x", "p1")}
 
 
