@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
+import aiohttp
 import kopf
 from pydantic import ValidationError
 
@@ -29,8 +29,8 @@ from lorarl.api.rules import CLUSTER
 from lorarl.api.safe_yaml import InputLimitError, check_tree
 from lorarl.api.status import LoRARLJobStatus
 from lorarl.api.validation import ManifestError, parse_job
-from lorarl.bounded_fetch import MAX_PROGRESS_BYTES, FetchError, get_json
-from lorarl.operator import builders
+from lorarl.bounded_fetch import MAX_PROGRESS_BYTES, FetchError
+from lorarl.operator import builders, progress_fetch
 from lorarl.operator.config import OperatorConfig
 from lorarl.operator.decide import TERMINAL, Decision, Observed, decide, rfc3339
 from lorarl.operator.kube import Kube, KubeError, job_path, path
@@ -151,24 +151,20 @@ class Reconciler:
         kube: Kube,
         config: OperatorConfig,
         metrics: OperatorMetrics | None = None,
-        progress_client: httpx.AsyncClient | None = None,
     ) -> None:
         self.kube, self.config, self.metrics = kube, config, metrics
         self.jobs: dict[Key, JobState] = {}
         self.debounce = DEBOUNCE
         self.closed = False  # at shutdown, handlers still in flight must not touch the clients
-        self._progress = progress_client or httpx.AsyncClient(
-            timeout=config.progress_timeout,
-            trust_env=False,
-            limits=httpx.Limits(max_connections=POLLS, max_keepalive_connections=POLLS),
-        )
-        # Polls wait here rather than in httpcore's pool, whose queue costs quadratic CPU: the
-        # timers of jobs created together fire together (1,000 polls at once at scale).
+        self._progress: aiohttp.ClientSession | None = None  # made in the loop, at first poll
+        # At most POLLS in flight: the timers of jobs created together fire together (1,000
+        # polls at once at scale), and a deadline must time the answer, not the queue.
         self._polls = asyncio.Semaphore(POLLS)
 
     async def close(self) -> None:
         self.closed = True
-        await self._progress.aclose()
+        if self._progress is not None:
+            await self._progress.close()
 
     def phases(self) -> dict[Key, str | None]:
         return {k: s.phase for k, s in self.jobs.items()}
@@ -424,7 +420,11 @@ class Reconciler:
         url = f"{self.config.progress_base(job.namespace, job.name)}/progress"
         try:  # capped in bytes and total time: a slow or huge answer must not stall reconciles
             async with self._polls:
-                body = await get_json(self._progress, url, max_bytes=MAX_PROGRESS_BYTES)
+                if self._progress is None:
+                    self._progress = progress_fetch.session(self.config.progress_timeout, POLLS)
+                body = await progress_fetch.fetch_json(
+                    self._progress, url, max_bytes=MAX_PROGRESS_BYTES
+                )
             return Progress.model_validate(body)
         except (FetchError, ValueError) as exc:  # not up yet, restarting, gone, or junk
             log.debug("no progress from %s: %s", url, exc)
