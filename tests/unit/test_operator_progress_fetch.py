@@ -27,11 +27,16 @@ async def _serve() -> tuple[web.AppRunner, str]:
         await asyncio.sleep(1.0)
         return web.json_response({})
 
+    async def err(_: web.Request) -> web.Response:
+        return web.Response(status=500, text="boom")
+
+    async def junk(_: web.Request) -> web.Response:
+        return web.Response(text="not json")
+
     app = web.Application()
-    for path, handler in (("/ok", ok), ("/big", big), ("/gz", gz), ("/slow", slow)):
+    for path, handler in (("/ok", ok), ("/big", big), ("/gz", gz), ("/slow", slow), ("/err", err),
+                          ("/junk", junk)):  # fmt: skip
         app.router.add_get(path, handler)
-    app.router.add_get("/err", lambda _: web.Response(status=500, text="boom"))
-    app.router.add_get("/junk", lambda _: web.Response(text="not json"))
     runner = web.AppRunner(app)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
