@@ -168,6 +168,9 @@ def test_the_plan_names_an_image_that_holds_the_pods_engine():
     doc["spec"]["reward"] = {"function": "exact_match", "service": {}}
     for engine in ("vllm", "sglang"):
         doc["spec"]["rollout"]["engine"] = engine
+        if engine == "sglang":  # GPU-only, and its KV cache is sized by memoryFraction
+            doc["spec"]["rollout"]["gpusPerReplica"] = 1
+            doc["spec"]["rollout"].pop("kvCacheGib", None)
         p = plan(parse_job(doc))
         images = {
             role.role: {c.image for r in role.replicas for c in r.containers} for role in p.roles
