@@ -52,7 +52,7 @@ def test_the_webhook_and_the_operator_hold_a_job_to_the_cluster_rules() -> None:
     import pytest
 
     from lorarl.api.validation import ManifestError
-    from lorarl.operator.reconciler import job_from_body
+    from lorarl.operator.parsing import job_from_body
 
     doc = copy.deepcopy(JOB)
     del doc["spec"]["training"]["volume"]

@@ -13,7 +13,8 @@ import yaml
 
 from lorarl.api.validation import ManifestError
 from lorarl.operator.config import OperatorConfig
-from lorarl.operator.reconciler import Reconciler, parsed
+from lorarl.operator.parsing import parsed
+from lorarl.operator.reconciler import Reconciler
 from lorarl.operator.status import PodView
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-import hashlib
-import json
 import logging
 import secrets
 import time
@@ -25,18 +23,17 @@ from pydantic import ValidationError
 
 from lorarl.api.job import LoRARLJob
 from lorarl.api.progress import Progress
-from lorarl.api.rules import CLUSTER
-from lorarl.api.safe_yaml import InputLimitError, check_tree
 from lorarl.api.status import LoRARLJobStatus
-from lorarl.api.validation import ManifestError, parse_job
+from lorarl.api.validation import ManifestError
 from lorarl.bounded_fetch import MAX_PROGRESS_BYTES, FetchError
 from lorarl.operator import builders, progress_fetch
 from lorarl.operator.config import OperatorConfig
 from lorarl.operator.decide import TERMINAL, Decision, Observed, decide, rfc3339
 from lorarl.operator.kube import Kube, KubeError, job_path, path
 from lorarl.operator.metrics import OperatorMetrics
+from lorarl.operator.parsing import Parsed, parsed, plain
 from lorarl.operator.status import PodView, pod_view, set_condition
-from lorarl.plan import JobPlan, plan
+from lorarl.plan import JobPlan
 
 log = logging.getLogger("lorarl.operator")
 Key = tuple[str, str]
@@ -46,54 +43,6 @@ LAG = 30.0  # seconds after which the pod index is trusted over our own memory
 DEBOUNCE = 0.2
 POLLS = 16  # progress requests in flight at once
 PERMANENT_STATUSES = (400, 422)  # BadRequest, Invalid: the same request can never succeed
-
-
-@dataclass(frozen=True)
-class Parsed:
-    """A job's validated model, plan and rendered config, and the input they came from.
-
-    Validating a spec renders it to YAML (the ConfigMap size rule) and planning renders it
-    again: tens of milliseconds that every pod event and timer tick would otherwise repeat for
-    a spec that has not changed."""
-
-    key: str
-    job: LoRARLJob
-    plan: JobPlan
-    config: dict[str, str]
-    config_hash: str
-
-
-def job_input(body: Mapping[str, Any]) -> dict[str, Any]:
-    """What the job's model is built from: only name, namespace and labels of the metadata (so
-    kopf's bookkeeping annotations never change the rendered config)."""
-    meta = body.get("metadata") or {}
-    return {
-        "apiVersion": body.get("apiVersion"),
-        "kind": body.get("kind"),
-        "metadata": {
-            "name": meta.get("name"),
-            "namespace": meta.get("namespace"),
-            "labels": dict(meta.get("labels") or {}),
-        },
-        "spec": plain(body.get("spec") or {}),
-    }
-
-
-def parsed(body: Mapping[str, Any], cached: Parsed | None) -> Parsed:
-    """The cached parse when the job's input is the same, else a fresh one (raises
-    ManifestError/ValueError for a spec the webhook would refuse)."""
-    doc = job_input(body)
-    key = json.dumps(doc, sort_keys=True, default=str)
-    if cached is not None and cached.key == key:
-        return cached
-    try:  # one validation when the spec is good (parse_job validates twice, to list problems)
-        check_tree(doc)
-        job = LoRARLJob.model_validate(doc, context=CLUSTER)
-    except (InputLimitError, RecursionError, ValidationError):
-        job = parse_job(doc, cluster=True)  # raises ManifestError with every problem listed
-    job_plan = plan(job)
-    config = builders.config_data(job_plan)
-    return Parsed(key, job, job_plan, config, _hash(config))
 
 
 @dataclass
@@ -125,24 +74,6 @@ class JobState:
             n: (v, t) for n, (v, t) in self.created.items() if n not in names and now - t < LAG
         }
         return out + [v for v, _ in self.created.values()]
-
-
-def plain(value: Any) -> Any:
-    """kopf's live mapping views -> plain dicts and lists (safe to keep and to serialize)."""
-    if isinstance(value, Mapping):
-        return {k: plain(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [plain(v) for v in value]
-    return value
-
-
-def job_from_body(body: Mapping[str, Any]) -> LoRARLJob:
-    """The job as every process sees it (see `job_input`)."""
-    return parse_job(job_input(body), cluster=True)
-
-
-def _hash(data: Mapping[str, str]) -> str:
-    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
 
 
 class Reconciler:

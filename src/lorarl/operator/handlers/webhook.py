@@ -10,7 +10,7 @@ import kopf
 from lorarl.api.safe_yaml import InputLimitError, check_tree
 from lorarl.operator.admission import manifest_problems, update_refusal
 from lorarl.operator.handlers.common import CONFIG, JOBS
-from lorarl.operator.reconciler import plain
+from lorarl.operator.parsing import plain
 
 
 def validate_lorarljob(body: kopf.Body, old: Any, operation: str, **_: Any) -> None:
