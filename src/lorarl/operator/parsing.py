@@ -14,18 +14,40 @@ from pydantic import ValidationError
 from lorarl.api.job import LoRARLJob
 from lorarl.api.rules import CLUSTER
 from lorarl.api.safe_yaml import InputLimitError, check_tree
-from lorarl.api.validation import parse_job
+from lorarl.api.validation import ManifestError, Problem, parse_job
 from lorarl.operator import builders
 from lorarl.plan import JobPlan, plan
 
 
-def plain(value: Any) -> Any:
-    """kopf's live mapping views -> plain dicts and lists (safe to keep and to serialize)."""
+def _empty_like(value: Any) -> dict[Any, Any] | list[Any] | None:
     if isinstance(value, Mapping):
-        return {k: plain(v) for k, v in value.items()}
+        return {}
     if isinstance(value, list | tuple):
-        return [plain(v) for v in value]
-    return value
+        return []
+    return None
+
+
+def plain(value: Any) -> Any:
+    """kopf's live mapping views -> plain dicts and lists (safe to keep and to serialize).
+
+    Iterative: with the webhook off, the API server stores a schemaless field (`reward.params`)
+    nested thousands deep, and a recursive copy would raise RecursionError on every event."""
+    root = _empty_like(value)
+    if root is None:
+        return value
+    stack: list[tuple[Any, dict[Any, Any] | list[Any]]] = [(value, root)]
+    while stack:
+        source, target = stack.pop()
+        items = source.items() if isinstance(source, Mapping) else enumerate(source)
+        for key, item in items:
+            copy = _empty_like(item)
+            if copy is not None:
+                stack.append((item, copy))
+            if isinstance(target, dict):
+                target[key] = item if copy is None else copy
+            else:
+                target.append(item if copy is None else copy)
+    return root
 
 
 def job_from_body(body: Mapping[str, Any]) -> LoRARLJob:
@@ -72,13 +94,16 @@ def parsed(body: Mapping[str, Any], cached: Parsed | None) -> Parsed:
     """The cached parse when the job's input is the same, else a fresh one (raises
     ManifestError/ValueError for a spec the webhook would refuse)."""
     doc = job_input(body)
+    try:  # before anything recursive (json.dumps, pydantic) touches it
+        check_tree(doc)
+    except InputLimitError as exc:
+        raise ManifestError([Problem("spec", f"manifest refused: {exc}")]) from None
     key = json.dumps(doc, sort_keys=True, default=str)
     if cached is not None and cached.key == key:
         return cached
     try:  # one validation when the spec is good (parse_job validates twice, to list problems)
-        check_tree(doc)
         job = LoRARLJob.model_validate(doc, context=CLUSTER)
-    except (InputLimitError, RecursionError, ValidationError):
+    except (RecursionError, ValidationError):
         job = parse_job(doc, cluster=True)  # raises ManifestError with every problem listed
     job_plan = plan(job)
     config = builders.config_data(job_plan)
