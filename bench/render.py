@@ -18,7 +18,15 @@ from typing import Any
 
 RESULTS = Path(__file__).resolve().parent / "results"
 # Known benchmarks first, in the order a reader wants them; anything else follows by name.
-ORDER = ("vs_trl", "demo", "trainer_step", "sync", "reward_service", "operator_scale", "operator_steady")
+ORDER = (
+    "vs_trl",
+    "demo",
+    "trainer_step",
+    "sync",
+    "reward_service",
+    "operator_scale",
+    "operator_steady",
+)
 BREAKDOWN_PARTS = ("generate", "reward", "update", "sync", "other")
 
 
