@@ -74,3 +74,22 @@ def test_sglang_gets_the_key_on_its_command_line_locally_too(tmp_path):
     run, children = _children("quickstart.yaml", tmp_path, rollout={"engine": "sglang"})
     argv = children["rollout-engine"].argv
     assert argv[argv.index("--api-key") + 1] == run.engine_api_key
+
+
+def test_engine_sockets_fit_the_unix_path_limit_in_a_deep_run_directory(tmp_path):
+    """vLLM's engine core listens on <VLLM_RPC_BASE_PATH>/<uuid4> (ZMQ ipc), at most 107 bytes:
+    a run directory 80 characters deep made `lorarl run` fail at engine start."""
+    from lorarl.plan.engines import vllm_rpc_base
+    from lorarl.rollout.vllm_engine import vllm_launch_command
+
+    deep = tmp_path / ("d" * 80)
+    deep.mkdir()
+    _, children = _children("quickstart.yaml", deep)
+    _, launched = vllm_launch_command(
+        "/models/m", 8000, served_model_name="base", run_dir=deep / "run", python="python"
+    )
+    for env in (children["rollout-engine"].env, launched):
+        assert len(env["TMPDIR"]) + 37 > 107  # the default would not fit
+        socket = f"{env['VLLM_RPC_BASE_PATH']}/{'0' * 36}"
+        assert len(socket.encode()) <= 107, socket
+    assert vllm_rpc_base("/tmp/run/tmp") == "/tmp/run/tmp"  # short: the sockets stay inside

@@ -29,6 +29,7 @@ from lorarl.local.env_refs import expand, with_job_keys
 from lorarl.local.ports import free_port_block
 from lorarl.local.processes import Child
 from lorarl.plan import ContainerPlan, JobPlan, LocalAddressing, ReplicaPlan, plan
+from lorarl.plan.engines import VLLM_RPC_BASE_ENV, vllm_rpc_base
 from lorarl.sync.protocol import SYNC_KEY_CONTAINERS
 
 log = logging.getLogger(__name__)
@@ -148,6 +149,7 @@ class LocalRun:
         env = {
             **os.environ,
             "TMPDIR": str(tmp),
+            VLLM_RPC_BASE_ENV: vllm_rpc_base(str(tmp)),
             "VLLM_CACHE_ROOT": str(self.run_dir / "cache" / "vllm"),
             "TORCHINDUCTOR_CACHE_DIR": inductor_cache_dir(),
             "RAY_TMPDIR": str(self.ray_temp_dir),

@@ -24,6 +24,21 @@ ENGINE_API_KEY_REF = f"$({ENGINE_API_KEY_ENV})"
 # which is what the trainer scores: vLLM's default is the raw model distribution, SGLang's is
 # post-temperature unless this variable is set (pinned off, whatever the image says).
 VLLM_LOGPROBS_MODE = "processed_logprobs"
+# vLLM's front end talks to its engine core over ZMQ Unix sockets at <VLLM_RPC_BASE_PATH>/<uuid4>
+# (default: TMPDIR), and a socket path must fit in 107 bytes: a run directory a few dozen
+# characters deep would make the engine fail at start. See `vllm_rpc_base`.
+VLLM_RPC_BASE_ENV = "VLLM_RPC_BASE_PATH"
+_UNIX_SOCKET_PATH_MAX = 107
+_VLLM_IPC_SUFFIX_BYTES = 37  # "/" + a uuid4
+
+
+def vllm_rpc_base(tmp_dir: str) -> str:
+    """Where a vLLM server whose TMPDIR is `tmp_dir` may put its sockets: `tmp_dir` when the
+    paths fit, else /tmp (the names are uuids, so servers never collide there)."""
+    fits = len(tmp_dir.encode()) + _VLLM_IPC_SUFFIX_BYTES <= _UNIX_SOCKET_PATH_MAX
+    return tmp_dir if fits else "/tmp"
+
+
 SGLANG_ORIGINAL_LOGPROB_ENV = "SGLANG_RETURN_ORIGINAL_LOGPROB"
 
 

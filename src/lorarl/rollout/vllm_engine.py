@@ -24,7 +24,13 @@ from typing import Any
 import httpx
 from torch import Tensor
 
-from lorarl.plan.engines import VLLM_WORKER_EXTENSION, vllm_server_args, vllm_server_env
+from lorarl.plan.engines import (
+    VLLM_RPC_BASE_ENV,
+    VLLM_WORKER_EXTENSION,
+    vllm_rpc_base,
+    vllm_server_args,
+    vllm_server_env,
+)
 from lorarl.rollout.engine import EngineError, RolloutEngine, collect_update, validate_merged_update
 
 WORKER_EXTENSION = VLLM_WORKER_EXTENSION
@@ -84,6 +90,7 @@ def vllm_launch_command(
         **vllm_server_env(cpu=True, kv_cache_gib=kv_cache_gib),
         "HF_HUB_OFFLINE": "1",
         "TMPDIR": str(run_dir / "tmp"),
+        VLLM_RPC_BASE_ENV: vllm_rpc_base(str(run_dir / "tmp")),
         "VLLM_CACHE_ROOT": str(run_dir / "vllm-cache"),
         "VLLM_CONFIG_ROOT": str(run_dir / "vllm-config"),
         "RAY_TMPDIR": str(run_dir / "ray"),
