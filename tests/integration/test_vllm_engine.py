@@ -7,10 +7,8 @@ Hugging Face / PEFT logprobs computed in the test, never against stored numbers.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
-import signal
 import subprocess
 import time
 from pathlib import Path
@@ -27,6 +25,7 @@ from lorarl.rollout.vllm_engine import (
     checkpoint_weight_shapes,
     vllm_launch_command,
 )
+from tests.support.vllm_serve import stop_server_group
 
 MODEL_NAME = "tiny"
 API_KEY = "engine-key-for-tests"
@@ -104,19 +103,6 @@ def test_fused_group_rule() -> None:
 # ---------------------------------------------------------------- real vLLM server
 
 
-def _stop(proc: subprocess.Popen) -> None:
-    """The API server forks an engine core; stop the whole session we started it in."""
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
-    with contextlib.suppress(ProcessLookupError):  # the engine core may outlive the server
-        os.killpg(proc.pid, signal.SIGKILL)
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory, engine_python: str):
     from tests.support.tiny_models import make_tiny_model
@@ -155,7 +141,7 @@ def server(tmp_path_factory: pytest.TempPathFactory, engine_python: str):
                "root": root}  # fmt: skip
     finally:
         engine.close()
-        _stop(proc)
+        stop_server_group(proc)
         log.close()
         shutil.rmtree(engine_shm, ignore_errors=True)
 

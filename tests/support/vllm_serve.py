@@ -20,7 +20,8 @@ from lorarl.rollout.vllm_engine import vllm_launch_command
 API_KEY = "engine-key-for-tests"
 
 
-def _stop(proc: subprocess.Popen) -> None:
+def stop_server_group(proc: subprocess.Popen) -> None:
+    """The API server forks an engine core; stop the whole session it was started in."""
     if proc.poll() is None:
         os.killpg(proc.pid, signal.SIGTERM)
         try:
@@ -62,7 +63,7 @@ def vllm_serving(
                 time.sleep(0.5)
             yield url
         finally:
-            _stop(proc)
+            stop_server_group(proc)
 
 
 def greedy_with_logprobs(url: str, prompt: list[int], max_tokens: int) -> dict[str, Any]:
