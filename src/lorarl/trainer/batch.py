@@ -30,6 +30,9 @@ class TensorBatch:
     response_mask: torch.Tensor  # [B, T], 1 on completion tokens
     rollout_logprobs: torch.Tensor  # [B, T], aligned with response_mask
     advantages: torch.Tensor  # [B]
+    rewards: torch.Tensor | None = None  # [B], the samples' scores (PPO's token rewards)
+    # [B, T]: per-token advantages (PPO's GAE); None: `advantages` broadcast over the tokens.
+    token_advantages: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -41,6 +44,8 @@ class TensorBatch:
             self.response_mask[sl],
             self.rollout_logprobs[sl],
             self.advantages[sl],
+            None if self.rewards is None else self.rewards[sl],
+            None if self.token_advantages is None else self.token_advantages[sl],
         )
 
 
@@ -61,7 +66,8 @@ def collate(samples: list[TrainSample], pad_id: int) -> TensorBatch:
         resp[i, p : p + c] = 1.0 if s.in_loss else 0.0
         lps[i, p : p + c] = torch.tensor(s.rollout_logprobs, dtype=torch.float32)
     adv = torch.tensor([s.advantage for s in samples], dtype=torch.float32)
-    return TensorBatch(ids, attn, resp, lps, adv)
+    rewards = torch.tensor([s.reward for s in samples], dtype=torch.float32)
+    return TensorBatch(ids, attn, resp, lps, adv, rewards)
 
 
 def shard_for_rank(samples: list[TrainSample], rank: int, world_size: int) -> list[TrainSample]:

@@ -63,8 +63,17 @@ def _counts(batch: TensorBatch) -> tuple[float, float]:
     return tokens, seqs
 
 
-def _micro_batches(n: int, size: int) -> list[slice]:
+def micro_batch_slices(n: int, size: int) -> list[slice]:
     return [slice(i, min(i + size, n)) for i in range(0, n, size)]
+
+
+def mini_batch_slices(n: int, mini_batches: int) -> list[slice]:
+    """`mini_batches` contiguous, near-equal slices of `n` samples (empty ones dropped)."""
+    return [
+        slice(int(c[0]), int(c[-1]) + 1)
+        for c in torch.arange(n).tensor_split(mini_batches)
+        if len(c)
+    ]
 
 
 def update_policy(
@@ -73,11 +82,24 @@ def update_policy(
     batch: TensorBatch,
     cfg: UpdateConfig,
     reference: dict[str, torch.Tensor] | None = None,
+    *,
+    params: list[torch.nn.Parameter] | None = None,
+    old_logprobs: torch.Tensor | None = None,
+    ref_logprobs: torch.Tensor | None = None,
 ) -> dict[str, float]:
-    """`reference`: a frozen adapter (`snapshot_lora`) for the KL term; None: the base model."""
+    """`reference`: a frozen adapter (`snapshot_lora`) for the KL term; None: the base model.
+
+    `params`: what the gradient clip covers (default: every trainable parameter; with a critic
+    on the same model, the actor's only). `old_logprobs` / `ref_logprobs`: passes the caller
+    already ran on this batch at the step's starting weights (PPO needs both before the update),
+    so they are not run twice. `batch.token_advantages`, when set, replaces the per-sample ones.
+    """
     world = dist.get_world_size() if dist.is_initialized() else 1
     token_level = cfg.loss.agg == "token-mean"
-    adv_tok = to_token_advantages(batch.advantages, batch.response_mask)
+    if batch.token_advantages is not None:
+        adv_tok = batch.token_advantages * batch.response_mask
+    else:
+        adv_tok = to_token_advantages(batch.advantages, batch.response_mask)
     on_policy = cfg.mini_batches == 1 and cfg.epochs == 1
     mbs = cfg.micro_batch_size
     old = None
@@ -85,6 +107,8 @@ def update_policy(
     old_is_rollout = cfg.behavior_from_rollout and not correcting
     if old_is_rollout:
         old = torch.where(batch.response_mask.bool(), batch.rollout_logprobs, 0.0)
+    elif old_logprobs is not None:
+        old = old_logprobs
     elif not on_policy:  # later mini-batches must see the policy the step started from
         with torch.no_grad():
             old, _ = sequence_logprobs(
@@ -93,22 +117,23 @@ def update_policy(
             )  # fmt: skip
     ref = None
     if cfg.loss.kl_coef > 0:
-        ref = reference_pass(model, batch, cfg, reference)
+        ref = (
+            ref_logprobs
+            if ref_logprobs is not None
+            else reference_pass(model, batch, cfg, reference)
+        )
+    clipped = params if params is not None else [p for p in model.parameters() if p.requires_grad]
 
     sums: dict[str, float] = defaultdict(float)  # token-weighted metric sums on this rank
     grad_norms: list[float] = []
-    minis = [
-        slice(int(c[0]), int(c[-1]) + 1)
-        for c in torch.arange(len(batch)).tensor_split(cfg.mini_batches)
-        if len(c)
-    ]
+    minis = mini_batch_slices(len(batch), cfg.mini_batches)
     for epoch in range(cfg.epochs):
         for mini in minis:
             part = batch.slice(mini)
             g_tokens, g_seqs = _all_reduce(list(_counts(part)))
             denominator = max(g_tokens if token_level else g_seqs, 1.0)
             optimizer.zero_grad(set_to_none=True)
-            micros = _micro_batches(len(part), mbs)
+            micros = micro_batch_slices(len(part), mbs)
             for i, mb in enumerate(micros):
                 set_gradient_sync(model, i == len(micros) - 1)
                 sub = part.slice(mb)
@@ -137,7 +162,7 @@ def update_policy(
                     if mini is minis[0]:  # the policy has not moved yet: the ratio must be 1
                         sums["first_tokens"] += tokens
                         sums["first_clip"] += float(metrics["clip_frac"]) * tokens
-            grad_norms.append(float(clip_grad_norm(model.parameters(), cfg.grad_clip)))
+            grad_norms.append(float(clip_grad_norm(clipped, cfg.grad_clip)))
             optimizer.step()
     set_gradient_sync(model, True)
     return _finish(sums, grad_norms)
@@ -162,6 +187,16 @@ def _accumulate(sums, metrics, lp: torch.Tensor, sub: TensorBatch, tokens: float
     for key in _METRICS:
         if key in metrics:
             sums[key] += float(metrics[key]) * tokens
+
+
+def rollout_mismatch_metrics(
+    batch: TensorBatch, trainer_logprobs: torch.Tensor
+) -> dict[str, float]:
+    """The engine-vs-trainer metrics of a step whose policy did not move (PPO's critic warm-up):
+    the same keys `update_policy` returns, with no update. Collective like it."""
+    sums: dict[str, float] = defaultdict(float)
+    _accumulate(sums, {}, trainer_logprobs, batch, batch.response_mask.sum().item())
+    return _finish(sums, [])
 
 
 def mismatch_quantiles(counts: list[float]) -> dict[str, float]:
