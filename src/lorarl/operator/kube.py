@@ -1,4 +1,4 @@
-"""A small async Kubernetes client (httpx) for the operator's own writes.
+"""A small async Kubernetes client (aiohttp, one session) for the operator's own writes.
 
 kopf's API client is private, so children, status and deletions go through this one. It loads
 credentials the way kopf's default login does (in-cluster service account, else kubeconfig via
@@ -9,14 +9,15 @@ idempotent reconcile needs.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
+import ssl
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
-import httpx
+import aiohttp
+from yarl import URL
 
 from lorarl.api.job import GROUP, PLURAL, VERSION
 
@@ -103,53 +104,85 @@ def load_credentials() -> Credentials:
     return Credentials(server=cfg.host.rstrip("/"), verify=verify, cert=cert, refresh=cfg)
 
 
-# Few connections: httpcore's pool compares every connection with every other on each request
-# (quadratic), and the API server answers these small writes in milliseconds anyway.
+def ssl_context(creds: Credentials) -> ssl.SSLContext | bool:
+    """The TLS settings as one context: the cluster's CA (or the system's), the client
+    certificate when the user has one. False only where the kubeconfig turns checks off."""
+    if not creds.server.startswith("https:"):
+        return True  # plain HTTP (a local emulator): aiohttp's default, unused
+    if creds.verify is False:
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+    elif isinstance(creds.verify, str):
+        ctx = ssl.create_default_context(cafile=creds.verify)
+    else:
+        ctx = ssl.create_default_context()
+    if creds.cert is not None:
+        ctx.load_cert_chain(*creds.cert)
+    return ctx
+
+
+# One session, few connections kept alive: the API server answers these small writes in
+# milliseconds, and more sockets only add handshakes.
 CONNECTIONS = 8
 
 
+class Reply:
+    """Status and parsed body of one answer (read whole: API answers here are small)."""
+
+    __slots__ = ("body", "status", "text")
+
+    def __init__(self, status: int, text: str) -> None:
+        self.status, self.text = status, text
+        try:
+            self.body: Any = json.loads(text) if text else None
+        except ValueError:
+            self.body = None
+
+
 class Kube:
+    """The session is made on first use: aiohttp binds it to the running event loop."""
+
     def __init__(self, creds: Credentials, *, timeout: float = 15.0) -> None:
         self._creds = creds
-        self._client = httpx.AsyncClient(
-            base_url=creds.server,
-            verify=creds.verify,
-            cert=creds.cert,
-            timeout=timeout,
-            trust_env=False,
-            limits=httpx.Limits(max_connections=CONNECTIONS, max_keepalive_connections=CONNECTIONS),
-        )
-        # Requests wait here, not in httpcore's pool: its queue is rescanned against every
-        # connection on each change, which took most of the operator's CPU when 200 jobs each
-        # had their children in flight at once.
-        self._slots = asyncio.Semaphore(CONNECTIONS)
+        self._ssl = ssl_context(creds)
+        self._timeout = aiohttp.ClientTimeout(total=timeout)
+        self._session: aiohttp.ClientSession | None = None
+
+    def _open(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            self._session = aiohttp.ClientSession(
+                timeout=self._timeout,
+                trust_env=False,
+                connector=aiohttp.TCPConnector(limit=CONNECTIONS, ssl=self._ssl),
+                json_serialize=json.dumps,
+            )
+        return self._session
 
     async def close(self) -> None:
-        await self._client.aclose()
+        if self._session is not None:
+            await self._session.close()
 
     async def _call(
         self, method: str, url: str, body: Any = None, content_type: str = "application/json"
-    ) -> httpx.Response:
+    ) -> Reply:
         headers = {**self._creds.headers(), "Accept": "application/json"}
-        content = None
+        data = None
         if body is not None:
             headers["Content-Type"] = content_type
-            content = json.dumps(body)
+            data = json.dumps(body).encode()
+        target = URL(self._creds.server + url, encoded=True)  # path() quoted it already
         try:
-            async with self._slots:
-                return await self._client.request(method, url, content=content, headers=headers)
-        except httpx.HTTPError as exc:
+            async with self._open().request(method, target, data=data, headers=headers) as reply:
+                return Reply(reply.status, await reply.text())
+        except (aiohttp.ClientError, TimeoutError, OSError, ssl.SSLError) as exc:
             raise KubeError(None, "Unreachable", f"{method} {url}: {exc!r}") from exc
 
     @staticmethod
-    def _error(reply: httpx.Response, what: str) -> KubeError:
-        try:
-            doc = reply.json()
-        except ValueError:
-            doc = {}
+    def _error(reply: Reply, what: str) -> KubeError:
+        doc = reply.body if isinstance(reply.body, dict) else {}
         return KubeError(
-            reply.status_code,
-            doc.get("reason", ""),
+            reply.status,
+            str(doc.get("reason", "")),
             f"{what}: {doc.get('message') or reply.text[:300]}",
         )
 
@@ -157,11 +190,11 @@ class Kube:
         """The created object, or None when one of that name exists already (409)."""
         url = object_path(obj)
         reply = await self._call("POST", url, obj)
-        if reply.status_code == 409:
+        if reply.status == 409:
             return None
-        if reply.status_code >= 300:
+        if reply.status >= 300:
             raise self._error(reply, f"creating {obj['kind']} {obj['metadata']['name']}")
-        return reply.json()
+        return reply.body
 
     async def delete(self, url: str, *, what: str) -> bool:
         """True if deleted (or marked), False when already gone (404)."""
@@ -170,22 +203,22 @@ class Kube:
             url,
             {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Background"},
         )
-        if reply.status_code == 404:
+        if reply.status == 404:
             return False
-        if reply.status_code >= 300:
+        if reply.status >= 300:
             raise self._error(reply, f"deleting {what}")
         return True
 
     async def get(self, url: str) -> dict[str, Any] | None:
         reply = await self._call("GET", url)
-        if reply.status_code == 404:
+        if reply.status == 404:
             return None
-        if reply.status_code >= 300:
+        if reply.status >= 300:
             raise self._error(reply, f"reading {url}")
-        return reply.json()
+        return reply.body
 
     async def merge_patch(self, url: str, body: dict[str, Any], *, what: str) -> dict[str, Any]:
         reply = await self._call("PATCH", url, body, MERGE_PATCH)
-        if reply.status_code >= 300:
+        if reply.status >= 300:
             raise self._error(reply, f"patching {what}")
-        return reply.json()
+        return reply.body
