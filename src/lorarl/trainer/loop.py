@@ -8,10 +8,8 @@ adapter to the sidecars; checkpoints are collective.
 from __future__ import annotations
 
 import logging
-import math
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
 from functools import partial
 
 import httpx
@@ -24,10 +22,10 @@ from lorarl.api.progress import StepRecord
 from lorarl.api.status import EvalRecord, SyncStatus
 from lorarl.plan.engines import SERVED_MODEL_NAME
 from lorarl.rewards import get_reward, score_batch
-from lorarl.rewards.client import RewardServiceClient, RewardServiceError, ScoreSample
+from lorarl.rewards.client import RewardServiceClient
 from lorarl.sync.adapter_files import adapter_fingerprint
 from lorarl.sync.protocol import adapter_name
-from lorarl.trainer.batch import TrainSample, collate, shard_for_rank
+from lorarl.trainer.batch import collate, shard_for_rank
 from lorarl.trainer.checkpoint import CheckpointManager
 from lorarl.trainer.data import DataPosition, PromptDataset, PromptSampler, drop_long_prompts
 from lorarl.trainer.engine_gate import wait_for_synced_engines
@@ -38,6 +36,11 @@ from lorarl.trainer.model import apply_lora, load_base_model
 from lorarl.trainer.overlong import OverlongConfig
 from lorarl.trainer.parallel import DistContext, shard_model
 from lorarl.trainer.progress import ProgressServer, ProgressTracker
+from lorarl.trainer.reward_wiring import (
+    REWARD_READY_TIMEOUT_S,
+    _score_remote,
+    wait_for_reward_service,
+)
 from lorarl.trainer.rollout_client import RolloutClient
 from lorarl.trainer.rollouts import Collected, RolloutWorker
 from lorarl.trainer.samples import due as due_samples
@@ -53,60 +56,13 @@ from lorarl.trainer.settings import (
     output_dirs,
     reward_service_client,
 )
+from lorarl.trainer.step_record import step_record
+from lorarl.trainer.step_state import StepState, lr_at
 from lorarl.trainer.tracking import build_fanout
 from lorarl.trainer.update import UpdateConfig, update_policy
 from lorarl.trainer.weight_sync import WeightPublisher, gather_adapter
 
 log = logging.getLogger(__name__)
-
-REWARD_READY_TIMEOUT_S = 600.0
-
-
-def wait_for_reward_service(
-    client: RewardServiceClient, timeout_s: float, poll_s: float = 0.5
-) -> None:
-    """Block until the service's /healthz answers 200; fail the run with its URL otherwise."""
-    deadline = time.monotonic() + timeout_s
-    while not client.healthy():
-        if time.monotonic() > deadline:
-            raise RewardServiceError(
-                f"reward service {client.url} was not healthy (GET /healthz) within {timeout_s:g} s"
-            )
-        time.sleep(poll_s)
-
-
-def _score_remote(client: RewardServiceClient, prompts, completions, truths, metadatas):
-    """The in-process scorer's signature over the reward service."""
-    samples = [
-        ScoreSample(prompt=p, completion=c, ground_truth=t, metadata=m or {})
-        for p, c, t, m in zip(prompts, completions, truths, metadatas, strict=True)
-    ]
-    return client.score(samples)
-
-
-def lr_at(step: int, base_lr: float, warmup: int, total: int, schedule: str) -> float:
-    """LR for 1-based `step`: linear warmup, then constant or cosine to zero. A pure function of
-    the step, so a resumed run needs no scheduler state."""
-    if warmup and step <= warmup:
-        return base_lr * step / warmup
-    if schedule == "cosine":
-        progress = (step - warmup) / max(total - warmup, 1)
-        return base_lr * 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0)))
-    return base_lr
-
-
-@dataclass
-class StepState:
-    step: int = 0
-    position: DataPosition = field(default_factory=DataPosition)
-    version: int = 0
-
-    def to_dict(self) -> dict:
-        return {"step": self.step, "position": self.position.to_dict(), "version": self.version}
-
-    @classmethod
-    def from_dict(cls, d: dict) -> StepState:
-        return cls(d["step"], DataPosition.from_dict(d["position"]), d["version"])
 
 
 class Trainer:
@@ -143,10 +99,10 @@ class Trainer:
         if spec.algorithm.kl.reference == "initialAdapter":
             self.kl_reference = snapshot_lora(self.model)
         o = spec.optim
+        actor = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
-            [p for p in self.model.parameters() if p.requires_grad],
-            lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay,
-        )  # fmt: skip
+            actor, lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay
+        )
         a = spec.algorithm
         self.update_cfg = UpdateConfig(
             loss=loss_config(job),
@@ -305,17 +261,20 @@ class Trainer:
             self._start_prefetch(collected.position, step + 1)
         t_train = time.perf_counter()
         mine = shard_for_rank(samples, self.ctx.rank, self.ctx.world_size)
+        batch = collate(mine, self.pad_id)
         metrics = update_policy(
-            self.model, self.optimizer, collate(mine, self.pad_id), self.update_cfg,
-            reference=self.kl_reference,
-        )  # fmt: skip
+            self.model, self.optimizer, batch, self.update_cfg, reference=self.kl_reference
+        )
         train_s = time.perf_counter() - t_train
         self.state = StepState(step, collected.position, step)
         self._finish_prefetch()  # the engines must be idle before their weights change
         sync = self._publish()
         record = None
         if self.ctx.is_main:
-            record = self._record(step, collected, metrics, train_s, sync, t_start)
+            record = step_record(
+                step, collected, metrics, train_s=train_s, sync=sync, t_start=t_start,
+                lr=self.optimizer.param_groups[0]["lr"],
+            )  # fmt: skip
             if self._eval_due(step):  # after _record: its time is in no step timing
                 record.eval = self._evaluate(step)
             self.tracker.record(record, sync)
@@ -405,38 +364,3 @@ class Trainer:
             return None
         self.publisher.service_rejoin()
         return self.publisher.publish(self.model, tensors, self.state.version)
-
-    def _record(self, step, collected: Collected, metrics, train_s, sync, t_start) -> StepRecord:
-        rewards = collected.rewards
-        samples: list[TrainSample] = collected.samples
-        step_s = time.perf_counter() - t_start
-        lengths = [len(s.completion_ids) for s in samples]
-        tokens = collected.generated_tokens + metrics["trained_tokens"]
-        return StepRecord(
-            step=step,
-            time=time.time(),
-            reward_mean=float(rewards.mean()),
-            reward_std=float(rewards.std()) if rewards.numel() > 1 else 0.0,
-            kl=metrics.get("kl"),
-            entropy=metrics.get("entropy"),
-            loss=metrics.get("loss"),
-            clip_fraction=metrics.get("clip_frac"),
-            clip_fraction_first_update=metrics["clip_frac_first_update"],
-            grad_norm=metrics["grad_norm"],
-            lr=self.optimizer.param_groups[0]["lr"],
-            tokens_per_second=tokens / step_s,
-            response_length_mean=sum(lengths) / max(len(lengths), 1),
-            logprob_mismatch=metrics["logprob_mismatch"],
-            logprob_mismatch_p50=metrics["logprob_mismatch_p50"],
-            logprob_mismatch_p90=metrics["logprob_mismatch_p90"],
-            logprob_mismatch_p99=metrics["logprob_mismatch_p99"],
-            tis_clip_frac=metrics.get("tis_clip_frac"),
-            truncated_fraction=collected.truncated_fraction,
-            weight_version=min(s.weight_version for s in samples),
-            step_seconds=step_s,
-            generate_seconds=collected.generate_seconds,
-            reward_seconds=collected.reward_seconds,
-            train_seconds=train_s,
-            sync_seconds=sync.seconds if sync else None,
-            sync_bytes=sync.bytes if sync else None,
-        )
