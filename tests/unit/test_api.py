@@ -98,12 +98,14 @@ def test_group_size_one_is_fine_for_non_group_algorithms():
     assert check_manifest(doc) == []
 
 
-def test_ppo_is_refused_at_validation_until_the_critic_exists():
+def test_ppo_is_accepted_with_gae_settings_and_a_critic():
     doc = copy.deepcopy(MINIMAL)
-    doc["spec"]["algorithm"] = {"name": "ppo", "groupSize": 1}
-    problems = check_manifest(doc)
-    assert [p.path for p in problems] == ["spec.algorithm.name"]
-    assert "ppo is not implemented yet" in str(problems[0])
+    doc["spec"]["algorithm"] = {"name": "ppo", "groupSize": 1, "gamma": 0.99, "lam": 0.9}
+    assert check_manifest(doc) == []
+    spec = LoRARLJob.model_validate(doc).spec
+    assert spec.critic is None  # unset: every default (trainer/settings.py critic_settings)
+    doc["spec"]["algorithm"] = {"name": "grpo", "gamma": 0.99}
+    assert [p.path for p in check_manifest(doc)] == ["spec.algorithm.gamma"]
 
 
 def test_non_mapping_manifest_is_rejected_clearly():

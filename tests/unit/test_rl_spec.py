@@ -144,3 +144,82 @@ def test_kl_reference_initial_adapter_needs_an_adapter():
     ok = problems(algorithm={"kl": {"coef": 0.1, "reference": "initialAdapter"}},
                   lora={"adapterPath": "/adapters/sft"})  # fmt: skip
     assert ok == []
+
+
+def test_ppo_maps_to_its_estimator_and_the_critic_defaults_follow_the_actor():
+    from lorarl.trainer.model import LoraSettings
+    from lorarl.trainer.settings import advantage_estimator, critic_settings
+
+    lora = {"rank": 8, "alpha": 16, "targetModules": ["q_proj", "v_proj"],
+            "excludeModules": ["v_proj"], "useRslora": True, "dropout": 0.1}  # fmt: skip
+    job = make(algorithm={"name": "ppo"}, lora=lora)
+    assert advantage_estimator(job) == "ppo"
+    c = critic_settings(job)
+    assert c.lora == LoraSettings(
+        rank=8, alpha=16.0, dropout=0.0, target_modules=["q_proj", "v_proj"],
+        exclude_modules=["v_proj"], use_rslora=True, adapter_path=None,
+    )  # fmt: skip
+    assert (c.lr, c.betas, c.weight_decay, c.warmup_steps_lr, c.scheduler, c.grad_clip) == (
+        1e-4, (0.9, 0.999), 0.0, 0, "constant", 1.0,
+    )  # fmt: skip
+    assert (c.value_clip, c.warmup_steps, c.vf_coef) == (0.5, 0, 1.0)
+    assert critic_settings(make(algorithm={"name": "ppo"}, critic={})) == critic_settings(
+        make(algorithm={"name": "ppo"})
+    )
+    default = critic_settings(make(algorithm={"name": "ppo"})).lora
+    assert (default.rank, default.target_modules) == (32, "all-linear")
+
+
+def test_the_critics_own_settings_override_the_actors():
+    from lorarl.trainer.settings import critic_settings
+
+    critic = {
+        "lora": {"rank": 4, "alpha": 8, "targetModules": ["all-linear"], "excludeModules": [],
+                 "useRslora": False},
+        "optim": {"lr": 3e-4, "betas": [0.8, 0.9], "weightDecay": 0.1, "warmupSteps": 7,
+                  "scheduler": "cosine", "gradClip": 0.3},
+        "valueClip": 0.2, "warmupSteps": 3, "vfCoef": 0.5,
+    }  # fmt: skip
+    lora = {"rank": 16, "targetModules": ["q_proj"], "excludeModules": ["k"], "useRslora": True}
+    c = critic_settings(make(algorithm={"name": "ppo"}, lora=lora, critic=critic))
+    assert (c.lora.rank, c.lora.alpha, c.lora.target_modules) == (4, 8.0, "all-linear")
+    assert (c.lora.exclude_modules, c.lora.use_rslora) == ([], False)
+    assert (c.lr, c.betas, c.weight_decay, c.warmup_steps_lr, c.scheduler, c.grad_clip) == (
+        3e-4, (0.8, 0.9), 0.1, 7, "cosine", 0.3,
+    )  # fmt: skip
+    assert (c.value_clip, c.warmup_steps, c.vf_coef) == (0.2, 3, 0.5)
+
+
+def test_kl_in_reward_moves_the_kl_from_the_loss_to_the_rewards(caplog):
+    from lorarl.trainer.settings import kl_reward_settings, loss_config
+
+    loss_kl = make(algorithm={"name": "ppo", "kl": {"coef": 0.05, "estimator": "k2"}})
+    assert kl_reward_settings(loss_kl) is None
+    assert loss_config(loss_kl).kl_coef == 0.05
+    kl = {"coef": 0.05, "estimator": "k1", "inReward": True, "controller": "adaptive",
+          "targetKl": 0.2, "horizon": 500}  # fmt: skip
+    job = make(algorithm={"name": "ppo", "kl": kl})
+    with caplog.at_level("WARNING"):
+        cfg = loss_config(job)
+    assert cfg.kl_coef == 0.0
+    assert "zero gradient" not in caplog.text  # k1 is a fine reward penalty (verl's "kl")
+    r = kl_reward_settings(job)
+    assert (r.coef, r.estimator, r.controller, r.target_kl, r.horizon) == (
+        0.05, "k1", "adaptive", 0.2, 500,
+    )  # fmt: skip
+    fixed = kl_reward_settings(
+        make(algorithm={"name": "ppo", "kl": {"coef": 0.01, "inReward": True}})
+    )
+    assert (fixed.coef, fixed.controller, fixed.estimator) == (0.01, "fixed", "k3")
+
+
+def test_the_critic_lora_leaves_its_defaults_to_the_actor_in_the_crd():
+    """The API server must not fill in a rank the actor's spec.lora would decide."""
+    from lorarl.api.crd import crd
+
+    spec = crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    critic = spec["properties"]["critic"]
+    assert "default" not in critic  # unset is "ppo with every default", not "no critic"
+    for field, node in critic["properties"]["lora"]["properties"].items():
+        assert "default" not in node and "Default: lora." in node["description"], field
+    assert critic["properties"]["optim"]["properties"]["lr"]["default"] == 1e-4

@@ -11,6 +11,7 @@ from pydantic import ValidationError
 
 from lorarl.api.crd import crd
 from lorarl.api.job import LoRARLJob
+from lorarl.api.validation import check_manifest
 from tests.support.crd_validator import CrdValidator
 
 MINIMAL = {
@@ -69,7 +70,8 @@ def test_model_path_must_be_a_folder_not_a_hub_id(path, ok, cel):
         ("algorithm", {"gamma": 1.0, "lam": 0.95}, True),  # the defaults, spelled out
         ("algorithm", {"gamma": 0.99}, False),
         ("algorithm", {"lam": 1.0}, False),
-        ("algorithm", {"name": "ppo", "gamma": 0.99}, False),  # ppo: no value model yet
+        ("algorithm", {"name": "ppo", "gamma": 0.99, "lam": 1.0}, True),  # GAE's settings
+        ("algorithm", {"name": "rloo", "lam": 0.9}, False),
         ("trainer", {"fsdp": {"reshardAfterForward": True}}, True),
         ("trainer", {"fsdp": {"reshardAfterForward": False}}, False),
         ("training", {"export": ["adapter", "merged"]}, True),
@@ -87,3 +89,111 @@ def test_chat_template_kwargs_are_kept_as_written():
     spec = LoRARLJob.model_validate(doc).spec
     assert spec.data.chat_template_kwargs == {"enable_thinking": False, "x": [1]}
     assert LoRARLJob.model_validate(LoRARLJob.model_validate(doc).wire()) == LoRARLJob(**doc)
+
+
+PPO_FULL = {
+    "algorithm": {
+        "name": "ppo",
+        "groupSize": 1,
+        "gamma": 0.99,
+        "lam": 0.9,
+        "kl": {"coef": 0.05, "inReward": True, "controller": "adaptive", "targetKl": 0.05,
+               "horizon": 5000, "estimator": "k1"},
+    },
+    "critic": {
+        "lora": {"rank": 8, "alpha": 16, "targetModules": ["q_proj", "v_proj"],
+                 "excludeModules": ["o_proj"], "useRslora": True},
+        "optim": {"lr": 3e-4, "betas": [0.9, 0.95], "weightDecay": 0.01, "warmupSteps": 5,
+                  "scheduler": "cosine", "gradClip": 0.5},
+        "valueClip": 0.2,
+        "warmupSteps": 3,
+        "vfCoef": 0.5,
+    },
+}  # fmt: skip
+
+
+def _cel_rules(node) -> dict[str, dict]:
+    out: dict[str, dict] = {}
+    if isinstance(node, dict):
+        for rule in node.get("x-kubernetes-validations", []):
+            out[rule["rule"]] = rule
+        for value in node.values():
+            out |= _cel_rules(value)
+    elif isinstance(node, list):
+        for value in node:
+            out |= _cel_rules(value)
+    return out
+
+
+CEL_RULES = _cel_rules(crd())
+
+
+def with_specs(**sections: dict) -> dict:
+    doc = copy.deepcopy(MINIMAL)
+    doc["spec"].update(copy.deepcopy(sections))
+    return doc
+
+
+def test_a_full_ppo_spec_is_accepted_by_both(cel):
+    doc = with_specs(**PPO_FULL)
+    assert verdicts(doc, cel) == (True, True)
+    spec = LoRARLJob.model_validate(doc).spec
+    assert (spec.critic.lora.rank, spec.critic.optim.lr, spec.critic.value_clip) == (8, 3e-4, 0.2)
+    assert (spec.algorithm.kl.in_reward, spec.algorithm.kl.horizon) == (True, 5000)
+    assert verdicts(with_specs(algorithm={"name": "ppo"}, critic={}), cel) == (True, True)
+
+
+def _ppo(**kl) -> dict:
+    return {"name": "ppo", "kl": kl}
+
+
+@pytest.mark.parametrize(
+    ("sections", "field", "words"),
+    [
+        ({"critic": {}}, "spec.critic", "used by ppo only"),
+        ({"algorithm": {"name": "rloo"}, "critic": {"vfCoef": 0.5}}, "spec.critic", "ppo only"),
+        ({"algorithm": {"name": "ppo"}, "critic": {"warmupSteps": 100}},
+         "spec.critic.warmupSteps", "less than training.totalSteps"),
+        ({"algorithm": {"name": "ppo"}, "critic": {"lora": {"targetModules": ["all-linear", "x"]}}},
+         "spec.critic.lora.targetModules", "'all-linear' cannot be combined"),
+        ({"algorithm": {"kl": {"coef": 0.1, "inReward": True}}},
+         "spec.algorithm.kl.inReward", "only ppo (GAE) uses"),
+        ({"algorithm": _ppo(inReward=True)}, "spec.algorithm.kl.inReward", "coef is 0"),
+        ({"algorithm": _ppo(coef=0.1, controller="adaptive")},
+         "spec.algorithm.kl.controller", "with inReward only"),
+        ({"algorithm": _ppo(coef=0.1, inReward=True, targetKl=0.3)},
+         "spec.algorithm.kl.targetKl", "adaptive KL controller only"),
+        ({"algorithm": _ppo(coef=0.1, inReward=True, horizon=10)},
+         "spec.algorithm.kl.horizon", "adaptive KL controller only"),
+        ({"algorithm": {"name": "dapo", "gamma": 0.9}}, "spec.algorithm.gamma", "GAE (ppo) only"),
+        ({"algorithm": {"name": "reinforce_pp", "lam": 0.9}}, "spec.algorithm.lam",
+         "GAE (ppo) only"),
+    ],
+)  # fmt: skip
+def test_each_ppo_rule_refuses_naming_its_field_in_both(sections, field, words, cel):
+    doc = with_specs(**sections)
+    problems = [str(p) for p in check_manifest(doc)]
+    assert len(problems) == 1 and problems[0].startswith(f"{field}: "), problems
+    assert words in problems[0]
+    # the API server's answer: the one failing CEL rule, reported on the same field with the
+    # same message
+    verdict = cel.validate(doc)
+    assert not verdict.schema_errors
+    (failure,) = [CEL_RULES[rule] | {"at": at} for at, rule in verdict.rule_failures]
+    assert failure["at"] + failure.get("fieldPath", "") == "." + field, failure
+    assert failure["message"] in problems[0]
+
+
+@pytest.mark.parametrize(
+    "sections",
+    [
+        {"algorithm": {"name": "ppo"}, "critic": {"warmupSteps": 99}},
+        {"algorithm": {"name": "ppo"}, "critic": {"lora": {"targetModules": ["all-linear"]}}},
+        {"algorithm": _ppo(coef=0.1, inReward=True, controller="fixed")},
+        {"algorithm": _ppo(coef=0.1, controller="fixed", targetKl=0.1, horizon=10000)},
+        {"algorithm": _ppo(coef=0.1, inReward=True, controller="adaptive", targetKl=1.0)},
+        {"algorithm": {"kl": {"coef": 0.1, "inReward": False}}},
+    ],
+)
+def test_the_boundaries_of_the_ppo_rules_are_accepted_by_both(sections, cel):
+    assert verdicts(with_specs(**sections), cel) == (True, True)

@@ -8,54 +8,11 @@ from typing import Annotated, Literal
 from pydantic import ConfigDict, Field
 
 from lorarl.api.base import ApiModel
+from lorarl.api.kl import KLSpec
 from lorarl.api.rules import Rule, enforce, rules_schema_extra
 
 GROUP_ALGORITHMS = ("grpo", "dr_grpo", "dapo", "rloo")
 Algorithm = Literal["grpo", "dr_grpo", "dapo", "rloo", "reinforce_pp", "ppo"]
-
-
-_KL_OFF = "applies to the KL term, which is off (coef 0): set coef above 0 or leave it unset"
-_KL_REFERENCE_OFF_RULE = Rule(
-    cel="(has(self.coef) && self.coef > 0.0) || !has(self.reference) || self.reference == 'base'",
-    message=_KL_OFF,
-    check=lambda m: m.coef > 0 or m.reference == "base",
-    field="reference",
-)
-_KL_ESTIMATOR_OFF_RULE = Rule(
-    cel="(has(self.coef) && self.coef > 0.0) || !has(self.estimator) || self.estimator == 'k3'",
-    message=_KL_OFF,
-    check=lambda m: m.coef > 0 or m.estimator == "k3",
-    field="estimator",
-)
-
-
-class KLSpec(ApiModel):
-    model_config = ConfigDict(
-        json_schema_extra=rules_schema_extra(_KL_REFERENCE_OFF_RULE, _KL_ESTIMATOR_OFF_RULE)
-    )
-
-    reference: Literal["base", "initialAdapter"] = Field(
-        default="base",
-        description="The KL reference policy: base (the base model, adapter disabled) or "
-        "initialAdapter (the adapter at lora.adapterPath as loaded, kept frozen on the same "
-        "base: no second model copy).",
-    )
-    coef: float = Field(
-        default=0.0,
-        ge=0,
-        le=1000,
-        description="KL penalty coefficient against the base model (adapter disabled); 0 turns "
-        "it off, as DAPO and Dr.GRPO recommend.",
-    )
-    estimator: Literal["k1", "k2", "k3", "low_var_kl", "mse"] = Field(
-        default="k3",
-        description="KL estimator (verl's names accepted: low_var_kl = k3, mse = k2). As a loss, "
-        "k2/mse is the one whose gradient is the gradient of KL(pi || ref); k3 (low variance, "
-        "non-negative) gives the gradient of KL(ref || pi) instead; k1's gradient is zero in "
-        "expectation (the trainer warns). See docs/algorithms.md.",
-    )
-
-    _rules = enforce(_KL_REFERENCE_OFF_RULE, _KL_ESTIMATOR_OFF_RULE)
 
 
 _THRESHOLD_OFF_RULE = Rule(
@@ -190,34 +147,31 @@ _PENALTY_FACTOR_RULE = Rule(
     ),
     field="overlong.penaltyFactor",
 )
-# GAE needs a value model (ppo, not implemented yet); every other estimator here scores whole
-# sequences without discounting, so a changed gamma or lam would be silently ignored.
-_GAE_ONLY = (
-    "is used by GAE (ppo) only, which needs a value model this trainer lacks: leave it unset"
-)
+# Only GAE (ppo, with its critic) discounts; every other estimator here scores whole sequences
+# without discounting, so a changed gamma or lam would be silently ignored.
+_GAE_ONLY = "is used by GAE (ppo) only: set name ppo or leave it unset"
 _GAMMA_RULE = Rule(
-    cel="!has(self.gamma) || self.gamma == 1.0",
+    cel="!has(self.gamma) || self.gamma == 1.0 || self.name == 'ppo'",
     message=_GAE_ONLY,
-    check=lambda m: m.gamma == 1.0,
+    check=lambda m: m.gamma == 1.0 or m.name == "ppo",
     field="gamma",
 )
 _LAM_RULE = Rule(
-    cel="!has(self.lam) || self.lam == 0.95",
+    cel="!has(self.lam) || self.lam == 0.95 || self.name == 'ppo'",
     message=_GAE_ONLY,
-    check=lambda m: m.lam == 0.95,
+    check=lambda m: m.lam == 0.95 or m.name == "ppo",
     field="lam",
 )
-# Refused, not accepted and then failed at trainer start: PPO needs a critic (a value model),
-# which the trainer does not have yet. The name stays in the enum: it is the planned API.
-_PPO_RULE = Rule(
-    cel="self.name != 'ppo'",
-    message="ppo is not implemented yet (it needs a critic); use grpo, dr_grpo, dapo, rloo or "
-    "reinforce_pp",
-    check=lambda m: m.name != "ppo",
-    field="name",
+# The KL penalty goes into the rewards only where per-token rewards exist: GAE's (ppo).
+_KL_IN_REWARD_RULE = Rule(
+    cel="!has(self.kl.inReward) || !self.kl.inReward || self.name == 'ppo'",
+    message="puts the KL penalty into per-token rewards, which only ppo (GAE) uses: set name "
+    "ppo or use the KL loss term (leave inReward unset)",
+    check=lambda m: not m.kl.in_reward or m.name == "ppo",
+    field="kl.inReward",
 )
 _ALGORITHM_RULES = (
-    _PPO_RULE,
+    _KL_IN_REWARD_RULE,
     _GAMMA_RULE,
     _LAM_RULE,
     _GROUP_SIZE_RULE,
@@ -236,7 +190,8 @@ class AlgorithmSpec(ApiModel):
         default="grpo",
         description="grpo, dr_grpo (no std scaling, seq-mean-token-sum-norm), dapo (the DAPO "
         "recipe: clip-higher 0.28, dynamic sampling, token-mean, soft overlong punishment; each "
-        "overridable), rloo or reinforce_pp; ppo is refused until the critic exists.",
+        "overridable), rloo, reinforce_pp, or ppo (GAE advantages from a LoRA critic on the same "
+        "base: see spec.critic).",
     )
     group_size: int = Field(default=8, ge=1, le=1024, description="Samples generated per prompt.")
     clip_ratio_low: float = Field(
@@ -279,7 +234,10 @@ class AlgorithmSpec(ApiModel):
         default_factory=OverlongSpec,
         description="Completions cut at maxResponseTokens: masking and DAPO's soft punishment.",
     )
-    kl: KLSpec = Field(default_factory=KLSpec, description="KL penalty to the base model.")
+    kl: KLSpec = Field(
+        default_factory=KLSpec,
+        description="KL penalty to the reference policy: a loss term, or (ppo) in the rewards.",
+    )
     rollout_correction: RolloutCorrectionSpec = Field(
         default_factory=RolloutCorrectionSpec,
         description="Importance-sampling correction against the engines' logprobs (on: tis).",
@@ -295,14 +253,17 @@ class AlgorithmSpec(ApiModel):
         default=1.0,
         ge=0,
         le=1,
-        description="PPO discount factor (GAE). Reserved: ppo is not implemented yet, and no "
-        "other algorithm discounts, so only the default is accepted.",
+        description="GAE discount factor (ppo; verl's default 1.0: rewards come at the end of a "
+        "response, so discounting would only shrink them). No other algorithm discounts: "
+        "refused with them unless 1.0.",
     )
     lam: float = Field(
         default=0.95,
         ge=0,
         le=1,
-        description="PPO GAE lambda. Reserved like gamma: only the default is accepted.",
+        description="GAE lambda (ppo; 0.95 as TRL's PPO, verl ships 1.0): 1 gives Monte-Carlo "
+        "returns (no critic bias, most variance), 0 one-step TD (all critic). Refused with "
+        "other algorithms unless 0.95.",
     )
 
     _rules = enforce(*_ALGORITHM_RULES)

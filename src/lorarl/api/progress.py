@@ -50,6 +50,35 @@ class StepRecord(ReportModel):
         default=None, description="Fraction of completions cut at maxResponseTokens."
     )
     weight_version: int | None = Field(default=None, description="Version the samples came from.")
+    # ppo only (the critic and the KL penalty in the rewards); unset for the other algorithms
+    value_loss: float | None = Field(
+        default=None, description="ppo: the critic's clipped value loss (before vfCoef)."
+    )
+    value_clip_fraction: float | None = Field(
+        default=None,
+        description="ppo: fraction of response tokens where the clipped value loss was the "
+        "larger (the value moved more than valueClip).",
+    )
+    explained_variance: float | None = Field(
+        default=None,
+        description="ppo: 1 - Var(returns - values) / Var(returns) over the response tokens: 1 "
+        "a perfect critic, 0 no better than a constant, below 0 worse.",
+    )
+    value_mean: float | None = Field(
+        default=None, description="ppo: mean critic value over the response tokens."
+    )
+    critic_grad_norm: float | None = Field(
+        default=None, description="ppo: the critic's gradient norm before its clip."
+    )
+    kl_coef: float | None = Field(
+        default=None,
+        description="ppo with kl.inReward: the beta of the KL penalty in the rewards this step "
+        "(moves with the adaptive controller).",
+    )
+    kl_in_reward: float | None = Field(
+        default=None,
+        description="ppo with kl.inReward: mean per-token KL of the penalty, before beta.",
+    )
     step_seconds: float | None = None
     generate_seconds: float | None = None
     reward_seconds: float | None = None

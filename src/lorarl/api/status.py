@@ -69,6 +69,31 @@ class StepMetrics(ReportModel):
     weight_version: int | None = Field(
         default=None, description="Adapter version the step's samples came from."
     )
+    value_loss: float | None = Field(
+        default=None, description="ppo: the critic's clipped value loss (before vfCoef)."
+    )
+    value_clip_fraction: float | None = Field(
+        default=None,
+        description="ppo: fraction of response tokens whose value loss was clipped (valueClip).",
+    )
+    explained_variance: float | None = Field(
+        default=None,
+        description="ppo: 1 - Var(returns - values) / Var(returns): 1 a perfect critic, 0 no "
+        "better than a constant.",
+    )
+    value_mean: float | None = Field(
+        default=None, description="ppo: mean critic value over the response tokens."
+    )
+    critic_grad_norm: float | None = Field(
+        default=None, description="ppo: the critic's gradient norm before its clip."
+    )
+    kl_coef: float | None = Field(
+        default=None, description="ppo with kl.inReward: the beta of the KL penalty in use."
+    )
+    kl_in_reward: float | None = Field(
+        default=None,
+        description="ppo with kl.inReward: mean per-token KL of the penalty, before beta.",
+    )
 
 
 class SyncStatus(ReportModel):

@@ -7,6 +7,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from lorarl.api.critic import CriticSpec
 from lorarl.api.job import LoRARLJob
 from lorarl.api.validation import ManifestError, load_job_file
 from lorarl.plan.engines import ENGINE_API_KEY_ENV
@@ -114,9 +115,11 @@ def algorithm_choices(job: LoRARLJob) -> AlgorithmChoices:
 
 
 def loss_config(job: LoRARLJob) -> LossConfig:
-    """The spec's algorithm section as the loss sees it, name-dependent defaults resolved."""
+    """The spec's algorithm section as the loss sees it, name-dependent defaults resolved. With
+    kl.inReward the KL is a reward penalty (`kl_reward_settings`), not a loss term: kl_coef 0."""
     a, c = job.spec.algorithm, algorithm_choices(job)
-    if a.kl.coef > 0 and a.kl.estimator == "k1":
+    in_reward = a.kl.in_reward
+    if a.kl.coef > 0 and a.kl.estimator == "k1" and not in_reward:
         log.warning(
             "spec.algorithm.kl.estimator k1 as a loss has zero gradient in expectation: the KL "
             "term will not pull the policy toward the reference; use k2/mse (the gradient of "
@@ -128,7 +131,7 @@ def loss_config(job: LoRARLJob) -> LossConfig:
         dual_clip=a.dual_clip,
         agg=c.agg,
         norm_len=c.norm_len,
-        kl_coef=a.kl.coef,
+        kl_coef=0.0 if in_reward else a.kl.coef,
         kl_estimator=a.kl.estimator,
         entropy_coef=a.entropy_coef,
         correction=a.rollout_correction.mode,
@@ -137,16 +140,83 @@ def loss_config(job: LoRARLJob) -> LossConfig:
 
 
 def advantage_estimator(job: LoRARLJob) -> str:
-    """The spec's algorithm name -> the advantage estimator in `advantages.py`."""
+    """The spec's algorithm name -> the advantage estimator in `advantages.py` ("ppo": per-token
+    advantages come later, from GAE over the critic's values)."""
     algo = job.spec.algorithm
-    if algo.name == "ppo":
-        raise ConfigError(
-            "spec.algorithm.name: ppo needs a value model (critic), which this trainer does not "
-            "have yet; use grpo, dr_grpo, dapo, rloo or reinforce_pp"
-        )
     if algo.name == "reinforce_pp":
         return "reinforce_pp_baseline" if algo.group_size > 1 else "reinforce_pp"
     return algo.name
+
+
+@dataclass(frozen=True)
+class CriticSettings:
+    """spec.critic resolved: the critic adapter's shape (the actor's where unset), its own
+    optimizer and the value-loss settings."""
+
+    lora: LoraSettings
+    lr: float
+    betas: tuple[float, float]
+    weight_decay: float
+    warmup_steps_lr: int  # the optimizer's LR warmup (critic.optim.warmupSteps)
+    scheduler: str
+    grad_clip: float
+    value_clip: float
+    warmup_steps: int  # critic-only steps before the actor moves (critic.warmupSteps)
+    vf_coef: float
+
+
+def critic_settings(job: LoRARLJob) -> CriticSettings:
+    """The critic as the trainer builds it. Unset (spec.critic None) means every default."""
+    critic = job.spec.critic or CriticSpec()
+    actor, own = job.spec.lora, critic.lora
+    targets = own.target_modules if own.target_modules is not None else actor.target_modules
+    return CriticSettings(
+        lora=LoraSettings(
+            rank=own.rank if own.rank is not None else actor.rank,
+            alpha=own.alpha if own.alpha is not None else actor.alpha,
+            dropout=0.0,  # never applied during RL (see spec.lora.dropout)
+            target_modules="all-linear" if targets == ["all-linear"] else list(targets),
+            exclude_modules=list(
+                own.exclude_modules if own.exclude_modules is not None else actor.exclude_modules
+            ),
+            use_rslora=own.use_rslora if own.use_rslora is not None else actor.use_rslora,
+            adapter_path=None,  # a fresh critic; a resumed run loads it from its checkpoint
+        ),
+        lr=critic.optim.lr,
+        betas=(critic.optim.betas[0], critic.optim.betas[1]),
+        weight_decay=critic.optim.weight_decay,
+        warmup_steps_lr=critic.optim.warmup_steps,
+        scheduler=critic.optim.scheduler,
+        grad_clip=critic.optim.grad_clip,
+        value_clip=critic.value_clip,
+        warmup_steps=critic.warmup_steps,
+        vf_coef=critic.vf_coef,
+    )
+
+
+@dataclass(frozen=True)
+class KLRewardSettings:
+    """The KL penalty in the token rewards (algorithm.kl.inReward): coef is the initial beta."""
+
+    coef: float
+    estimator: str
+    controller: str  # fixed | adaptive
+    target_kl: float
+    horizon: int
+
+
+def kl_reward_settings(job: LoRARLJob) -> KLRewardSettings | None:
+    """None unless algorithm.kl.inReward (then the loss has no KL term: see `loss_config`)."""
+    kl = job.spec.algorithm.kl
+    if not kl.in_reward:
+        return None
+    return KLRewardSettings(
+        coef=kl.coef,
+        estimator=kl.estimator,
+        controller=kl.controller,
+        target_kl=kl.target_kl,
+        horizon=kl.horizon,
+    )
 
 
 def reward_service_client(job: LoRARLJob, endpoint: str | None) -> RewardServiceClient | None:
