@@ -178,8 +178,8 @@ def cpu_batch_budget(max_model_len: int, max_num_seqs: int = VLLM_CPU_MAX_NUM_SE
     prefill is chunked across steps: it rewinds the request's generator, which CPU generators
     cannot do. With the CPU server's default budget (2048 tokens, 128 sequences) that happens as
     soon as the waiting prompts exceed 2048 tokens: 128 seeded requests of ~25 tokens on one
-    engine killed it (seen in the cluster e2e's one-replica job; tests/integration/
-    test_vllm_cpu_budget.py). A budget of max_num_seqs full-length sequences never splits one.
+    engine killed it (seen in the cluster e2e's one-replica job; tests/e2e/
+    test_vllm_sync_exact.py). A budget of max_num_seqs full-length sequences never splits one.
     """
     return ["--max-num-seqs", str(max_num_seqs),
             "--max-num-batched-tokens", str(max_num_seqs * max_model_len)]  # fmt: skip
