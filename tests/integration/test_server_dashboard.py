@@ -283,3 +283,43 @@ def test_samples_are_listed_newest_first_as_text(page, finished_run: str, tmp_pa
     assert rows[1][4:] == ["What is 8+1?", "<b>9</b>"] and rows[1][3] == "stop"
     assert page.locator("#samples b, #samples script, #samples img").count() == 0
     assert page.evaluate("window.pwned") is None
+
+
+@pytest.fixture
+def ppo_and_grpo_runs(tmp_path):
+    """`ppo` (value loss 1/step, explained variance 0.1*step - 0.5) and `grpo` (no critic)."""
+    ppo, grpo = tmp_path / "ppo", tmp_path / "grpo"
+    write_run(ppo, steps=OTHER_STEPS)
+    history = run_files.read_history(ppo)
+    for r in history:
+        r.value_loss, r.explained_variance = 1.0 / r.step, 0.1 * r.step - 0.5
+    run_files.write_history(ppo, history)
+    write_run(grpo, steps=OTHER_STEPS)
+    store = LocalStore()
+    store.add_finished(make_job("ppo"), ppo)
+    store.add_finished(make_job("grpo"), grpo)
+    with live_server(create_app(store)) as url:
+        yield url
+
+
+def test_the_critic_chart_is_shown_only_for_runs_with_a_critic(page, ppo_and_grpo_runs) -> None:
+    page.goto(f"{ppo_and_grpo_runs}/?job=local/grpo")
+    wait_for_step(page, "reward", OTHER_STEPS)
+    assert page.is_hidden("#chart-critic")
+    assert page.evaluate("'critic' in lorarlCharts") is False
+    page.goto(f"{ppo_and_grpo_runs}/?job=local/ppo")
+    wait_for_step(page, "critic", OTHER_STEPS)
+    assert page.is_visible("#chart-critic")
+    every = list(range(1, OTHER_STEPS + 1))
+    assert point_steps(page, "critic", 1) == every  # value loss
+    assert point_steps(page, "critic", 2) == every  # explained variance, on the right axis
+    assert page.evaluate("lorarlCharts.critic.series.map(s => s.scale)") == ["x", "y", "y2"]
+    assert page.evaluate("lorarlCharts.critic.axes.map(a => a.label)") == [
+        "step", "value loss", "explained variance"]  # fmt: skip
+    hover(page, "critic", 4)
+    assert legend(page, "critic") == [
+        ("step", "4"), ("ppo value loss", "0.25"), ("ppo explained variance", "-0.1")]  # fmt: skip
+    # plotted with a run without a critic: the chart stays, that run adds only gaps
+    page.goto(f"{ppo_and_grpo_runs}/?job=local/ppo&plot=local/grpo")
+    page.wait_for_function("() => lorarlCharts.critic && lorarlCharts.critic.series.length === 5")
+    assert page.is_visible("#chart-critic")

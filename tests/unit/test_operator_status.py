@@ -138,3 +138,25 @@ def test_crd_status_schema_has_the_correctness_metrics() -> None:
     metrics = schema["properties"]["status"]["properties"]["metrics"]["properties"]
     for key in ("tisClipFrac", "logprobMismatchP90", "logprobMismatchP99", "truncatedFraction"):
         assert key in metrics, key
+
+
+def test_ppo_critic_metrics_reach_the_status_and_the_crd() -> None:
+    """ppo's critic health (value loss, explained variance) and the in-reward KL beta are read
+    from the status like the other metrics; other algorithms leave them unset."""
+    reported = {
+        "value_loss": 0.12, "value_clip_fraction": 0.03, "explained_variance": 0.4,
+        "value_mean": 0.55, "critic_grad_norm": 2.5, "kl_coef": 0.011, "kl_in_reward": 0.07,
+    }  # fmt: skip
+    status = apply_progress(LoRARLJobStatus(), _progress(**reported))
+    assert {k: getattr(status.metrics, k) for k in reported} == reported
+    dumped = status.model_dump(by_alias=True, exclude_none=True)["metrics"]
+    assert dumped["explainedVariance"] == 0.4 and dumped["klInReward"] == 0.07
+    detail = status_from_progress(_progress(**reported)).metrics
+    assert {k: getattr(detail, k) for k in reported} == reported
+    assert apply_progress(LoRARLJobStatus(), _progress()).metrics.value_loss is None
+    crd = yaml.safe_load((ROOT / "crds" / "lorarljobs.lorarl.dev.yaml").read_text())
+    schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    metrics = schema["properties"]["status"]["properties"]["metrics"]["properties"]
+    for key in ("valueLoss", "valueClipFraction", "explainedVariance", "valueMean",
+                "criticGradNorm", "klCoef", "klInReward"):  # fmt: skip
+        assert key in metrics, key

@@ -7,7 +7,9 @@ const PALETTE = ["#1a6fd1", "#d9822b", "#1d8a4a", "#c62828", "#7b4fc9", "#00838f
   "#ad1457"];
 const DASHED = [6, 4];
 // Each chart: its y axis label and, per run, one series per metric key. `sparse` series (the
-// evals) are drawn only where they exist, joined by a dashed line with their points shown.
+// evals) are drawn only where they exist, joined by a dashed line with their points shown. A
+// series with `scale: "y2"` uses the right axis (`y2`). A chart with `onlyWith` is shown only
+// when some plotted run reports that metric (the critic: ppo runs only).
 const CHART_SPECS = [
   { id: "reward", title: "Reward (mean) and eval accuracy", y: "reward / accuracy",
     series: [{ key: "rewardMean", label: "reward" },
@@ -21,6 +23,10 @@ const CHART_SPECS = [
     series: [{ key: "clipFraction", label: "clip" },
       { key: "clipFractionFirstUpdate", label: "clip, first update", dash: DASHED },
       { key: "tisClipFrac", label: "rollout correction", dash: [2, 3] }] },
+  { id: "critic", title: "Critic (ppo): value loss and explained variance", y: "value loss",
+    y2: "explained variance", onlyWith: "valueLoss",
+    series: [{ key: "valueLoss", label: "value loss" },
+      { key: "explainedVariance", label: "explained variance", dash: DASHED, scale: "y2" }] },
   { id: "sync", title: "Weight sync time", y: "seconds",
     series: [{ key: "syncSeconds", label: "sync s" }] },
   { id: "tps", title: "Throughput", y: "tokens/s",
@@ -61,6 +67,7 @@ function chartData(spec, runs) {
       const label = spec.series.length > 1 ? `${run.label} ${s.label}` : run.label;
       series.push({
         label, stroke: run.colour, width: 1.5, dash: s.dash, spanGaps: Boolean(s.sparse),
+        scale: s.scale || "y",
         points: s.sparse ? { show: true, size: 6, fill: run.colour } : {},
         value: (u, v) => formatValue(v),
       });
@@ -80,6 +87,8 @@ function chartOptions(spec, series, width) {
     axes: [
       { label: "step", labelSize: 18, size: 32 },
       { label: spec.y, labelSize: 18, size: 56, values: (u, ticks) => ticks.map(formatValue) },
+      ...(spec.y2 ? [{ scale: "y2", side: 1, label: spec.y2, labelSize: 18, size: 56,
+        grid: { show: false }, values: (u, ticks) => ticks.map(formatValue) }] : []),
     ],
     // Values at exactly the hovered step (uPlot would show a sparse series' nearest point).
     cursor: { sync: { key: "lorarl-steps" }, drag: { x: false, y: false },
@@ -102,6 +111,14 @@ function drawCharts(container, runs) {
   const width = chartWidth(container);
   for (const spec of CHART_SPECS) {
     const figure = document.getElementById(`chart-${spec.id}`);
+    const shown = !spec.onlyWith
+      || runs.some((run) => run.steps.some((s) => typeof s[spec.onlyWith] === "number"));
+    figure.hidden = !shown;
+    if (!shown) { // no run reports it: no chart at all (not an empty one)
+      if (window.lorarlCharts[spec.id]) window.lorarlCharts[spec.id].destroy();
+      delete window.lorarlCharts[spec.id];
+      continue;
+    }
     const { data, series } = chartData(spec, runs);
     const signature = JSON.stringify(series.map((s) => [s.label, s.stroke]));
     let plot = window.lorarlCharts[spec.id];
@@ -125,6 +142,7 @@ function chartFigures() {
   return CHART_SPECS.map((spec) => {
     const figure = document.createElement("figure");
     figure.id = `chart-${spec.id}`;
+    figure.hidden = Boolean(spec.onlyWith); // until a plotted run reports the metric
     const caption = document.createElement("figcaption");
     caption.textContent = spec.title;
     const none = document.createElement("span");
