@@ -8,6 +8,8 @@ Layout of one checkpoint (`step-000010/`):
                       any world size, and LoRA optimizer state is small enough for rank 0 to hold
   state.json          step, world size, and the caller's trainer state (data position, metrics, ...)
   rng.pt              every rank's RNG states
+  critic/             PPO only: the critic's PEFT adapter + value_head.safetensors + critic.json
+  critic_optimizer.pt PPO only: the critic optimizer's full state, like optimizer.pt
   COMPLETE            written last: a manifest of every file's size and sha256
 
 Everything is written into a hidden temp dir and renamed into place, so a crash leaves either the
@@ -44,12 +46,23 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from lorarl.sync.adapter_files import ADAPTER_CONFIG, ADAPTER_WEIGHTS, write_adapter_dir
+from lorarl.trainer.critic import (
+    CRITIC_FILES,
+    critic_config,
+    critic_state_dict,
+    has_critic,
+    read_critic_dir,
+    set_critic_state_dict,
+    write_critic_dir,
+)
 from lorarl.trainer.model import ADAPTER_NAME, lora_state_dict, set_lora_state_dict
 
 log = logging.getLogger(__name__)
 
 COMPLETE = "COMPLETE"
 ADAPTER_DIR = "adapter"
+CRITIC_DIR = "critic"
+CRITIC_OPTIMIZER = "critic_optimizer.pt"
 STEP_RE = re.compile(r"^step-(\d{6,})$")
 TMP_PREFIX = ".tmp-"
 
@@ -194,6 +207,25 @@ def _optimizer_options(load: bool) -> StateDictOptions:
     return StateDictOptions(full_state_dict=True, cpu_offload=True)
 
 
+@dataclass(frozen=True)
+class _CriticPart:
+    """What a checkpoint holds of the critic (gathered on every rank, written by rank 0)."""
+
+    tensors: dict[str, torch.Tensor]
+    config: LoraConfig
+    optim_state: dict[str, Any] | None
+
+
+def _load_optimizer(model: PeftModel, optimizer: torch.optim.Optimizer | None, file: Path) -> None:
+    """Collective: rank 0 reads the full state, DCP broadcasts and shards it."""
+    if optimizer is None:
+        return
+    optim_state: dict[str, Any] = {}
+    if _rank() == 0:
+        optim_state = torch.load(file, weights_only=True)
+    set_optimizer_state_dict(model, optimizer, optim_state, options=_optimizer_options(load=True))
+
+
 # ---------------------------------------------------------------- manager
 
 
@@ -217,9 +249,13 @@ class CheckpointManager:
         peft_model: PeftModel,
         optimizer: torch.optim.Optimizer,
         trainer_state: dict[str, Any],
+        critic_optimizer: torch.optim.Optimizer | None = None,
         rng_state: dict[str, Any] | None = None,
     ) -> Path:
-        """Collective: every rank calls it with the same step. Returns the checkpoint path."""
+        """Collective: every rank calls it with the same step. Returns the checkpoint path.
+
+        With a critic on the model (PPO) its adapter, value head and `critic_optimizer`'s state
+        are saved too."""
         if step < 0:
             raise ValueError(f"checkpoint step must be >= 0, got {step}")
         try:
@@ -239,13 +275,25 @@ class CheckpointManager:
         optim_state = get_optimizer_state_dict(
             peft_model, optimizer, options=_optimizer_options(load=False)
         )
+        critic: _CriticPart | None = None
+        if has_critic(peft_model):
+            critic_optim = None
+            if critic_optimizer is not None:
+                critic_optim = get_optimizer_state_dict(
+                    peft_model, critic_optimizer, options=_optimizer_options(load=False)
+                )
+            critic = _CriticPart(
+                critic_state_dict(peft_model), critic_config(peft_model), critic_optim
+            )
         local_rng = rng_state if rng_state is not None else capture_rng_state()
         rngs: list[Any] = [local_rng]
         if dist.is_initialized():
             rngs = [None] * _world()
             dist.all_gather_object(rngs, local_rng)
         config = peft_model.peft_config[ADAPTER_NAME]
-        return _run_on_rank0(self._write, step, adapter, config, optim_state, state_text, rngs)
+        return _run_on_rank0(
+            self._write, step, adapter, config, optim_state, state_text, rngs, critic
+        )
 
     def _write(
         self,
@@ -255,6 +303,7 @@ class CheckpointManager:
         optim_state: dict[str, Any],
         state_text: str,
         rngs: list[Any],
+        critic: _CriticPart | None,
     ) -> Path:
         self.root.mkdir(parents=True, exist_ok=True)
         final = self.path_for(step)
@@ -265,6 +314,10 @@ class CheckpointManager:
             torch.save(optim_state, tmp / "optimizer.pt")
             (tmp / "state.json").write_text(state_text)
             torch.save({"world_size": len(rngs), "states": rngs}, tmp / "rng.pt")
+            if critic is not None:
+                write_critic_dir(critic.tensors, critic.config, tmp / CRITIC_DIR)
+                if critic.optim_state is not None:
+                    torch.save(critic.optim_state, tmp / CRITIC_OPTIMIZER)
             manifest = {
                 str(p.relative_to(tmp)): {"size": p.stat().st_size, "sha256": _sha256(p)}
                 for p in sorted(tmp.rglob("*"))
@@ -309,6 +362,10 @@ class CheckpointManager:
         ):
             if required not in manifest:
                 return f"manifest lacks {required}"
+        if any(rel.startswith(f"{CRITIC_DIR}/") for rel in manifest):
+            for name in CRITIC_FILES:
+                if f"{CRITIC_DIR}/{name}" not in manifest:
+                    return f"manifest lacks {CRITIC_DIR}/{name}"
         for rel, meta in manifest.items():
             f = path / rel
             if not f.is_file():
@@ -371,32 +428,45 @@ class CheckpointManager:
         ckpt: Checkpoint | str | Path,
         peft_model: PeftModel,
         optimizer: torch.optim.Optimizer | None,
+        critic_optimizer: torch.optim.Optimizer | None = None,
     ) -> LoadedCheckpoint:
-        """Collective: restore adapter weights, optimizer state and this rank's RNG.
+        """Collective: restore adapter weights, optimizer state and this rank's RNG, and with a
+        critic on the model its adapter, value head and `critic_optimizer`'s state.
 
         Only rank 0 reads files (the checkpoint volume need not be shared); the rest comes over
         the process group.
         """
         path = ckpt.path if isinstance(ckpt, Checkpoint) else Path(ckpt)
 
-        def read() -> tuple[dict[str, torch.Tensor], dict[str, Any], dict[str, Any]]:
+        with_critic = has_critic(peft_model)
+
+        def read() -> tuple[Any, ...]:
             reason = self.verify(path)
             if reason is not None:
                 raise CheckpointError(f"checkpoint {path} is not usable: {reason}")
             tensors = load_file(str(path / ADAPTER_DIR / ADAPTER_WEIGHTS))
             state = json.loads((path / "state.json").read_text())
             rng = torch.load(path / "rng.pt", weights_only=True)
-            return tensors, state, rng
+            critic = None
+            if with_critic:
+                if not (path / CRITIC_DIR).is_dir():
+                    raise CheckpointError(
+                        f"checkpoint {path} has no critic, but this job trains one (spec.critic)"
+                    )
+                if critic_optimizer is not None and not (path / CRITIC_OPTIMIZER).is_file():
+                    raise CheckpointError(f"checkpoint {path} has no {CRITIC_OPTIMIZER}")
+                critic = read_critic_dir(path / CRITIC_DIR)
+            elif (path / CRITIC_DIR).is_dir():
+                log.warning("checkpoint %s has a critic this job does not use: ignored", path)
+            return tensors, state, rng, critic
 
-        tensors, state, rng = _run_on_rank0(read)
+        tensors, state, rng, critic = _run_on_rank0(read)
         set_lora_state_dict(peft_model, tensors)
-        if optimizer is not None:
-            optim_state: dict[str, Any] = {}
-            if _rank() == 0:
-                optim_state = torch.load(path / "optimizer.pt", weights_only=True)
-            set_optimizer_state_dict(
-                peft_model, optimizer, optim_state, options=_optimizer_options(load=True)
-            )
+        if critic is not None:
+            set_critic_state_dict(peft_model, critic)
+        _load_optimizer(peft_model, optimizer, path / "optimizer.pt")
+        if critic is not None:
+            _load_optimizer(peft_model, critic_optimizer, path / CRITIC_OPTIMIZER)
         states = rng["states"]
         if len(states) != _world():
             log.warning(

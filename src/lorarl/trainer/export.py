@@ -6,6 +6,10 @@ the base (the training copy may be sharded and is in the training dtype): the de
 added in fp32 and the result cast once to `model.dtype`, the dtype the engines serve. This costs
 one fp32 copy of the base in rank 0's CPU memory, once, at the end. Like checkpoints, the folder
 is written under a temp name and renamed into place.
+
+A PPO run also leaves its critic in `critic/` beside the adapter folder (the critic's own PEFT
+adapter, `value_head.safetensors` and a `critic.json` saying what it is), so the adapter folder
+stays a plain PEFT adapter an engine can load.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from lorarl.trainer.checkpoint import (
     _run_on_rank0,
     export_adapter,
 )
+from lorarl.trainer.critic import critic_config, critic_state_dict, has_critic, write_critic_dir
 from lorarl.trainer.model import (
     ADAPTER_NAME,
     DTYPES,
@@ -35,11 +40,13 @@ from lorarl.trainer.model import (
     set_lora_state_dict,
 )
 
-__all__ = ["MERGED_DIR", "export_final", "export_merged", "merge_lora"]
+__all__ = ["CRITIC_EXPORT_DIR", "MERGED_DIR", "export_critic", "export_final", "export_merged",
+           "merge_lora"]  # fmt: skip
 
 log = logging.getLogger(__name__)
 
 MERGED_DIR = "merged"
+CRITIC_EXPORT_DIR = "critic"
 
 
 def merge_lora(
@@ -92,10 +99,32 @@ def export_merged(
     return out_dir
 
 
+def export_critic(peft_model: PeftModel, out_dir: str | Path) -> Path:
+    """Write the critic folder atomically. Collective: every rank gathers, rank 0 writes."""
+    out_dir = Path(out_dir)
+    tensors = critic_state_dict(peft_model)
+    config = critic_config(peft_model)
+
+    def write() -> None:
+        out_dir.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out_dir.with_name(f"{TMP_PREFIX}{out_dir.name}-{uuid.uuid4().hex[:8]}")
+        try:
+            write_critic_dir(tensors, config, tmp)
+            _fsync_tree(tmp)
+            _replace_dir(tmp, out_dir)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    _run_on_rank0(write)
+    return out_dir
+
+
 def export_final(peft_model: PeftModel, job: Any, tokenizer: Any, adapter_dir: Path) -> Path:
     """Everything `training.export` asks for; returns the adapter folder (always written)."""
     spec = job.spec
     export_adapter(peft_model, adapter_dir)
+    if has_critic(peft_model):
+        export_critic(peft_model, adapter_dir.parent / CRITIC_EXPORT_DIR)
     if "merged" in spec.training.export:
         export_merged(
             peft_model,

@@ -16,6 +16,8 @@ from peft import PeftModel
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from lorarl.trainer.model import lora_parameters
+
 
 def _check_shapes(
     input_ids: torch.Tensor,
@@ -146,9 +148,10 @@ def reference_logprobs(
     Scored at the sampling temperature like the policy (as verl does), so the KL compares the
     same two distributions the samples are judged by.
 
-    `disable_adapter()` toggles `requires_grad` on LoRA parameters and re-enables them on exit;
-    the flags are restored explicitly afterwards so a wrapper that re-registers parameters
-    (FSDP) can never leave the policy frozen.
+    `disable_adapter()` disables every adapter (actor and critic) and on exit re-enables only
+    the active one's `requires_grad`: the flags of all parameters are restored explicitly
+    afterwards, so neither the critic nor (under FSDP, which re-registers parameters) the
+    policy is left frozen.
     """
     flags = {name: p.requires_grad for name, p in peft_model.named_parameters()}
     try:
@@ -174,11 +177,9 @@ def _local(p: torch.Tensor) -> torch.Tensor:
 
 
 def snapshot_lora(peft_model: PeftModel) -> dict[str, torch.Tensor]:
-    """This rank's LoRA tensors (local shards under FSDP2), copied: the frozen initial adapter
+    """This rank's actor LoRA tensors (local shards under FSDP2), copied: the frozen initial adapter
     for `kl.reference: initialAdapter` costs one copy of the adapter, not of the model."""
-    return {
-        n: _local(p).detach().clone() for n, p in peft_model.named_parameters() if ".lora_" in n
-    }
+    return {n: _local(p).detach().clone() for n, p in lora_parameters(peft_model)}
 
 
 def adapter_reference_logprobs(
@@ -194,7 +195,7 @@ def adapter_reference_logprobs(
     """Logprobs under a frozen adapter (`snapshot_lora`) on the same base: its tensors are swapped
     into the LoRA parameters for one no-grad pass and the policy's are put back, even on error.
     Collective under FSDP2 like every forward."""
-    params = {n: p for n, p in peft_model.named_parameters() if ".lora_" in n}
+    params = dict(lora_parameters(peft_model))
     if set(params) != set(reference):
         raise ValueError("the reference adapter does not match the model's LoRA parameters")
     current = snapshot_lora(peft_model)

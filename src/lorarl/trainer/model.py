@@ -197,7 +197,7 @@ def apply_lora(model: PreTrainedModel, settings: LoraSettings) -> PeftModel:
     else:
         peft_model = get_peft_model(model, settings.to_peft_config())
     trainable = [n for n, p in peft_model.named_parameters() if p.requires_grad]
-    stray = [n for n in trainable if ".lora_" not in n]
+    stray = [n for n in trainable if adapter_of(n) != ADAPTER_NAME]
     if stray or not trainable:
         raise RuntimeError(
             f"after applying LoRA expected only LoRA parameters to be trainable; "
@@ -232,59 +232,79 @@ def count_parameters(model: nn.Module) -> tuple[int, int]:
     return trainable, total
 
 
-def lora_parameters(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
-    """LoRA parameters in a fixed order: collectives over them must run in the same order on
-    every rank."""
-    return [(n, p) for n, p in model.named_parameters() if ".lora_" in n]
+def adapter_of(name: str) -> str | None:
+    """The PEFT adapter a parameter name belongs to (`...lora_A.<adapter>.weight`), or None for
+    a non-LoRA parameter. With a critic on the same base, a bare ".lora_" test would mix the
+    actor's and the critic's tensors."""
+    parts = name.split(".")
+    for i, part in enumerate(parts[:-1]):
+        if part.startswith("lora_"):
+            return parts[i + 1]
+    return None
+
+
+def lora_parameters(
+    model: nn.Module, adapter: str = ADAPTER_NAME
+) -> list[tuple[str, nn.Parameter]]:
+    """One adapter's LoRA parameters (the actor's by default) in a fixed order: collectives over
+    them must run in the same order on every rank."""
+    return [(n, p) for n, p in model.named_parameters() if adapter_of(n) == adapter]
 
 
 def _full(t: torch.Tensor) -> torch.Tensor:
     return t.full_tensor() if isinstance(t, DTensor) else t
 
 
-def lora_state_dict(model: PeftModel) -> dict[str, torch.Tensor]:
-    """Full (unsharded) LoRA tensors with PEFT file names, on CPU, fp32-or-native dtype.
+def lora_state_dict(model: PeftModel, adapter: str = ADAPTER_NAME) -> dict[str, torch.Tensor]:
+    """Full (unsharded) LoRA tensors of one adapter (the actor's by default) with PEFT file
+    names, on CPU, fp32-or-native dtype.
 
     Collective under FSDP2: every rank must call it (a rank-0-only `full_tensor()` hangs).
     """
-    gathered = {n: _full(p.detach()).cpu().contiguous() for n, p in lora_parameters(model)}
-    return get_peft_model_state_dict(model, state_dict=gathered, adapter_name=ADAPTER_NAME)
+    params = lora_parameters(model, adapter)
+    gathered = {n: _full(p.detach()).cpu().contiguous() for n, p in params}
+    return get_peft_model_state_dict(model, state_dict=gathered, adapter_name=adapter)
 
 
-def peft_to_param_names(model: PeftModel) -> dict[str, str]:
+def peft_to_param_names(model: PeftModel, adapter: str = ADAPTER_NAME) -> dict[str, str]:
     """PEFT file name -> model parameter name (the file format drops the adapter name)."""
-    marker = f".{ADAPTER_NAME}."
-    return {n.replace(marker, ".", 1): n for n, _ in lora_parameters(model)}
+    marker = f".{adapter}."
+    return {n.replace(marker, ".", 1): n for n, _ in lora_parameters(model, adapter)}
 
 
-def set_lora_state_dict(model: PeftModel, tensors: Mapping[str, torch.Tensor]) -> None:
-    """Copy full PEFT-named LoRA tensors into the (possibly sharded) model.
+def set_lora_state_dict(
+    model: PeftModel, tensors: Mapping[str, torch.Tensor], adapter: str = ADAPTER_NAME
+) -> None:
+    """Copy full PEFT-named LoRA tensors into one adapter of the (possibly sharded) model.
 
     Every rank must hold the same full tensors; each keeps only its own shard, without
     communication.
     """
-    names = peft_to_param_names(model)
+    names = peft_to_param_names(model, adapter)
     missing = sorted(set(names) - set(tensors))
     unexpected = sorted(set(tensors) - set(names))
     if missing or unexpected:
         raise AdapterError(
-            f"LoRA tensors do not fit the model: missing {missing[:3]} ({len(missing)}), "
+            f"{adapter!r} LoRA tensors do not fit the model: "
+            f"missing {missing[:3]} ({len(missing)}), "
             f"unexpected {unexpected[:3]} ({len(unexpected)})"
         )
     params = dict(model.named_parameters())
+    for peft_name, param_name in names.items():
+        copy_full_into(params[param_name], tensors[peft_name], peft_name)
+
+
+def copy_full_into(param: torch.Tensor, full: torch.Tensor, name: str) -> None:
+    """Copy a full tensor into a parameter, keeping only this rank's shard of a DTensor."""
+    if tuple(full.shape) != tuple(param.shape):
+        raise AdapterError(
+            f"{name}: shape {tuple(full.shape)} does not match model {tuple(param.shape)}"
+        )
     with torch.no_grad():
-        for peft_name, param_name in names.items():
-            param, full = params[param_name], tensors[peft_name]
-            if tuple(full.shape) != tuple(param.shape):
-                raise AdapterError(
-                    f"{peft_name}: shape {tuple(full.shape)} does not match model "
-                    f"{tuple(param.shape)}"
-                )
-            if isinstance(param, DTensor):
-                local = full.to(device=param.to_local().device, dtype=param.dtype)
-                shard = distribute_tensor(
-                    local, param.device_mesh, param.placements, src_data_rank=None
-                )
-                param.to_local().copy_(shard.to_local())
-            else:
-                param.copy_(full.to(device=param.device, dtype=param.dtype))
+        if isinstance(param, DTensor):
+            local = full.to(device=param.to_local().device, dtype=param.dtype)
+            mesh, placements = param.device_mesh, param.placements
+            shard = distribute_tensor(local, mesh, placements, src_data_rank=None)
+            param.to_local().copy_(shard.to_local())
+        else:
+            param.copy_(full.to(device=param.device, dtype=param.dtype))

@@ -119,7 +119,8 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
 
 
 def shard_model(model: nn.Module, ctx: DistContext, mixed_precision: bool = True) -> nn.Module:
-    """Apply FSDP2 per decoder layer, then at the root; a no-op for a single plain process.
+    """Apply FSDP2 per decoder layer (and PPO's value head), then at the root; a no-op for a
+    single plain process.
 
     `reshard_after_forward` stays True on purpose: PEFT's `disable_adapter()` toggles
     `requires_grad` on whatever parameters are registered, and with resharding off those are
@@ -135,6 +136,11 @@ def shard_model(model: nn.Module, ctx: DistContext, mixed_precision: bool = True
         mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     for layer in decoder_layers(model):
         fully_shard(layer, mesh=mesh, mp_policy=mp, reshard_after_forward=True)
+    head = getattr(model, "value_head", None)
+    if isinstance(head, nn.Module):
+        # PPO's value head runs after the root's forward has returned: as a root parameter it
+        # would not be gathered then. Its own unit gathers it around its own call; fp32 always.
+        fully_shard(head, mesh=mesh, mp_policy=MixedPrecisionPolicy(), reshard_after_forward=True)
     fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=True)
     return model
 
