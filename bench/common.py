@@ -1,14 +1,25 @@
-"""What every benchmark records about where it ran: numbers from a shared 2-core box mean little
-without the CPU, the load and the library versions next to them."""
+"""What every benchmark records about where it ran (numbers from a shared 2-core box mean little
+without the CPU, the load and the library versions next to them), and the operator benchmarks'
+shared harness: start the real operator, read its CPU and memory from /proc."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import os
 import platform
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from lorarl.local.ports import free_port
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def cpu_model() -> str:
@@ -46,3 +57,80 @@ def write_results(path: Path, report: dict[str, Any]) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(json.dumps(report, indent=2) + "\n")
     os.replace(tmp, path)
+
+
+def cpu_seconds(pid: int) -> float:
+    """The process's user + system CPU time (utime and stime of /proc/<pid>/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def rss_mb(pid: int) -> dict[str, float]:
+    """VmRSS (now) and VmHWM (peak) of a process, in MB."""
+    out = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key = line.split(":", 1)[0]
+        if key in ("VmRSS", "VmHWM"):
+            out[key] = round(int(line.split()[1]) / 1024, 1)
+    return out
+
+
+@contextlib.contextmanager
+def running_operator(
+    kubeconfig: Path,
+    *,
+    timer_seconds: float,
+    progress_url: str,
+    profile: str | None = None,
+    log: Path | None = None,
+) -> Iterator[subprocess.Popen[bytes]]:
+    """The real operator (`python -m lorarl.operator`) against `kubeconfig`, healthy and with
+    its watches up; stopped (SIGTERM, then SIGKILL) on exit. `profile` runs it under cProfile
+    (several times slower: for finding costs, not for figures); `log` keeps its output."""
+    with tempfile.TemporaryDirectory() as tmp:
+        health = free_port()
+        env = {
+            **os.environ,
+            "KUBECONFIG": str(kubeconfig),
+            "LORARL_WEBHOOK_PORT": "0",
+            "LORARL_HEALTH_PORT": str(health),
+            "LORARL_METRICS_PORT": "0",
+            "LORARL_TIMER_SECONDS": str(timer_seconds),
+            "LORARL_PROGRESS_URL": progress_url,
+            "HOME": tmp,
+        }
+        log = log or Path(tmp) / "operator.log"
+        prof = ["-m", "cProfile", "-o", profile] if profile else []
+        with log.open("wb") as out:
+            proc = subprocess.Popen(
+                [sys.executable, *prof, "-m", "lorarl.operator"],
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                cwd=ROOT,
+            )
+        try:
+            deadline = time.monotonic() + 60
+            while not _healthy(health):
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    raise RuntimeError(f"operator did not start:\n{log.read_text()[-3000:]}")
+                time.sleep(0.1)
+            time.sleep(1.0)  # let kopf establish its watches
+            yield proc
+        finally:
+            if proc.poll() is None and proc.returncode is None:
+                proc.terminate()
+            try:
+                proc.wait(30)  # cProfile writes its stats on a clean exit
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def _healthy(port: int) -> bool:
+    import httpx
+
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).is_success
+    except httpx.HTTPError:
+        return False

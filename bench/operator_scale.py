@@ -19,18 +19,13 @@ import argparse
 import copy
 import json
 import os
-import platform
 import statistics
-import subprocess
-import sys
-import tempfile
 import time
 from pathlib import Path
 
-import httpx
 import yaml
 
-from lorarl.local.ports import free_port
+from bench.common import cpu_seconds, machine, rss_mb, running_operator, write_results
 from tests.support.kube.store import Event
 from tests.support.kube_emulator import kube_api
 
@@ -46,19 +41,6 @@ CHILDREN = (
 PODS = ("-trainer-0", "-rollout-0", "-rollout-1")
 
 
-def _peak_rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return round(int(line.split()[1]) / 1024, 1)
-    raise RuntimeError("no VmHWM in /proc status")
-
-
-def _cpu_seconds(pid: int) -> float:
-    """The process's user + system CPU time (utime and stime of /proc/<pid>/stat)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def _expected(name: str) -> set[tuple[str, str]]:
     return {(res.rsplit("/", 1)[-1], name + sfx) for res, sfx in CHILDREN} | {
         ("pods", name + sfx) for sfx in PODS
@@ -71,76 +53,52 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=300.0)
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--profile", help="write the operator's cProfile stats to this file")
+    parser.add_argument("--log", type=Path, help="keep the operator's log here")
     args = parser.parse_args()
     crd = yaml.safe_load((ROOT / "crds" / "lorarljobs.lorarl.dev.yaml").read_text())
     base = yaml.safe_load((ROOT / "examples" / "quickstart.yaml").read_text())
     names = [f"bench-{i:04d}" for i in range(args.jobs)]
-    with kube_api(crds=[crd]) as kube, tempfile.TemporaryDirectory() as tmp:
-        health = free_port()
-        env = {
-            **os.environ,
-            "KUBECONFIG": str(kube.kubeconfig_path),
-            "LORARL_WEBHOOK_PORT": "0",
-            "LORARL_HEALTH_PORT": str(health),
-            "LORARL_METRICS_PORT": "0",
-            "LORARL_TIMER_SECONDS": "30",
-            "LORARL_PROGRESS_URL": "http://127.0.0.1:9",
-            "HOME": tmp,
-        }
-        log = Path(tmp) / "operator.log"
-        with log.open("wb") as out:
-            prof = ["-m", "cProfile", "-o", args.profile] if args.profile else []
-            proc = subprocess.Popen(
-                [sys.executable, *prof, "-m", "lorarl.operator"],
-                env=env,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                cwd=ROOT,
-            )
-        try:
-            deadline = time.monotonic() + 60
-            while True:
-                try:
-                    if httpx.get(f"http://127.0.0.1:{health}/healthz", timeout=1).is_success:
-                        break
-                except httpx.HTTPError:
-                    pass
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    raise RuntimeError(f"operator did not start:\n{log.read_text()[-3000:]}")
-                time.sleep(0.1)
-            time.sleep(1.0)  # let kopf establish its watches
-            load = os.getloadavg()[0]
-            cpu0, own0 = _cpu_seconds(proc.pid), time.process_time()
-            seen: dict[tuple[str, str], float] = {}  # (plural, name) -> when it was committed
+    info = machine(note="emulator and operator share the machine's cores")
+    with (
+        kube_api(crds=[crd]) as kube,
+        running_operator(
+            kube.kubeconfig_path,
+            timer_seconds=30,
+            progress_url="http://127.0.0.1:9",
+            profile=args.profile,
+            log=args.log,
+        ) as proc,
+    ):
+        load = os.getloadavg()[0]
+        cpu0, own0 = cpu_seconds(proc.pid), time.process_time()
+        seen: dict[tuple[str, str], float] = {}  # (plural, name) -> when it was committed
 
-            def record(event: Event) -> None:  # called by the store on every commit (cheap)
-                if event.type == "ADDED":
-                    seen.setdefault((event.key[1], event.key[3]), time.monotonic())
+        def record(event: Event) -> None:  # called by the store on every commit (cheap)
+            if event.type == "ADDED":
+                seen.setdefault((event.key[1], event.key[3]), time.monotonic())
 
-            kube.emulator.store.hooks.append(record)
-            created: dict[str, float] = {}
-            t0 = time.monotonic()
+        kube.emulator.store.hooks.append(record)
+        created: dict[str, float] = {}
+        t0 = time.monotonic()
+        for name in names:
+            job = copy.deepcopy(base)
+            job["metadata"]["name"] = name
+            kube.emulator.create(LRJ, job)
+            created[name] = time.monotonic()
+        create_s = time.monotonic() - t0
+        done: dict[str, float] = {}
+        first: dict[str, float] = {}  # create -> its first child: the operator's pick-up
+        while len(done) < len(names) and time.monotonic() - t0 < args.timeout:
             for name in names:
-                job = copy.deepcopy(base)
-                job["metadata"]["name"] = name
-                kube.emulator.create(LRJ, job)
-                created[name] = time.monotonic()
-            create_s = time.monotonic() - t0
-            done: dict[str, float] = {}
-            first: dict[str, float] = {}  # create -> its first child: the operator's pick-up
-            while len(done) < len(names) and time.monotonic() - t0 < args.timeout:
-                for name in names:
-                    if name not in done and _expected(name) <= seen.keys():
-                        done[name] = max(seen[k] for k in _expected(name)) - created[name]
-                        first[name] = min(seen[k] for k in _expected(name)) - created[name]
-                time.sleep(0.25)
-            rss = _peak_rss_mb(proc.pid)
-            cpu = _cpu_seconds(proc.pid) - cpu0
-            own = time.process_time() - own0
-            load_end = os.getloadavg()[0]
-        finally:
-            proc.terminate()
-            proc.wait(20)
+                if name not in done and _expected(name) <= seen.keys():
+                    done[name] = max(seen[k] for k in _expected(name)) - created[name]
+                    first[name] = min(seen[k] for k in _expected(name)) - created[name]
+            time.sleep(0.25)
+        rss = rss_mb(proc.pid)["VmHWM"]
+        cpu = cpu_seconds(proc.pid) - cpu0
+        own = time.process_time() - own0
+        load_end = os.getloadavg()[0]
+        wall = time.monotonic() - t0
     if len(done) < len(names):
         raise SystemExit(f"only {len(done)}/{len(names)} jobs complete within {args.timeout}s")
     secs = sorted(done.values())
@@ -157,19 +115,16 @@ def main() -> None:
         "operator_cpu_s": round(cpu, 2),
         "operator_cpu_ms_per_job": round(1000 * cpu / len(names), 1),
         "emulator_cpu_s": round(own, 2),  # this process: the API emulator and the poller
-        "wall_s": round(time.monotonic() - t0, 2),
+        "wall_s": round(wall, 2),
         "create_all_s": round(create_s, 3),
         "children_per_job": len(CHILDREN) + len(PODS),
         "machine": {
-            "cpu_count": os.cpu_count(),
-            "python": platform.python_version(),
+            **info,
             "load_avg_1m_at_start": round(load, 2),
             "load_avg_1m_at_end": round(load_end, 2),
-            "note": "emulator and operator share the machine's cores",
         },
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    write_results(args.out, result)
     print(json.dumps(result, indent=2))
 
 

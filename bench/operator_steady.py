@@ -21,19 +21,15 @@ import copy
 import json
 import multiprocessing as mp
 import os
-import subprocess
-import sys
-import tempfile
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-import httpx
 import yaml
 
-from bench.common import machine, write_results
-from bench.operator_scale import LRJ, PODS, _cpu_seconds
+from bench.common import cpu_seconds, machine, rss_mb, running_operator, write_results
+from bench.operator_scale import LRJ, PODS
 from lorarl.local.ports import free_port
 from tests.support.kube_emulator import kube_api
 
@@ -101,20 +97,11 @@ def _kind(request: Any) -> str:
     return f"{str(request.method.value).upper()} {what}{watch}"
 
 
-def _rss_mb(pid: int) -> dict[str, float]:
-    out = {}
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        key = line.split(":", 1)[0]
-        if key in ("VmRSS", "VmHWM"):
-            out[key] = round(int(line.split()[1]) / 1024, 1)
-    return out
-
-
-def _wait(what: str, check: Any, timeout: float, proc: Any, log: Path) -> float:
+def _wait(what: str, check: Any, timeout: float, proc: Any, log: Path | None) -> float:
     t0 = time.monotonic()
     while not check():
         if proc.poll() is not None:
-            tail = log.read_text()[-3000:]
+            tail = log.read_text()[-3000:] if log else "(rerun with --log to keep its log)"
             raise SystemExit(f"the operator exited while waiting for {what}:\n{tail}")
         if time.monotonic() - t0 > timeout:
             raise SystemExit(f"timed out after {timeout:.0f} s waiting for {what}")
@@ -131,6 +118,7 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=900.0)
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--profile", help="write the operator's cProfile stats to this file")
+    parser.add_argument("--log", type=Path, help="keep the operator's log here")
     args = parser.parse_args()
     crd = yaml.safe_load((ROOT / "crds" / "lorarljobs.lorarl.dev.yaml").read_text())
     base = yaml.safe_load((ROOT / "examples" / "quickstart.yaml").read_text())
@@ -143,39 +131,18 @@ def main() -> None:
         target=_serve_progress, args=(port, args.step_seconds, hits), daemon=True
     )
     server.start()
-    with kube_api(crds=[crd]) as kube, tempfile.TemporaryDirectory() as tmp:
-        health = free_port()
-        env = {
-            **os.environ,
-            "KUBECONFIG": str(kube.kubeconfig_path),
-            "LORARL_WEBHOOK_PORT": "0",
-            "LORARL_HEALTH_PORT": str(health),
-            "LORARL_METRICS_PORT": "0",
-            "LORARL_TIMER_SECONDS": str(args.timer),
-            "LORARL_PROGRESS_URL": f"http://127.0.0.1:{port}/{{namespace}}/{{name}}",
-            "HOME": tmp,
-        }
-        log = Path(tmp) / "operator.log"
-        with log.open("wb") as out:
-            prof = ["-m", "cProfile", "-o", args.profile] if args.profile else []
-            proc = subprocess.Popen(
-                [sys.executable, *prof, "-m", "lorarl.operator"],
-                env=env,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                cwd=ROOT,
-            )
-        emu = kube.emulator
-        try:
-
-            def healthy() -> bool:
-                try:
-                    return httpx.get(f"http://127.0.0.1:{health}/healthz", timeout=1).is_success
-                except httpx.HTTPError:
-                    return False
-
-            _wait("the operator", healthy, 60, proc, log)
-            time.sleep(1.0)  # let kopf establish its watches
+    try:
+        with (
+            kube_api(crds=[crd]) as kube,
+            running_operator(
+                kube.kubeconfig_path,
+                timer_seconds=args.timer,
+                progress_url=f"http://127.0.0.1:{port}/{{namespace}}/{{name}}",
+                profile=args.profile,
+                log=args.log,
+            ) as proc,
+        ):
+            emu, log = kube.emulator, args.log
             t_create = time.monotonic()
             for name in names:
                 job = copy.deepcopy(base)
@@ -198,23 +165,17 @@ def main() -> None:
             ramp_s = time.monotonic() - t_create
             time.sleep(args.timer + 1)  # every job's timer has fired at least once since
             load0 = os.getloadavg()[0]
-            cpu0, req0, hits0 = _cpu_seconds(proc.pid), len(emu._requests), hits.value
+            cpu0, req0, hits0 = cpu_seconds(proc.pid), len(emu._requests), hits.value
             t0 = time.monotonic()
             time.sleep(args.window)
             window = time.monotonic() - t0
-            cpu, requests = _cpu_seconds(proc.pid) - cpu0, emu._requests[req0:]
+            cpu, requests = cpu_seconds(proc.pid) - cpu0, emu._requests[req0:]
             polls = hits.value - hits0
             load1 = os.getloadavg()[0]
-            rss = _rss_mb(proc.pid)
+            rss = rss_mb(proc.pid)
             still_running = sum(phase(n) == "Running" for n in names)
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-            server.terminate()
+    finally:
+        server.terminate()
     per_min = 60.0 / window
     verbs = collections.Counter(_kind(r) for r in requests)
     result = {
@@ -241,7 +202,6 @@ def main() -> None:
             "load_avg_1m_at_end": round(load1, 2),
         },
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
     write_results(args.out, result)
     print(json.dumps(result, indent=2))
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import ssl
+import time
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
@@ -124,6 +125,9 @@ def ssl_context(creds: Credentials) -> ssl.SSLContext | bool:
 # One session, few connections kept alive: the API server answers these small writes in
 # milliseconds, and more sockets only add handshakes.
 CONNECTIONS = 8
+# Tokens rotate in minutes (service-account tokens are re-read after 60 s by the `kubernetes`
+# package, exec-plugin tokens carry an expiry); asking every few seconds follows them closely.
+AUTH_TTL_S = 5.0
 
 
 class Reply:
@@ -147,6 +151,7 @@ class Kube:
         self._ssl = ssl_context(creds)
         self._timeout = aiohttp.ClientTimeout(total=timeout)
         self._session: aiohttp.ClientSession | None = None
+        self._auth: tuple[float, dict[str, str]] = (-AUTH_TTL_S, {})
 
     def _open(self) -> aiohttp.ClientSession:
         if self._session is None:
@@ -158,6 +163,15 @@ class Kube:
             )
         return self._session
 
+    def _headers(self) -> dict[str, str]:
+        """The credentials' auth header, asked for again every AUTH_TTL_S: the `kubernetes`
+        package re-applies its whole config (proxy lookup from the environment included) on
+        each ask, a sixth of this client's CPU when asked per request."""
+        now = time.monotonic()
+        if now - self._auth[0] >= AUTH_TTL_S:
+            self._auth = (now, self._creds.headers())
+        return self._auth[1]
+
     async def close(self) -> None:
         if self._session is not None:
             await self._session.close()
@@ -165,7 +179,7 @@ class Kube:
     async def _call(
         self, method: str, url: str, body: Any = None, content_type: str = "application/json"
     ) -> Reply:
-        headers = {**self._creds.headers(), "Accept": "application/json"}
+        headers = {**self._headers(), "Accept": "application/json"}
         data = None
         if body is not None:
             headers["Content-Type"] = content_type

@@ -12,6 +12,7 @@ from lorarl.operator.handlers.common import CONFIG
 from lorarl.operator.kube import Kube, load_credentials
 from lorarl.operator.metrics import OperatorMetrics, health_route, metrics_route, serve
 from lorarl.operator.reconciler import Reconciler
+from lorarl.operator.storage import DiffBaseStorage, ProgressStorage
 
 PREFIX = "lorarl.dev"
 
@@ -25,8 +26,9 @@ async def configure(
     settings.scanning.disabled = True  # the chart grants no CRD or namespace reads
     settings.persistence.finalizer = f"{PREFIX}/operator"
     # Annotations, not status: the status must stay exactly what the API models allow.
-    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=PREFIX)
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+    # The same storages with a cheaper copy of the object (operator/storage.py).
+    settings.persistence.progress_storage = ProgressStorage(prefix=PREFIX)
+    settings.persistence.diffbase_storage = DiffBaseStorage(
         prefix=PREFIX, key="last-handled-configuration"
     )
     # Only warnings from kopf's own logs become Events; ours are posted with kopf.event().
