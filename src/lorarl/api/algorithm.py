@@ -46,7 +46,8 @@ class DynamicSamplingSpec(ApiModel):
     enabled: bool | None = Field(
         default=None,
         description="DAPO dynamic sampling: drop groups whose rewards are all equal and refill. "
-        "Default: on for dapo, off otherwise.",
+        "Default: on for dapo, off otherwise (with ppo such groups still teach the critic and "
+        "get nonzero GAE advantages, so dropping them only costs generation).",
     )
     max_rounds: int = Field(
         default=3, ge=1, le=32, description="Generation rounds per step before giving up refilling."
