@@ -47,7 +47,7 @@ class DynamicSamplingSpec(ApiModel):
         default=None,
         description="DAPO dynamic sampling: drop groups whose rewards are all equal and refill. "
         "Default: on for dapo, off otherwise (with ppo such groups still teach the critic and "
-        "get nonzero GAE advantages, so dropping them only costs generation).",
+        "get nonzero GAE advantages: dropping them discards signal).",
     )
     max_rounds: int = Field(
         default=3, ge=1, le=32, description="Generation rounds per step before giving up refilling."
