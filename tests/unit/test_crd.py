@@ -195,3 +195,23 @@ def test_bad_examples_cover_every_cel_rule(validator: CrdValidator):
 def test_both_sides_are_exercised():
     verdicts = [not check_manifest(doc) for _, doc in CASES]
     assert verdicts.count(True) >= 10 and verdicts.count(False) >= 25
+
+
+def test_the_ppo_fields_and_their_rules_are_in_the_crd():
+    spec = crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    critic = spec["properties"]["critic"]["properties"]
+    assert {"lora", "optim", "valueClip", "warmupSteps", "vfCoef"} == set(critic)
+    assert (critic["valueClip"]["default"], critic["warmupSteps"]["default"]) == (0.5, 0)
+    assert critic["optim"]["properties"]["gradClip"]["default"] == 1.0
+    kl = spec["properties"]["algorithm"]["properties"]["kl"]
+    assert kl["properties"]["inReward"]["default"] is False
+    assert kl["properties"]["controller"]["enum"] == ["fixed", "adaptive"]
+    assert (kl["properties"]["targetKl"]["default"], kl["properties"]["horizon"]["default"]) == (
+        0.1, 10000,
+    )  # fmt: skip
+    paths = {r.get("fieldPath") for r in kl["x-kubernetes-validations"]}
+    assert {".inReward", ".controller", ".targetKl", ".horizon"} <= paths
+    spec_paths = {r.get("fieldPath") for r in spec["x-kubernetes-validations"]}
+    assert {".critic", ".critic.warmupSteps"} <= spec_paths
+    algorithm_rules = spec["properties"]["algorithm"]["x-kubernetes-validations"]
+    assert not any("'ppo'" in r["rule"] and r.get("fieldPath") == ".name" for r in algorithm_rules)
