@@ -14,10 +14,10 @@ trainable because each has its own optimizer.
 from __future__ import annotations
 
 import json
+import types
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 import torch
 from peft import LoraConfig, PeftModel
@@ -29,7 +29,6 @@ from torch.distributed.tensor import DTensor
 from lorarl.sync.adapter_files import ADAPTER_CONFIG, ADAPTER_WEIGHTS, write_adapter_dir
 from lorarl.trainer.logprobs import (
     _check_shapes,
-    _takes_logits_to_keep,
     first_scored_position,
     position_ids_from_mask,
 )
@@ -44,6 +43,7 @@ from lorarl.trainer.model import (
 )
 
 CRITIC_ADAPTER = "critic"
+CRITIC_FORWARD = "critic_hidden"
 VALUE_HEAD = "value_head"
 HEAD_PREFIX = f"{VALUE_HEAD}."
 
@@ -68,6 +68,8 @@ def add_critic(model: PeftModel, settings: LoraSettings) -> None:
     nn.init.zeros_(head.weight)
     nn.init.zeros_(head.bias)
     model.add_module(VALUE_HEAD, head)
+    _decoder(model)  # fail here, not at the first critic pass, on a model without one
+    setattr(model, CRITIC_FORWARD, types.MethodType(_critic_hidden, model))
     if not lora_parameters(model, CRITIC_ADAPTER):
         raise AdapterError("critic.lora matched no module of the base model")
 
@@ -119,10 +121,26 @@ def _decoder(model: nn.Module) -> nn.Module:
     return decoder
 
 
-def _last_hidden(output: Any) -> torch.Tensor:
-    if hasattr(output, "last_hidden_state"):
-        return output.last_hidden_state
-    return output[0]
+def _critic_hidden(
+    self: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    position_ids: torch.Tensor,
+) -> torch.Tensor:
+    """The decoder's last hidden state (after its final norm): the LM head never runs.
+
+    Bound to the model as `CRITIC_FORWARD`; `parallel.shard_model` registers it as an FSDP forward
+    method, so the root's parameters (final norm, embeddings) are gathered around it and gathered
+    again for its backward, as for `forward` (a plain call into the decoder would leave them
+    resharded and the norm's backward would read freed storage).
+    """
+    out = _decoder(self)(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids,
+        use_cache=False,
+    )
+    return out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
 
 
 def sequence_values(
@@ -137,45 +155,23 @@ def sequence_values(
     the state token t is generated in, read from the hidden state at t - 1 (aligned like
     logprobs).
 
-    The model is called whole (so FSDP's root hooks run) with the LM head asked for one position
-    only; a forward hook on the decoder takes its last hidden state, which keeps no other layer's
-    activations alive in a no-grad pass. Keeps the graph when grad is enabled; collective under
-    FSDP2 like every forward. The actor is the active adapter again afterwards, even on error.
+    Runs the decoder only (no LM head, no other layer's activations kept in a no-grad pass).
+    Keeps the graph when grad is enabled; collective under FSDP2 like every forward. The actor is
+    the active adapter again afterwards, even on error.
     """
     _check_shapes(input_ids, attention_mask, response_mask, micro_batch_size)
     head = value_head(model)
-    decoder = _decoder(model)
-    extra = {"logits_to_keep": 1} if _takes_logits_to_keep(model) else {}
-    captured: list[torch.Tensor] = []
-
-    def grab(_module: nn.Module, _args: Any, output: Any) -> None:
-        captured.append(_last_hidden(output))
-
+    hidden_of = getattr(model, CRITIC_FORWARD)
     values: list[torch.Tensor] = []
-    handle = decoder.register_forward_hook(grab)
-    try:
-        with active_lora(model, CRITIC_ADAPTER):
-            for start in range(0, input_ids.shape[0], micro_batch_size):
-                sl = slice(start, start + micro_batch_size)
-                ids, am = input_ids[sl], attention_mask[sl]
-                first = first_scored_position(response_mask[sl])
-                captured.clear()
-                model(
-                    input_ids=ids,
-                    attention_mask=am,
-                    position_ids=position_ids_from_mask(am),
-                    use_cache=False,
-                    **extra,
-                )
-                if len(captured) != 1:
-                    raise RuntimeError(f"decoder ran {len(captured)} times in one forward")
-                hidden = captured.pop()[:, first - 1 : -1].float()
-                v = head(hidden).squeeze(-1)
-                v = torch.cat([v.new_zeros(v.shape[0], first), v], dim=1)
-                values.append(torch.where(response_mask[sl].bool(), v, 0.0))
-    finally:
-        handle.remove()
-        captured.clear()
+    with active_lora(model, CRITIC_ADAPTER):
+        for start in range(0, input_ids.shape[0], micro_batch_size):
+            sl = slice(start, start + micro_batch_size)
+            ids, am = input_ids[sl], attention_mask[sl]
+            first = first_scored_position(response_mask[sl])
+            hidden = hidden_of(ids, am, position_ids_from_mask(am))
+            v = head(hidden[:, first - 1 : -1].float()).squeeze(-1)
+            v = torch.cat([v.new_zeros(v.shape[0], first), v], dim=1)
+            values.append(torch.where(response_mask[sl].bool(), v, 0.0))
     return torch.cat(values)
 
 

@@ -16,8 +16,15 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import (
+    FSDPModule,
+    MixedPrecisionPolicy,
+    fully_shard,
+    register_fsdp_forward_method,
+)
 from torch.distributed.tensor import DTensor
+
+from lorarl.trainer.critic import CRITIC_FORWARD, VALUE_HEAD
 
 log = logging.getLogger(__name__)
 
@@ -136,12 +143,15 @@ def shard_model(model: nn.Module, ctx: DistContext, mixed_precision: bool = True
         mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     for layer in decoder_layers(model):
         fully_shard(layer, mesh=mesh, mp_policy=mp, reshard_after_forward=True)
-    head = getattr(model, "value_head", None)
+    head = getattr(model, VALUE_HEAD, None)
     if isinstance(head, nn.Module):
-        # PPO's value head runs after the root's forward has returned: as a root parameter it
-        # would not be gathered then. Its own unit gathers it around its own call; fp32 always.
+        # PPO's value head runs outside the root's forward: as a root parameter it would not be
+        # gathered then. Its own unit gathers it around its own call; fp32 always.
         fully_shard(head, mesh=mesh, mp_policy=MixedPrecisionPolicy(), reshard_after_forward=True)
     fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=True)
+    if hasattr(model, CRITIC_FORWARD):
+        # The critic's decoder-only pass needs the root's gather/reshard and backward hooks too.
+        register_fsdp_forward_method(model, CRITIC_FORWARD)
     return model
 
 
