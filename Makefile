@@ -22,6 +22,7 @@ help:
 	@echo "make crds    - regenerate crds/ from the API models"
 	@echo "make bench   - every benchmark under bench/, then bench/results/README.md (TRL installed)"
 	@echo "make engine-venv / sglang-venv - the vLLM engine and SGLang contract interpreters"
+	@echo "make verl-site - verl's code for the PPO math contract tests (.verl-site)"
 
 setup: $(STAMP)
 
@@ -38,14 +39,15 @@ $(STAMP): pyproject.toml
 # Engines (vLLM) and the SGLang contract checks run under their own interpreters: both pin
 # transformers/fastapi versions the trainer does not want.
 TEST_ENV = LORARL_ENGINE_PYTHON=$(abspath $(ENGINE_VENV))/bin/python \
-	LORARL_SGLANG_PYTHON=$(abspath $(SGLANG_VENV))/bin/python
+	LORARL_SGLANG_PYTHON=$(abspath $(SGLANG_VENV))/bin/python \
+	LORARL_VERL_SITE=$(abspath $(VERL_SITE))
 
 # pytest exits 5 when it collects nothing; that is a failure here, like any other non-zero code.
 .PHONY: test-system-packages
 test-system-packages:
 	bash scripts/install_test_system_packages.sh
 
-test: setup engine-venv sglang-venv test-system-packages
+test: setup engine-venv sglang-venv verl-site test-system-packages
 	$(TEST_ENV) $(PY) -m pytest $(PYTEST_ARGS)
 
 # A real LoRA RL job on this machine: SmolLM2-135M-Instruct learns "which is larger" (~10 min).
@@ -111,7 +113,7 @@ images:
 	DOCKER_BUILDKIT=1 $(DOCKER) build -f reward_image/Dockerfile -t $(IMAGE_REGISTRY)/reward:$(IMAGE_TAG) .
 
 clean:
-	rm -rf $(VENV) $(ENGINE_VENV) $(SGLANG_VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(ENGINE_VENV) $(SGLANG_VENV) $(VERL_SITE) .pytest_cache .ruff_cache
 
 # SGLang's own parser, request types and HTTP app for tests/contract (CPU-only, ~2.5 GB, ~3 min).
 # A separate venv: SGLang pins transformers 5.19 and must never pull a CUDA torch into $(VENV).
@@ -121,4 +123,25 @@ sglang-venv: $(SGLANG_VENV)/.lorarl-sglang-installed
 
 $(SGLANG_VENV)/.lorarl-sglang-installed: scripts/install_sglang_contract_env.sh
 	scripts/install_sglang_contract_env.sh $(SGLANG_VENV)
+	touch $@
+
+# verl's own PPO functions for tests/contract/test_verl_contract.py (GAE, value loss, KL in the
+# reward). A `pip --target` dir, not a venv: its code runs on $(VENV)'s torch in a subprocess with
+# PYTHONPATH=$(VERL_SITE). --no-deps because verl's declared deps (Ray, vLLM, ...) are not needed
+# by the functions compared; the pins below are what those imports need. The stamp carries the
+# verl version, so bumping it rebuilds the dir.
+VERL_SITE ?= .verl-site
+VERL_VERSION := 0.9.1
+VERL_PINS := verl==$(VERL_VERSION) tensordict==0.15.3 pyvers==0.2.3 omegaconf==2.4.0 \
+	antlr4-python3-runtime==4.9.3 codetiming==1.4.0 orjson==3.13.0
+VERL_STAMP := $(VERL_SITE)/.lorarl-verl-$(VERL_VERSION)
+
+.PHONY: verl-site
+verl-site: $(VERL_STAMP)
+
+$(VERL_STAMP): | $(STAMP)
+	rm -rf $(VERL_SITE)
+	$(PIP) install --quiet --no-deps --target $(VERL_SITE) $(VERL_PINS)
+	PYTHONPATH=$(abspath $(VERL_SITE)) $(PY) -W ignore -c \
+		"import verl.trainer.ppo.core_algos, verl.trainer.ppo.metric_utils"
 	touch $@

@@ -9,6 +9,7 @@ import torch
 
 from lorarl.trainer.advantages import (
     compute_advantages,
+    explained_variance,
     gae,
     grpo_advantages,
     last_token_rewards,
@@ -158,8 +159,8 @@ def test_compute_advantages_dispatch():
 def test_compute_advantages_unknown_name_lists_valid_ones():
     with pytest.raises(ValueError, match=r"unknown advantage estimator 'gpro'.*dapo.*grpo.*rloo"):
         compute_advantages("gpro", t([1, 0]), 2)
-    with pytest.raises(ValueError, match="ppo uses gae"):
-        compute_advantages("ppo", t([1, 0]), 2)
+    with pytest.raises(ValueError, match=r"unknown advantage estimator 'ppo2'.*ppo.*gae\(\)"):
+        compute_advantages("ppo2", t([1, 0]), 2)
 
 
 def test_compute_advantages_rejects_unused_option():
@@ -205,11 +206,38 @@ def test_gae_lambda_zero_is_td_error():
     close(adv, [[0.0, 1.0]])
 
 
+def test_gae_skips_masked_tokens_inside_a_response():
+    # The by-hand row above with a prompt before it and an observation token (junk, NaN) inside:
+    # the recursion skips both, so the response tokens get exactly the contiguous row's numbers.
+    nan = float("nan")
+    rewards = t([nan, 0.0, 7.0, 1.0, 5.0])
+    values = t([nan, 0.5, nan, 0.2, 9.0])
+    mask = torch.tensor([[0, 1, 0, 1, 0]])
+    adv, ret = gae(rewards.view(1, -1), values.view(1, -1), mask, gamma=0.9, lam=0.8)
+    close(adv, [[0.0, 0.256, 0.0, 0.8, 0.0]])
+    close(ret, [[0.0, 0.756, 0.0, 1.0, 0.0]])
+
+
+def test_gae_empty_and_zero_length_batches():
+    adv, ret = gae(torch.ones(2, 3), torch.ones(2, 3), torch.zeros(2, 3), 1.0, 0.95)
+    assert adv.abs().sum() == 0 and ret.abs().sum() == 0
+    adv, ret = gae(torch.ones(2, 0), torch.ones(2, 0), torch.ones(2, 0), 1.0, 0.95)
+    assert adv.shape == ret.shape == (2, 0)
+
+
 def test_gae_rejects_bad_input():
     with pytest.raises(ValueError, match="values shape"):
         gae(torch.zeros(2, 3), torch.zeros(2, 4), torch.ones(2, 3), 1.0, 1.0)
-    with pytest.raises(ValueError, match="gamma and lam must be in"):
-        gae(torch.zeros(2, 3), torch.zeros(2, 3), torch.ones(2, 3), 1.5, 1.0)
+    for gamma, lam, name in ((1.5, 1.0, "gamma"), (-0.1, 1.0, "gamma"), (1.0, 1.01, "lam"),
+                             (True, 1.0, "gamma"), (1.0, "0.9", "lam")):  # fmt: skip
+        with pytest.raises(ValueError, match=f"{name} must be a number in"):
+            gae(torch.zeros(2, 3), torch.zeros(2, 3), torch.ones(2, 3), gamma, lam)
+    gae(torch.zeros(1, 2), torch.zeros(1, 2), torch.ones(1, 2), 0, 1)  # the bounds are allowed
+    values = t([[0.0, float("nan")]])
+    with pytest.raises(ValueError, match=r"values must be finite on response tokens; .*\(0, 1\)"):
+        gae(torch.zeros(1, 2), values, torch.ones(1, 2), 1.0, 1.0)
+    with pytest.raises(ValueError, match="token_rewards must be finite"):
+        gae(t([[float("inf"), 0.0]]), torch.zeros(1, 2), torch.ones(1, 2), 1.0, 1.0)
 
 
 def test_last_token_rewards():
@@ -219,22 +247,63 @@ def test_last_token_rewards():
         last_token_rewards(t([1.0, 2.0]), torch.tensor([[1, 0], [0, 0]]))
 
 
+def test_last_token_rewards_after_a_prompt_and_on_empty_rows():
+    # the last unmasked token, not the row's token count - 1: prompts come first, holes inside
+    mask = torch.tensor([[0, 0, 1, 0, 1, 0], [0, 1, 1, 1, 1, 1], [0, 0, 0, 0, 0, 0]])
+    got = last_token_rewards(t([1.0, 2.0, 3.0]), mask, allow_empty=True)
+    assert got.tolist() == [[0, 0, 0, 0, 1, 0], [0, 0, 0, 0, 0, 2], [0] * 6]
+    with pytest.raises(ValueError, match=r"batch indices \[2\]"):
+        last_token_rewards(t([1.0, 2.0, 3.0]), mask)
+    assert last_token_rewards(t([1.0]), torch.ones(1, 0), allow_empty=True).shape == (1, 0)
+
+
 def test_value_loss_takes_the_larger_error():
     # token 0: v=1, old=.5, R=0: unclipped (1-0)^2 = 1; clipped v=.5+.2=.7 -> .49; max 1 -> .5
     # token 1: v=1, old=.5, R=2: unclipped 1; clipped (.7-2)^2 = 1.69 -> max 1.69 -> .845
-    # token 2 is padding; mean over 2 tokens = (.5 + .845) / 2 = .6725
-    values = t([[1.0, 1.0, 7.0]]).requires_grad_()
-    loss = value_loss(
-        values,
-        t([[0.5, 0.5, 0.0]]),
-        t([[0.0, 2.0, 0.0]]),
-        torch.tensor([[1, 1, 0]]),
-        clip_range=0.2,
-    )
+    # token 2 is padding (NaN); mean over 2 tokens = (.5 + .845) / 2 = .6725; token 1 is clipped
+    values = t([[1.0, 1.0, float("nan")]]).requires_grad_()
+    args = (t([[0.5, 0.5, 0.0]]), t([[0.0, 2.0, 0.0]]), torch.tensor([[1, 1, 0]]))
+    loss, clip_frac = value_loss(values, *args, clip_range=0.2)
     close(loss, 0.6725)
+    close(clip_frac, 0.5)
+    assert not clip_frac.requires_grad
     loss.backward()
     # d/dv: token 0 unclipped branch: (v - R)/2 = .5; token 1 clipped branch is flat in v: 0
     close(values.grad, [[0.5, 0.0, 0.0]])
+    # a token mean shared with other micro-batches: 0.5 * (1 + 1.69) / 4
+    close(value_loss(values, *args, clip_range=0.2, num_tokens=4)[0], 0.33625)
+
+
+def test_value_loss_rejects_bad_input():
+    ones = torch.ones(1, 2)
+    for bad in (0, -0.1, float("inf"), True, "0.2"):
+        with pytest.raises(ValueError, match="clip_range must be a finite number > 0"):
+            value_loss(ones, ones, ones, ones, bad)
+    with pytest.raises(ValueError, match="num_tokens must be > 0"):
+        value_loss(ones, ones, ones, ones, 0.2, num_tokens=0)
+    with pytest.raises(ValueError, match="returns shape"):
+        value_loss(ones, ones, torch.ones(1, 3), ones, 0.2)
+
+
+def test_explained_variance():
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
+    returns = t([[1.0, 2.0, float("nan")], [3.0, 0.0, 0.0]])
+    close(explained_variance(returns, returns, mask), 1.0)
+    # constant values: Var(R - V) = Var(R) = 1 -> 1 - 1 / (1 + 1e-5)
+    close(explained_variance(torch.full((2, 3), 5.0), returns, mask), 1 - 1 / (1 + 1e-5), 1e-7)
+    # R - V = [1, 2, 3] - [0, 2, 6] = [1, 0, -3]: var 13/3; Var(R) = 1 -> 1 - 13/3
+    values = t([[0.0, 2.0, 7.0], [6.0, 0.0, 0.0]])
+    close(explained_variance(values, returns, mask), 1 - (13 / 3) / (1 + 1e-5))
+    assert math.isnan(explained_variance(values, returns, torch.tensor([[1, 0, 0], [0, 0, 0]])))
+
+
+def test_ppo_per_sample_advantages_are_zero():
+    got = compute_advantages("ppo", t([1.0, 0.0, 3.0]), group_size=1)
+    assert got.tolist() == [0.0, 0.0, 0.0]
+    with pytest.raises(ValueError, match="not used by 'ppo'"):
+        compute_advantages("ppo", t([1.0, 0.0]), group_size=1, eps=1e-6)
+    with pytest.raises(ValueError, match="rewards must be finite"):
+        compute_advantages("ppo", t([float("nan"), 0.0]), group_size=1)
 
 
 def test_whiten():

@@ -2,7 +2,8 @@
 
 Sequence-level estimators return one advantage per sample, shape ``[B]``; samples of one prompt are
 contiguous (``group_size`` of them in a row), which is how the rollout client returns them.
-``to_token_advantages`` broadcasts them over the response tokens.
+``to_token_advantages`` broadcasts them over the response tokens. PPO's advantages are per token:
+``gae`` over a critic's values, then ``whiten``; its registered estimator returns zeros.
 
 Standard deviations are Bessel-corrected (``unbiased=True``) everywhere, as in verl and TRL, so
 a run here and a run of the peers on the same rewards produce the same advantages. A group whose
@@ -12,6 +13,7 @@ divided by ``eps``, not signal.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
@@ -21,6 +23,7 @@ __all__ = [
     "ADVANTAGE_ESTIMATORS",
     "compute_advantages",
     "constant_groups",
+    "explained_variance",
     "gae",
     "group_rewards",
     "grpo_advantages",
@@ -154,72 +157,147 @@ def whiten(values: Tensor, mask: Tensor, *, shift_mean: bool = True, eps: float 
     return out * m
 
 
-def last_token_rewards(rewards: Tensor, mask: Tensor) -> Tensor:
-    """Place each sequence reward on its last unmasked token (``[B]`` -> ``[B, T]``), for GAE."""
+def last_token_rewards(rewards: Tensor, mask: Tensor, *, allow_empty: bool = False) -> Tensor:
+    """Place each sequence reward on its last unmasked token (``[B]`` -> ``[B, T]``), for GAE.
+
+    A row with no response tokens is an error unless ``allow_empty``: then it gets all zeros (the
+    all-padding filler rows that give every rank the same number of micro-batches).
+    """
     rewards = _as_rewards(rewards)
     if mask.dim() != 2 or mask.shape[0] != rewards.shape[0]:
         raise ValueError(
             f"mask must be [batch={rewards.shape[0]}, tokens], got shape {tuple(mask.shape)}"
         )
-    lengths = mask.to(torch.long).sum(dim=1)
-    if (lengths == 0).any():
-        empty = (lengths == 0).nonzero().flatten().tolist()
+    present = mask.to(torch.bool)
+    has_tokens = present.any(dim=1)
+    if not allow_empty and not bool(has_tokens.all()):
+        empty = (~has_tokens).nonzero().flatten().tolist()[:10]
         raise ValueError(f"sequences with no response tokens at batch indices {empty}")
     out = torch.zeros(mask.shape, dtype=rewards.dtype, device=rewards.device)
-    out[torch.arange(mask.shape[0], device=mask.device), lengths - 1] = rewards
+    n_tokens = mask.shape[1]
+    if n_tokens == 0:
+        return out
+    # index of the last True per row: argmax over the reversed row
+    last = n_tokens - 1 - present.flip(1).to(torch.int8).argmax(dim=1)
+    rows = torch.arange(mask.shape[0], device=mask.device)
+    out[rows, last] = torch.where(has_tokens.to(rewards.device), rewards, 0.0)
     return out
+
+
+def _check_finite_masked(x: Tensor, present: Tensor, name: str) -> None:
+    bad = present & ~torch.isfinite(x)
+    if bad.any():
+        where = [tuple(i) for i in bad.nonzero().tolist()[:5]]
+        raise ValueError(f"{name} must be finite on response tokens; NaN/inf at {where}")
 
 
 @torch.no_grad()
 def gae(
     token_rewards: Tensor, values: Tensor, mask: Tensor, gamma: float, lam: float
 ) -> tuple[Tensor, Tensor]:
-    """Generalized advantage estimation over right-padded ``[B, T]`` sequences.
+    """Generalized advantage estimation over ``[B, T]`` sequences, verl's semantics.
 
-    The value after a sequence's last token is 0 (the episode ends there), so padding never leaks
-    into the bootstrap. Returns ``(advantages, returns)``, both 0 on padding; ``returns`` are the
-    value-function targets ``advantages + values``.
+    ``values[:, t]`` is the critic's value of the state in which token ``t`` is generated. The
+    recursion runs over the unmasked tokens only: a masked token (prompt, padding, or a tool
+    observation inside a multi-turn response) is skipped, so the next value and the lambda
+    accumulator carry over it unchanged, and the value after a sequence's last token is 0 (the
+    episode ends there). Whatever sits on masked positions never leaks in, NaN included.
+    Returns raw ``(advantages, returns)`` with ``returns = advantages + values`` (the critic's
+    targets), both 0 outside the mask; whiten the advantages afterwards (over every rank).
     """
     if token_rewards.dim() != 2:
         raise ValueError(f"token_rewards must be 2-D, got shape {tuple(token_rewards.shape)}")
     _check_mask(values, token_rewards.shape, "values")
     _check_mask(mask, token_rewards.shape)
-    if not 0.0 <= gamma <= 1.0 or not 0.0 <= lam <= 1.0:
-        raise ValueError(f"gamma and lam must be in [0, 1], got gamma={gamma}, lam={lam}")
-    m = mask.to(values.dtype)
-    rewards = token_rewards.to(values.dtype) * m
-    values = values * m
+    for name, x in (("gamma", gamma), ("lam", lam)):
+        if isinstance(x, bool) or not isinstance(x, int | float) or not 0.0 <= x <= 1.0:
+            raise ValueError(f"{name} must be a number in [0, 1], got {x!r}")
+    present = mask.to(torch.bool)
+    dtype = torch.promote_types(values.dtype, torch.float32)
+    _check_finite_masked(values, present, "values")
+    _check_finite_masked(token_rewards, present, "token_rewards")
+    values = values.to(dtype)
+    rewards = token_rewards.to(dtype)
     adv = torch.zeros_like(values)
-    last = torch.zeros_like(values[:, 0])
-    n_tokens = values.shape[1]
-    for t in reversed(range(n_tokens)):
-        if t + 1 < n_tokens:
-            next_value, next_mask = values[:, t + 1], m[:, t + 1]
-        else:
-            next_value, next_mask = torch.zeros_like(last), torch.zeros_like(last)
-        delta = rewards[:, t] + gamma * next_value * next_mask - values[:, t]
-        last = delta + gamma * lam * next_mask * last
-        adv[:, t] = last
-    adv = adv * m
-    return adv, (adv + values) * m
+    next_value = values.new_zeros(values.shape[0])
+    last = torch.zeros_like(next_value)
+    cols = present.any(dim=0).nonzero().flatten()
+    if cols.numel():  # columns outside [first, last] response token change nothing
+        for t in range(int(cols[-1]), int(cols[0]) - 1, -1):
+            here = present[:, t]
+            delta = rewards[:, t] + gamma * next_value - values[:, t]
+            last = torch.where(here, delta + gamma * lam * last, last)
+            next_value = torch.where(here, values[:, t], next_value)
+            adv[:, t] = last
+    zero = torch.zeros((), dtype=dtype, device=values.device)
+    adv = torch.where(present, adv, zero)
+    return adv, torch.where(present, adv + values, zero)
 
 
 def value_loss(
-    values: Tensor, old_values: Tensor, returns: Tensor, mask: Tensor, clip_range: float
-) -> Tensor:
-    """PPO clipped value loss: token mean of ``0.5 * max((v - R)^2, (v_clip - R)^2)``.
+    values: Tensor,
+    old_values: Tensor,
+    returns: Tensor,
+    mask: Tensor,
+    clip_range: float,
+    *,
+    num_tokens: float | Tensor | None = None,
+) -> tuple[Tensor, Tensor]:
+    """PPO clipped value loss and its clip fraction, as verl's ``compute_value_loss``.
 
+    Loss: ``0.5 * sum(max((v - R)^2, (v_clip - R)^2)) / num_tokens`` over the masked tokens, where
     ``v_clip`` keeps the new value within ``clip_range`` of the value at rollout time, so one
-    update cannot move the critic far on a single batch.
+    update cannot move the critic far on a single batch. ``num_tokens`` defaults to this batch's
+    token count; pass the global count when micro-batches or ranks share one token mean.
+    Clip fraction: the share of tokens whose clipped error is strictly the larger (detached).
     """
     _check_mask(mask, values.shape)
     _check_mask(old_values, values.shape, "old_values")
     _check_mask(returns, values.shape, "returns")
-    if clip_range <= 0:
-        raise ValueError(f"clip_range must be > 0, got {clip_range}")
-    clipped = old_values + (values - old_values).clamp(-clip_range, clip_range)
-    loss = 0.5 * torch.maximum((values - returns) ** 2, (clipped - returns) ** 2)
-    return _masked_mean(loss, mask)
+    if (
+        isinstance(clip_range, bool)
+        or not isinstance(clip_range, int | float)
+        or not 0 < clip_range < math.inf
+    ):
+        raise ValueError(f"clip_range must be a finite number > 0, got {clip_range!r}")
+    present = mask.to(torch.bool)
+    # where(), not a product, and first: NaN on padding must reach neither the sum nor its gradient
+    values, old_values, returns = (
+        torch.where(present, x, torch.zeros_like(x)) for x in (values, old_values, returns)
+    )
+    # clamp values into the band, not old + clamp(diff): an unclipped value must stay bit-equal,
+    # or rounding makes its two errors differ and the clip fraction counts it
+    clipped = torch.clamp(values, old_values - clip_range, old_values + clip_range)
+    unclipped_err = (values - returns) ** 2
+    clipped_err = (clipped - returns) ** 2
+    total = torch.maximum(unclipped_err, clipped_err).sum()
+    m = present.to(total.dtype)
+    if num_tokens is None:
+        denom = m.sum().clamp(min=1.0)
+    else:
+        denom = torch.as_tensor(num_tokens, dtype=total.dtype, device=total.device)
+        if not bool(denom > 0):
+            raise ValueError(f"num_tokens must be > 0, got {float(denom)}")
+    frac = ((clipped_err > unclipped_err) & present).to(m.dtype).sum() / m.sum().clamp(min=1.0)
+    return 0.5 * total / denom, frac.detach()
+
+
+@torch.no_grad()
+def explained_variance(values: Tensor, returns: Tensor, mask: Tensor) -> Tensor:
+    """``1 - Var(returns - values) / (Var(returns) + 1e-5)`` over the masked tokens (0-dim).
+
+    The critic's fit: 1 is perfect, 0 is no better than a constant, negative is worse. The same
+    formula as verl's ``critic/vf_explained_var`` (Bessel-corrected variances, the 1e-5 guard
+    against a constant return). NaN when fewer than 2 tokens are masked in: it is undefined.
+    """
+    _check_mask(mask, values.shape)
+    _check_mask(returns, values.shape, "returns")
+    present = mask.to(torch.bool)
+    v = values.detach()[present].to(torch.promote_types(values.dtype, torch.float32))
+    r = returns.detach()[present].to(v.dtype)
+    if v.numel() < 2:
+        return torch.tensor(float("nan"), dtype=v.dtype, device=v.device)
+    return 1.0 - (r - v).var(unbiased=True) / (r.var(unbiased=True) + 1e-5)
 
 
 def _grpo(rewards: Tensor, group_size: int, *, eps: float = 1e-6) -> Tensor:
@@ -232,6 +310,11 @@ def _dr_grpo(rewards: Tensor, group_size: int) -> Tensor:
 
 def _rloo(rewards: Tensor, group_size: int) -> Tensor:
     return rloo_advantages(rewards, group_size)
+
+
+def _ppo(rewards: Tensor, group_size: int) -> Tensor:
+    """All zeros: PPO's advantages are per token, from ``gae`` over the critic's values later."""
+    return torch.zeros_like(_as_rewards(rewards))
 
 
 def _reinforce_pp(rewards: Tensor, group_size: int, *, eps: float = 1e-6) -> Tensor:
@@ -250,6 +333,7 @@ ADVANTAGE_ESTIMATORS: dict[str, tuple[Callable[..., Tensor], tuple[str, ...]]] =
     "rloo": (_rloo, ()),
     "reinforce_pp": (_reinforce_pp, ("eps",)),
     "reinforce_pp_baseline": (_reinforce_pp_baseline, ("eps",)),
+    "ppo": (_ppo, ()),
 }
 
 
@@ -257,12 +341,15 @@ def compute_advantages(name: str, rewards: Tensor, group_size: int, **opts: floa
     """Per-sample advantages ``[B]`` for the algorithm ``name``.
 
     ``reinforce_pp`` ignores groups (plain batch normalization); ``reinforce_pp_baseline``
-    subtracts the group mean first. PPO is not here: it needs a critic, see ``gae``.
+    subtracts the group mean first. ``ppo`` gives zeros here: its per-token advantages come
+    later, from ``gae`` over the critic's values.
     """
     if name not in ADVANTAGE_ESTIMATORS:
         valid = ", ".join(sorted(ADVANTAGE_ESTIMATORS))
-        hint = " (ppo uses gae() with a value model)" if name == "ppo" else ""
-        raise ValueError(f"unknown advantage estimator {name!r}{hint}; valid names: {valid}")
+        raise ValueError(
+            f"unknown advantage estimator {name!r}; valid names: {valid} (ppo's are zeros here: "
+            "its per-token advantages come from gae() over the critic's values)"
+        )
     fn, accepted = ADVANTAGE_ESTIMATORS[name]
     unknown = sorted(set(opts) - set(accepted))
     if unknown:
