@@ -310,6 +310,7 @@ def test_whiten():
     # [2,4,6]: mean 4, unbiased var (4+0+4)/2 = 4 -> [-1, 0, 1]; padding stays 0
     mask = torch.tensor([[1, 1, 1, 0]])
     close(whiten(t([[2.0, 4.0, 6.0, 100.0]]), mask), [[-1.0, 0.0, 1.0, 0.0]])
+    close(whiten(t([[2.0, 4.0, 6.0, float("nan")]]), mask), [[-1.0, 0.0, 1.0, 0.0]])
     close(whiten(t([[2.0, 4.0, 6.0, 100.0]]), mask, shift_mean=False), [[3.0, 4.0, 5.0, 0.0]])
     with pytest.raises(ValueError, match="at least 2 unmasked"):
         whiten(t([[1.0, 2.0]]), torch.tensor([[1, 0]]))

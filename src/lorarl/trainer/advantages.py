@@ -145,7 +145,9 @@ def whiten(values: Tensor, mask: Tensor, *, shift_mean: bool = True, eps: float 
     Padding positions come back as 0.
     """
     _check_mask(mask, values.shape)
-    m = mask.to(values.dtype)
+    present = mask.to(torch.bool)
+    values = torch.where(present, values, torch.zeros_like(values))  # NaN on padding stays out
+    m = present.to(values.dtype)
     n = m.sum()
     if n < 2:
         raise ValueError(f"whiten needs at least 2 unmasked values, got {int(n.item())}")
@@ -168,7 +170,7 @@ def last_token_rewards(rewards: Tensor, mask: Tensor, *, allow_empty: bool = Fal
         raise ValueError(
             f"mask must be [batch={rewards.shape[0]}, tokens], got shape {tuple(mask.shape)}"
         )
-    present = mask.to(torch.bool)
+    present = mask.to(device=rewards.device, dtype=torch.bool)
     has_tokens = present.any(dim=1)
     if not allow_empty and not bool(has_tokens.all()):
         empty = (~has_tokens).nonzero().flatten().tolist()[:10]
@@ -179,8 +181,8 @@ def last_token_rewards(rewards: Tensor, mask: Tensor, *, allow_empty: bool = Fal
         return out
     # index of the last True per row: argmax over the reversed row
     last = n_tokens - 1 - present.flip(1).to(torch.int8).argmax(dim=1)
-    rows = torch.arange(mask.shape[0], device=mask.device)
-    out[rows, last] = torch.where(has_tokens.to(rewards.device), rewards, 0.0)
+    rows = torch.arange(mask.shape[0], device=rewards.device)
+    out[rows, last] = torch.where(has_tokens, rewards, 0.0)
     return out
 
 
