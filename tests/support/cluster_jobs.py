@@ -5,6 +5,7 @@ tests/e2e/test_cluster_e2e.py and bench/cluster_e2e.py)."""
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import re
 import shutil
@@ -26,8 +27,10 @@ JOB_LABEL = "lorarl.dev/job"
 Obj = dict[str, Any]
 
 
+@functools.cache
 def prepare_assets() -> None:
-    """The quickstart's model and data (`lorarl prepare quickstart`), once per machine."""
+    """The quickstart's model and data (`lorarl prepare quickstart`): once per test process
+    (each call is an interpreter start and the imports, ~5 s here)."""
     subprocess.run([sys.executable, "-m", "lorarl.cli", "prepare", "quickstart"], cwd=ROOT,
                    check=True, capture_output=True, timeout=300)  # fmt: skip
 
