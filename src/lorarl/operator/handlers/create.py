@@ -16,6 +16,6 @@ async def materialize(body: kopf.Body, memo: kopf.Memo, job_pods: Any, **_: Any)
 
 
 @kopf.on.delete(*JOBS, id="forget", optional=True)
-def forget(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
+async def forget(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
     """Children go with the job through their owner references (the garbage collector)."""
     reconciler(memo).forget(namespace, name)

@@ -15,7 +15,11 @@ from lorarl.operator.status import PodView, pod_view
 
 
 @kopf.index("", "v1", "pods", labels=POD_LABELS)
-def job_pods(body: kopf.Body, namespace: str, **_: Any) -> dict[tuple[str, str], PodView] | None:
+async def job_pods(
+    body: kopf.Body, namespace: str, **_: Any
+) -> dict[tuple[str, str], PodView] | None:
+    """Async, as every handler here: kopf runs a sync one in its thread pool, and the handoff
+    cost more than the work (a fifth of the operator's CPU with 200 jobs' pods arriving)."""
     view = pod_view(body)
     return {(namespace, view.job): view} if view is not None else None
 
