@@ -29,6 +29,8 @@ RUNNER = Path(__file__).resolve().parent / "verl_runner.py"
 VERL_VERSION = "0.9.1"
 SEEDS = (0, 1, 2, 3)
 TOL = {"atol": 1e-5, "rtol": 1e-5}
+# one ~15 s subprocess (importing torch, verl and transformers) for the whole module
+pytestmark = pytest.mark.slow
 
 
 def verl_site() -> Path:
