@@ -21,7 +21,13 @@ from typing import Any
 import pytest
 import torch
 
-from lorarl.trainer.advantages import explained_variance, gae, value_loss, whiten
+from lorarl.trainer.advantages import (
+    explained_variance,
+    gae,
+    last_token_rewards,
+    value_loss,
+    whiten,
+)
 from lorarl.trainer.kl_reward import KLController, current_kl, kl_in_reward
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -113,19 +119,23 @@ def build_cases() -> tuple[dict[str, list[dict[str, Any]]], dict[str, list[Any]]
             # a spread of 8 nats hits low_var_kl's clamps (kl at 20, its estimate at 10)
             ref = lay.ours(gen)
             logp = ref + torch.randn(ref.shape, generator=gen) * (8.0 if seed == 0 else 0.5)
-            scores = torch.zeros(lay.mask.shape)
-            scores[:, 5] = torch.randn(scores.shape[0], generator=gen)  # an outcome, mid-layout
-            scores = torch.where(lay.mask.bool(), scores, 0.0)
+            outcomes = torch.randn(lay.mask.shape[0], generator=gen)
+            scores = last_token_rewards(outcomes, lay.mask, allow_empty=True)
             controller = "adaptive" if estimator in ("mse", "low_var_kl") else "fixed"
             ctrl = KLController(0.05, controller, target_kl=0.1, horizon=50)
             est = {"kl": "k1", "mse": "k2", "low_var_kl": "k3"}.get(estimator, estimator)
             penalized, kl = kl_in_reward(scores, logp, ref, lay.mask, ctrl.value, est)
             kl_now = current_kl(kl, lay.mask)
             ctrl.update(kl_now, n_steps=lay.mask.shape[0])
-            ours["kl"].append((lay, penalized, kl_now, ctrl.value))
+            # the whole reward path: outcome, KL penalty, GAE over values, whitening
+            values = lay.ours(gen)
+            adv, ret = gae(penalized, values, lay.mask, gamma=1.0, lam=0.95)
+            chain = (whiten(adv, lay.mask), ret)
+            ours["kl"].append((lay, penalized, kl_now, ctrl.value, chain))
             verl_in["kl"].append(
                 {"scores": lay.to_verl(scores), "logprobs": lay.to_verl(logp),
                  "ref_logprobs": lay.to_verl(ref), "mask": v_mask, "estimator": estimator,
+                 "values": lay.to_verl(values),
                  "coef": 0.05, "controller": controller, "target_kl": 0.1, "horizon": 50}
             )  # fmt: skip
     for seed, controller in ((0, "adaptive"), (1, "adaptive"), (2, "fixed")):
@@ -196,7 +206,9 @@ def test_explained_variance_matches_verl(verl_vs_ours):
 def test_kl_in_reward_current_kl_and_controller_step_match_verl(verl_vs_ours):
     verl, ours = verl_vs_ours
     assert len(verl["kl"]) == 24
-    for got, (lay, penalized, kl_now, value_after) in zip(verl["kl"], ours["kl"], strict=True):
+    for got, (lay, penalized, kl_now, value_after, chain) in zip(
+        verl["kl"], ours["kl"], strict=True
+    ):
         m = lay.to_verl(lay.mask).bool()
         assert got["beta"] == 0.05
         torch.testing.assert_close(lay.to_verl(penalized)[m], got["token_level_rewards"][m], **TOL)
@@ -205,6 +217,8 @@ def test_kl_in_reward_current_kl_and_controller_step_match_verl(verl_vs_ours):
         assert kl_now * n_full / n_rows == pytest.approx(got["current_kl"], rel=1e-5, abs=1e-7)
         if n_full == n_rows:
             assert value_after == pytest.approx(got["value_after"], rel=1e-6)
+        torch.testing.assert_close(lay.to_verl(chain[0])[m], got["advantages"][m], **TOL)
+        torch.testing.assert_close(lay.to_verl(chain[1])[m], got["returns"][m], **TOL)
 
 
 def test_kl_controller_trajectory_matches_verl_over_20_updates(verl_vs_ours):

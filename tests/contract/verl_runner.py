@@ -96,7 +96,12 @@ def run_kl(case: dict[str, Any], apply_kl_penalty: Any) -> dict[str, Any]:
         }
     )
     data, metrics = apply_kl_penalty(data, ctrl, kl_penalty=case["estimator"])
+    adv, ret = core_algos.compute_gae_advantage_return(
+        data.batch["token_level_rewards"], case["values"], case["mask"], gamma=1.0, lam=0.95
+    )
     return {
+        "advantages": adv,
+        "returns": ret,
         "token_level_rewards": data.batch["token_level_rewards"],
         "current_kl": metrics["actor/reward_kl_penalty"],
         "beta": metrics["actor/reward_kl_penalty_coeff"],
