@@ -9,6 +9,7 @@ idempotent reconcile needs.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import ssl
@@ -152,6 +153,10 @@ class Kube:
         self._timeout = aiohttp.ClientTimeout(total=timeout)
         self._session: aiohttp.ClientSession | None = None
         self._auth: tuple[float, dict[str, str]] = (-AUTH_TTL_S, {})
+        # Requests queue here, before the timeout starts: aiohttp's own wait for a free
+        # connection counts against the request's total time, so 1,000 jobs' children queued
+        # at once timed out in the queue, never having been sent.
+        self._slots = asyncio.Semaphore(CONNECTIONS)
 
     def _open(self) -> aiohttp.ClientSession:
         if self._session is None:
@@ -186,9 +191,14 @@ class Kube:
             data = json.dumps(body).encode()
         target = URL(self._creds.server + url, encoded=True)  # path() quoted it already
         try:
-            async with self._open().request(method, target, data=data, headers=headers) as reply:
-                return Reply(reply.status, await reply.text())
-        except (aiohttp.ClientError, TimeoutError, OSError, ssl.SSLError) as exc:
+            async with self._slots:
+                session = self._open()
+                async with session.request(method, target, data=data, headers=headers) as reply:
+                    return Reply(reply.status, await reply.text())
+        except TimeoutError as exc:
+            late = f"{method} {url}: no answer within {self._timeout.total:g} s"
+            raise KubeError(None, "Unreachable", late) from exc
+        except (aiohttp.ClientError, OSError, ssl.SSLError) as exc:
             raise KubeError(None, "Unreachable", f"{method} {url}: {exc!r}") from exc
 
     @staticmethod
