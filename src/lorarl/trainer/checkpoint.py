@@ -20,10 +20,8 @@ succeeded, so a disk error fails all ranks instead of hanging them.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
-import os
 import random
 import re
 import shutil
@@ -56,6 +54,17 @@ from lorarl.trainer.critic import (
     write_critic_dir,
 )
 from lorarl.trainer.model import ADAPTER_NAME, lora_state_dict, set_lora_state_dict
+from lorarl.trainer.rank0_files import (
+    TMP_PREFIX,
+    CheckpointError,
+    _fsync_tree,
+    _rank,
+    _replace_dir,
+    _run_on_rank0,
+    _sha256,
+    _share_from_rank0,
+    _world,
+)
 
 log = logging.getLogger(__name__)
 
@@ -64,11 +73,6 @@ ADAPTER_DIR = "adapter"
 CRITIC_DIR = "critic"
 CRITIC_OPTIMIZER = "critic_optimizer.pt"
 STEP_RE = re.compile(r"^step-(\d{6,})$")
-TMP_PREFIX = ".tmp-"
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint could not be written or read."""
 
 
 @dataclass(frozen=True)
@@ -82,41 +86,6 @@ class LoadedCheckpoint:
     step: int
     trainer_state: dict[str, Any]
     rng_state: dict[str, Any]
-
-
-# ---------------------------------------------------------------- distributed helpers
-
-
-def _rank() -> int:
-    return dist.get_rank() if dist.is_initialized() else 0
-
-
-def _world() -> int:
-    return dist.get_world_size() if dist.is_initialized() else 1
-
-
-def _share_from_rank0(obj: Any) -> Any:
-    """Rank 0's object on every rank (pickled broadcast; fine for LoRA-sized payloads)."""
-    if not dist.is_initialized():
-        return obj
-    box = [obj]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
-
-
-def _run_on_rank0(fn, *args) -> Any:
-    """Run `fn` on rank 0 only and re-raise its failure on every rank."""
-    result: tuple[bool, Any] = (True, None)
-    if _rank() == 0:
-        try:
-            result = (True, fn(*args))
-        except Exception as exc:
-            log.exception("rank 0 checkpoint I/O failed")
-            result = (False, f"{type(exc).__name__}: {exc}")
-    ok, value = _share_from_rank0(result)
-    if not ok:
-        raise CheckpointError(value)
-    return value
 
 
 # ---------------------------------------------------------------- RNG
@@ -142,43 +111,6 @@ def restore_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
-
-
-# ---------------------------------------------------------------- file helpers
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def _fsync_tree(root: Path) -> None:
-    for path in [*sorted(root.rglob("*")), root]:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
-def _replace_dir(tmp: Path, final: Path) -> None:
-    """Rename `tmp` onto `final`, moving an existing `final` aside first (rename can't replace a
-    non-empty directory)."""
-    trash = None
-    if final.exists():
-        trash = final.with_name(f"{TMP_PREFIX}old-{final.name}-{uuid.uuid4().hex[:8]}")
-        final.rename(trash)
-    tmp.rename(final)
-    fd = os.open(final.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    if trash is not None:
-        shutil.rmtree(trash, ignore_errors=True)
 
 
 def export_adapter(peft_model: PeftModel, out_dir: str | Path) -> Path:

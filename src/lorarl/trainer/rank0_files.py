@@ -1,0 +1,94 @@
+"""Rank-0 file I/O shared by checkpoints and exports: one rank writes, every rank learns whether it
+worked, and folders appear atomically (written under a temp name, fsynced, renamed into place)."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import shutil
+import uuid
+from pathlib import Path
+from typing import Any
+
+import torch.distributed as dist
+
+log = logging.getLogger(__name__)
+
+TMP_PREFIX = ".tmp-"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint (or an export) could not be written or read."""
+
+
+# ---------------------------------------------------------------- distributed helpers
+
+
+def _rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def _world() -> int:
+    return dist.get_world_size() if dist.is_initialized() else 1
+
+
+def _share_from_rank0(obj: Any) -> Any:
+    """Rank 0's object on every rank (pickled broadcast; fine for LoRA-sized payloads)."""
+    if not dist.is_initialized():
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def _run_on_rank0(fn, *args) -> Any:
+    """Run `fn` on rank 0 only and re-raise its failure on every rank."""
+    result: tuple[bool, Any] = (True, None)
+    if _rank() == 0:
+        try:
+            result = (True, fn(*args))
+        except Exception as exc:
+            log.exception("rank 0 checkpoint I/O failed")
+            result = (False, f"{type(exc).__name__}: {exc}")
+    ok, value = _share_from_rank0(result)
+    if not ok:
+        raise CheckpointError(value)
+    return value
+
+
+# ---------------------------------------------------------------- file helpers
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _fsync_tree(root: Path) -> None:
+    for path in [*sorted(root.rglob("*")), root]:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _replace_dir(tmp: Path, final: Path) -> None:
+    """Rename `tmp` onto `final`, moving an existing `final` aside first (rename can't replace a
+    non-empty directory)."""
+    trash = None
+    if final.exists():
+        trash = final.with_name(f"{TMP_PREFIX}old-{final.name}-{uuid.uuid4().hex[:8]}")
+        final.rename(trash)
+    tmp.rename(final)
+    fd = os.open(final.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    if trash is not None:
+        shutil.rmtree(trash, ignore_errors=True)
