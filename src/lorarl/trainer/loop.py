@@ -27,6 +27,12 @@ from lorarl.sync.adapter_files import adapter_fingerprint
 from lorarl.sync.protocol import adapter_name
 from lorarl.trainer.batch import collate, shard_for_rank
 from lorarl.trainer.checkpoint import CheckpointManager
+from lorarl.trainer.critic import (
+    actor_parameters,
+    add_critic,
+    critic_parameters,
+    critic_state_dict,
+)
 from lorarl.trainer.data import DataPosition, PromptDataset, PromptSampler, drop_long_prompts
 from lorarl.trainer.engine_gate import wait_for_synced_engines
 from lorarl.trainer.eval import Evaluator, build_evaluator
@@ -35,6 +41,7 @@ from lorarl.trainer.logprobs import snapshot_lora
 from lorarl.trainer.model import apply_lora, load_base_model
 from lorarl.trainer.overlong import OverlongConfig
 from lorarl.trainer.parallel import DistContext, shard_model
+from lorarl.trainer.ppo import PPOUpdate, ppo_config
 from lorarl.trainer.progress import ProgressServer, ProgressTracker
 from lorarl.trainer.reward_wiring import (
     REWARD_READY_TIMEOUT_S,
@@ -94,12 +101,15 @@ class Trainer:
             len(self.dataset), spec.training.prompts_per_step, spec.data.seed, spec.data.shuffle
         )
         self.model = apply_lora(base, lora_settings(job))
+        self.ppo_cfg = ppo_config(job)  # None unless algorithm.name is ppo
+        if self.ppo_cfg is not None:  # the critic: a second adapter + value head, same base
+            add_critic(self.model, self.ppo_cfg.critic.lora)
         shard_model(self.model, ctx, mixed_precision=spec.trainer.fsdp.mixed_precision)
         self.kl_reference = None  # the base model; else the frozen initial adapter
         if spec.algorithm.kl.reference == "initialAdapter":
             self.kl_reference = snapshot_lora(self.model)
         o = spec.optim
-        actor = [p for p in self.model.parameters() if p.requires_grad]
+        actor = [p for _, p in actor_parameters(self.model)]
         self.optimizer = torch.optim.AdamW(
             actor, lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay
         )
@@ -113,6 +123,18 @@ class Trainer:
             behavior_from_rollout=spec.training.off_policy_steps > 0,
             temperature=spec.rollout.sampling.temperature,
         )
+        self.critic_optimizer: torch.optim.Optimizer | None = None
+        self.ppo: PPOUpdate | None = None
+        if self.ppo_cfg is not None:
+            c = self.ppo_cfg.critic
+            self.critic_optimizer = torch.optim.AdamW(
+                [p for _, p in critic_parameters(self.model)],
+                lr=c.lr, betas=tuple(c.betas), weight_decay=c.weight_decay,
+            )  # fmt: skip
+            self.ppo = PPOUpdate(
+                self.model, self.optimizer, self.critic_optimizer, self.update_cfg, self.ppo_cfg,
+                actor,
+            )  # fmt: skip
         self.pad_id = self.tokenizer.pad_token_id
         if self.pad_id is None:
             self.pad_id = self.tokenizer.eos_token_id or 0
@@ -200,9 +222,16 @@ class Trainer:
     def resume(self) -> None:
         ckpt = self.checkpoints.latest_shared()  # collective: every rank resumes the same step
         if ckpt is not None:
-            loaded = self.checkpoints.load(ckpt, self.model, self.optimizer)
+            loaded = self.checkpoints.load(
+                ckpt, self.model, self.optimizer, critic_optimizer=self.critic_optimizer
+            )
             self.state = StepState.from_dict(loaded.trainer_state)
+            if self.ppo is not None:
+                self.ppo.load_state_dict(loaded.trainer_state.get("ppo", {}))
             fingerprint = adapter_fingerprint(gather_adapter(self.model))  # collective
+            if self.ppo is not None:  # what the exact-resume check compares with the checkpoint
+                critic = adapter_fingerprint(critic_state_dict(self.model))  # collective
+                fingerprint += f", critic {critic}, kl coef {self.ppo.kl_coef!r}"
             log.info(
                 "resumed from %s at step %d (data position %s, adapter %s)",
                 ckpt.path, self.state.step, self.state.position.to_dict(), fingerprint,
@@ -257,14 +286,22 @@ class Trainer:
         for group in self.optimizer.param_groups:
             group["lr"] = lr_at(step, spec.optim.lr, spec.optim.warmup_steps,
                                 spec.training.total_steps, spec.optim.scheduler)  # fmt: skip
+        if self.ppo_cfg is not None:
+            c = self.ppo_cfg.critic
+            for group in self.critic_optimizer.param_groups:
+                group["lr"] = lr_at(step, c.lr, c.warmup_steps_lr, spec.training.total_steps,
+                                    c.scheduler)  # fmt: skip
         if spec.training.off_policy_steps and step < spec.training.total_steps:
             self._start_prefetch(collected.position, step + 1)
         t_train = time.perf_counter()
         mine = shard_for_rank(samples, self.ctx.rank, self.ctx.world_size)
         batch = collate(mine, self.pad_id)
-        metrics = update_policy(
-            self.model, self.optimizer, batch, self.update_cfg, reference=self.kl_reference
-        )
+        if self.ppo is not None:
+            metrics = self.ppo.update(batch, step, reference=self.kl_reference)
+        else:
+            metrics = update_policy(
+                self.model, self.optimizer, batch, self.update_cfg, reference=self.kl_reference
+            )
         train_s = time.perf_counter() - t_train
         self.state = StepState(step, collected.position, step)
         self._finish_prefetch()  # the engines must be idle before their weights change
@@ -283,7 +320,12 @@ class Trainer:
                     step, collected.samples, self.tokenizer, spec.training.samples_per_step
                 ))  # fmt: skip
         if step % spec.training.checkpoint_interval == 0 or step == spec.training.total_steps:
-            path = self.checkpoints.save(step, self.model, self.optimizer, self.state.to_dict())
+            state = self.state.to_dict()
+            if self.ppo is not None:
+                state["ppo"] = self.ppo.state_dict()
+            path = self.checkpoints.save(
+                step, self.model, self.optimizer, state, critic_optimizer=self.critic_optimizer
+            )
             if self.tracker:
                 self.tracker.set_checkpoint(step, str(path))
         return record

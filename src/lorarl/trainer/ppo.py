@@ -1,0 +1,210 @@
+"""PPO's update on this rank: the critic's values, GAE, then the critic and the actor step
+(docs/architecture.md#ppo-with-a-lora-critic).
+
+Actor, critic and reference share one base model: the critic is a second LoRA adapter plus a value
+head (trainer/critic.py) and the reference is the base with every adapter disabled. Everything
+before the two updates is measured at the step's starting weights, as in verl: old logprobs, the
+reference logprobs, old values; then token rewards (the outcome reward on the last response token,
+minus beta * KL per token with `kl.inReward`), GAE advantages whitened over the whole batch and
+returns. The critic trains first, then the actor (after the critic's warm-up steps).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from lorarl.api.job import LoRARLJob
+from lorarl.trainer.advantages import gae, last_token_rewards, value_loss
+from lorarl.trainer.batch import TensorBatch
+from lorarl.trainer.critic import critic_parameters, sequence_values
+from lorarl.trainer.kl_reward import KLController, kl_in_reward, per_sequence_kl
+from lorarl.trainer.logprobs import sequence_logprobs
+from lorarl.trainer.parallel import clip_grad_norm, set_gradient_sync
+from lorarl.trainer.settings import (
+    CriticSettings,
+    KLRewardSettings,
+    critic_settings,
+    kl_reward_settings,
+)
+from lorarl.trainer.update import (
+    UpdateConfig,
+    micro_batch_slices,
+    mini_batch_slices,
+    reference_pass,
+    rollout_mismatch_metrics,
+    update_policy,
+)
+
+
+@dataclass(frozen=True)
+class PPOConfig:
+    gamma: float
+    lam: float
+    critic: CriticSettings
+    kl_reward: KLRewardSettings | None = None
+
+
+def ppo_config(job: LoRARLJob) -> PPOConfig | None:
+    """The job's PPO settings, defaults resolved; None for the critic-free algorithms."""
+    a = job.spec.algorithm
+    if a.name != "ppo":
+        return None
+    return PPOConfig(a.gamma, a.lam, critic_settings(job), kl_reward_settings(job))
+
+
+def _all_reduce_sum(values: list[float]) -> list[float]:
+    t = torch.tensor(values, dtype=torch.float64)
+    if dist.is_initialized():
+        dist.all_reduce(t)
+    return t.tolist()
+
+
+def global_moments(x: torch.Tensor, mask: torch.Tensor) -> tuple[float, float, float]:
+    """(count, mean, unbiased variance) of `x` over the masked tokens of every rank's batch."""
+    m = mask.to(torch.float64)
+    xd = x.to(torch.float64) * m
+    n, s, sq = _all_reduce_sum([m.sum().item(), xd.sum().item(), (xd * xd).sum().item()])
+    if n < 1:
+        return 0.0, 0.0, 0.0
+    mean = s / n
+    var = max(sq - n * mean * mean, 0.0) / max(n - 1.0, 1.0)
+    return n, mean, var
+
+
+def global_whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+    """`advantages.whiten` with the statistics of the whole step's batch, not this rank's share:
+    ranks hold different samples, and each must scale its advantages the same way."""
+    n, mean, var = global_moments(x, mask)
+    if n < 2:
+        return x * mask
+    return (x - mean) * (var + eps) ** -0.5 * mask.to(x.dtype)
+
+
+def global_explained_variance(values: torch.Tensor, returns: torch.Tensor, mask) -> float:
+    """1 - Var(returns - values) / Var(returns) over every rank's masked tokens (verl's
+    vf_explained_var, `advantages.explained_variance` on one rank): 0 for a critic that predicts
+    the mean, 1 for a perfect one."""
+    _, _, var_r = global_moments(returns, mask)
+    _, _, var_d = global_moments(returns - values, mask)
+    return 1.0 - var_d / (var_r + 1e-5)
+
+
+class PPOUpdate:
+    """The PPO part of a step; the KL controller's state goes into every checkpoint."""
+
+    def __init__(self, model, actor_optimizer, critic_optimizer, update_cfg: UpdateConfig,
+                 cfg: PPOConfig, actor_params: list[torch.nn.Parameter]):  # fmt: skip
+        self.model, self.update_cfg, self.cfg = model, update_cfg, cfg
+        self.actor_optimizer, self.critic_optimizer = actor_optimizer, critic_optimizer
+        self.actor_params = actor_params
+        self.critic_params = [p for _, p in critic_parameters(model)]
+        kl = cfg.kl_reward
+        self.kl_controller = (
+            KLController(kl.coef, kl.controller, target_kl=kl.target_kl, horizon=kl.horizon)
+            if kl
+            else None
+        )
+
+    @property
+    def kl_coef(self) -> float | None:
+        """The in-reward KL coefficient the next step uses (None without kl.inReward)."""
+        return None if self.kl_controller is None else float(self.kl_controller.value)
+
+    def state_dict(self) -> dict:
+        return {"kl_controller": self.kl_controller.state_dict() if self.kl_controller else None}
+
+    def load_state_dict(self, state: dict) -> None:
+        saved = state.get("kl_controller")
+        if self.kl_controller is not None and saved is not None:
+            self.kl_controller.load_state_dict(saved)
+
+    def update(self, batch: TensorBatch, step: int, reference=None) -> dict[str, float]:
+        """Train critic then actor on this rank's share of `step`'s samples; returns metrics."""
+        cfg, ucfg, mask = self.cfg, self.update_cfg, batch.response_mask
+        kw = {"micro_batch_size": ucfg.micro_batch_size}
+        with torch.no_grad():
+            old_lp, _ = sequence_logprobs(
+                self.model, batch.input_ids, batch.attention_mask, mask,
+                temperature=ucfg.temperature, **kw,
+            )  # fmt: skip
+            old_values = sequence_values(
+                self.model, batch.input_ids, batch.attention_mask, mask, **kw
+            )
+        needs_ref = self.kl_controller is not None or ucfg.loss.kl_coef > 0
+        ref_lp = reference_pass(self.model, batch, ucfg, reference) if needs_ref else None
+        token_rewards = last_token_rewards(batch.rewards, mask, allow_empty=True)
+        metrics: dict[str, float] = {}
+        if self.kl_controller is not None:
+            beta = self.kl_controller.value
+            token_rewards, kl_tok = kl_in_reward(
+                token_rewards, old_lp, ref_lp, mask, beta, cfg.kl_reward.estimator
+            )
+            kl_now, n_seqs = self._global_current_kl(kl_tok, mask)
+            self.kl_controller.update(kl_now, n_seqs)
+            metrics.update(kl_coef=beta, kl_in_reward=kl_now)
+        advantages, returns = gae(token_rewards, old_values, mask, cfg.gamma, cfg.lam)
+        advantages = global_whiten(advantages, mask)
+        _, value_mean, _ = global_moments(old_values, mask)
+        metrics.update(
+            explained_variance=global_explained_variance(old_values, returns, mask),
+            value_mean=value_mean,
+        )
+        metrics.update(self._update_critic(batch, old_values, returns))
+        if step > cfg.critic.warmup_steps:
+            batch.token_advantages = advantages
+            metrics.update(update_policy(
+                self.model, self.actor_optimizer, batch, ucfg, reference,
+                params=self.actor_params, old_logprobs=old_lp, ref_logprobs=ref_lp,
+            ))  # fmt: skip
+        else:  # the actor waits for a critic worth following: its weights stay as they are
+            metrics.update(rollout_mismatch_metrics(batch, old_lp))
+        return metrics
+
+    def _global_current_kl(self, kl_tok: torch.Tensor, mask: torch.Tensor) -> tuple[float, int]:
+        """verl's current_kl (mean over sequences of each one's token-mean KL) over all ranks."""
+        means, rows = per_sequence_kl(kl_tok, mask)
+        total, count = _all_reduce_sum([float(means[rows].sum()), float(rows.sum())])
+        return (total / count if count else 0.0), int(count)
+
+    def _update_critic(self, batch: TensorBatch, old_values, returns) -> dict[str, float]:
+        ucfg, crit = self.update_cfg, self.cfg.critic
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        sums = {"tokens": 0.0, "loss": 0.0, "clip": 0.0}
+        norms: list[float] = []
+        for epoch in range(ucfg.epochs):
+            for mini in mini_batch_slices(len(batch), ucfg.mini_batches):
+                part = batch.slice(mini)
+                (g_tokens,) = _all_reduce_sum([part.response_mask.sum().item()])
+                self.critic_optimizer.zero_grad(set_to_none=True)
+                micros = micro_batch_slices(len(part), ucfg.micro_batch_size)
+                for i, mb in enumerate(micros):
+                    set_gradient_sync(self.model, i == len(micros) - 1)
+                    sub = part.slice(mb)
+                    idx = slice(mini.start + mb.start, mini.start + mb.stop)
+                    values = sequence_values(
+                        self.model, sub.input_ids, sub.attention_mask, sub.response_mask,
+                        micro_batch_size=ucfg.micro_batch_size,
+                    )  # fmt: skip
+                    loss, clip = value_loss(
+                        values, old_values[idx], returns[idx], sub.response_mask, crit.value_clip
+                    )
+                    tokens = sub.response_mask.sum().item()
+                    share = tokens / max(g_tokens, 1.0)
+                    (loss * crit.vf_coef * share * world).backward()
+                    if epoch == 0:
+                        sums["tokens"] += tokens
+                        sums["loss"] += float(loss.detach()) * tokens
+                        sums["clip"] += float(clip) * tokens
+                norms.append(float(clip_grad_norm(self.critic_params, crit.grad_clip)))
+                self.critic_optimizer.step()
+        set_gradient_sync(self.model, True)
+        self.critic_optimizer.zero_grad(set_to_none=True)
+        tokens, loss, clip = _all_reduce_sum([sums["tokens"], sums["loss"], sums["clip"]])
+        return {
+            "value_loss": loss / max(tokens, 1.0),
+            "value_clip_fraction": clip / max(tokens, 1.0),
+            "critic_grad_norm": norms[-1] if norms else 0.0,
+        }
