@@ -99,7 +99,7 @@ def test_ppo_learns_with_a_lora_critic_and_resumes_exactly_after_sigkill(tmp_pat
     rewards = [h["rewardMean"] for h in history]
     first, last = statistics.mean(rewards[:5]), statistics.mean(rewards[-5:])
     assert first < 0.1, f"the untrained model should fail the task, got {first}"
-    assert last > first + 0.15, f"reward did not rise: first five {rewards[:5]}, last {rewards[-5:]}"
+    assert last > first + 0.15, f"reward did not rise: first {rewards[:5]}, last {rewards[-5:]}"
     # Critic warm-up: the actor holds still (no gradient), the critic trains from step 1.
     assert all(h["gradNorm"] == 0.0 for h in history[:WARMUP]), history[:WARMUP]
     assert all(h["gradNorm"] > 0.0 for h in history[WARMUP:])
