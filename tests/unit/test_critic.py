@@ -114,6 +114,12 @@ def test_add_critic_keeps_both_adapters_and_the_head_trainable_and_apart():
         add_critic(model, CRITIC_LORA)
 
 
+def test_a_critic_lora_that_fits_no_module_is_a_named_error():
+    model = apply_lora(_base("llama"), LORA)
+    with pytest.raises(AdapterError, match=r"critic\.lora does not fit"):
+        add_critic(model, LoraSettings(rank=2, alpha=4, target_modules=["no_such_proj"]))
+
+
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "gpt2"])
 def test_values_are_the_head_on_the_normed_last_hidden_state_shifted_by_one(arch):
     model = _model(arch)

@@ -60,7 +60,13 @@ def add_critic(model: PeftModel, settings: LoraSettings) -> None:
     hidden = getattr(model.get_base_model().config, "hidden_size", None)
     if not isinstance(hidden, int) or hidden <= 0:
         raise ValueError("the base model's config has no usable hidden_size for the value head")
-    model.add_adapter(CRITIC_ADAPTER, settings.to_peft_config())
+    _decoder(model)  # fail before changing anything on a model without one
+    try:
+        model.add_adapter(CRITIC_ADAPTER, settings.to_peft_config())
+    except ValueError as exc:  # e.g. critic.lora.targetModules matching no module
+        raise AdapterError(f"critic.lora does not fit the base model: {exc}") from exc
+    if not lora_parameters(model, CRITIC_ADAPTER):
+        raise AdapterError("critic.lora matched no module of the base model")
     for _, p in lora_parameters(model, CRITIC_ADAPTER):
         p.requires_grad_(True)  # PEFT leaves a non-active adapter frozen
     device = next(p.device for _, p in lora_parameters(model, ADAPTER_NAME))
@@ -68,10 +74,7 @@ def add_critic(model: PeftModel, settings: LoraSettings) -> None:
     nn.init.zeros_(head.weight)
     nn.init.zeros_(head.bias)
     model.add_module(VALUE_HEAD, head)
-    _decoder(model)  # fail here, not at the first critic pass, on a model without one
     setattr(model, CRITIC_FORWARD, types.MethodType(_critic_hidden, model))
-    if not lora_parameters(model, CRITIC_ADAPTER):
-        raise AdapterError("critic.lora matched no module of the base model")
 
 
 def has_critic(model: nn.Module) -> bool:
