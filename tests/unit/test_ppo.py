@@ -66,3 +66,19 @@ def test_the_actor_holds_still_during_the_critic_warmup(model_dir: Path):
     metrics, before, after = one_step(model_dir, 2, warmup_steps=1)
     assert metrics["grad_norm"] > 0
     assert any(not torch.equal(before[k], after[k]) for k in before)
+
+
+def test_the_local_console_shows_the_critic_for_ppo_runs():
+    from rich.console import Console
+
+    from lorarl.api.progress import Progress, StepRecord
+    from lorarl.local.console import LiveView
+
+    view = LiveView(Console(record=True, width=120), "job", 4)
+    record = StepRecord(step=1, time=0.0, reward_mean=0.5, value_loss=0.0123,
+                        explained_variance=0.25)  # fmt: skip
+    view.update(Progress(job="job", phase="Running", step=1, total_steps=4, latest=record))
+    assert "value loss 0.0123 · ev 0.25" in view.progress.tasks[0].fields["metrics"]
+    view.update(Progress(job="job", phase="Running", step=1, total_steps=4,
+                         latest=StepRecord(step=1, time=0.0, reward_mean=0.5)))  # fmt: skip
+    assert "value loss" not in view.progress.tasks[0].fields["metrics"]

@@ -45,6 +45,8 @@ class LiveView:
             parts = [f"reward {r.reward_mean:.3f}"]
             if r.kl is not None:
                 parts.append(f"kl {r.kl:.4f}")
+            if r.explained_variance is not None:  # ppo: how well the critic predicts returns
+                parts.append(f"value loss {r.value_loss:.4f} · ev {r.explained_variance:.2f}")
             if r.tokens_per_second:
                 parts.append(f"{r.tokens_per_second:.0f} tok/s")
             if r.sync_seconds is not None:
