@@ -117,17 +117,18 @@ def test_output_dir_before_and_after_the_fix(cluster: tuple[KubeApi, Kubelet]) -
     kube, kubelet = cluster
     before = job("seam-output-before", outputDir=None, volume=None)
     assert before.spec.training.output_dir == "/workspace/output"
+    after = job("seam-output-after")
+    volume = after.spec.training.volume
+    assert volume is not None and after.spec.training.output_dir.startswith(volume.mount_path)
+    # Both shapes side by side (own namespaces): a pod start is most of this test's time.
     apply(kube, "seam-output-before", *trainer_objects(before))
+    apply(kube, "seam-output-after", *trainer_objects(after))
     p = finished(kube, kubelet, "seam-output-before", "quickstart-trainer-0")
     term = termination(p, "trainer")
     assert p["status"]["phase"] == "Failed" and term["exitCode"] == 1
     # FallbackToLogsOnError: the job's Failed condition can say why, not just "exit code 1".
     assert "Read-only file system: '/workspace'" in term["message"]
 
-    after = job("seam-output-after")
-    volume = after.spec.training.volume
-    assert volume is not None and after.spec.training.output_dir.startswith(volume.mount_path)
-    apply(kube, "seam-output-after", *trainer_objects(after))
     p = finished(kube, kubelet, "seam-output-after", "quickstart-trainer-0")
     assert p["status"]["phase"] == "Succeeded", kubelet.logs(
         "seam-output-after", "quickstart-trainer-0", "trainer"
