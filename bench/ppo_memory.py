@@ -15,9 +15,11 @@ builds its models, takes one warm-up PPO step on a tiny batch (so both AdamW opt
 their moments), then
 resets the kernel's peak-RSS counter (`/proc/self/clear_refs`) and takes the measured step:
 reference, old logprobs and old values without grad; GAE; a clipped value-loss step on the
-critic; a clipped-surrogate step on the actor. Reported per run: RSS after building, peak RSS of
-the measured step, the step's seconds. CPU fp32 (this machine has no GPU): on a GPU the same
-difference is one copy of the base weights in the training dtype.
+critic, then a clipped-surrogate step on the actor, each with a backward per micro-batch
+(gradient accumulation, so one micro-batch's activations are alive at a time). Reported per
+run: RSS before the step, peak RSS of the measured step, the step's seconds. CPU fp32 (this
+machine has no GPU): on a GPU the same difference is one copy of the base weights in the training
+dtype.
 """
 
 from __future__ import annotations
@@ -126,17 +128,22 @@ def _ppo_step(actor, critic, values_fn, actor_opt, critic_opt, batch, micro: int
             adv[:, t] = gae
         returns = adv + old_v
         adv = (adv - adv[resp.bool()].mean()) / (adv[resp.bool()].std() + 1e-8) * mask
-    v = values_fn(critic, ids, attn, resp, micro_batch_size=micro)
-    clipped = old_v + (v - old_v).clamp(-0.5, 0.5)
-    vloss = torch.max((v - returns) ** 2, (clipped - returns) ** 2)
-    (0.5 * (vloss * mask).sum() / mask.sum()).backward()
+    tokens = mask.sum()
+    for s in range(0, ids.shape[0], micro):  # backward per micro-batch, as a trainer does
+        sl = slice(s, s + micro)
+        v = values_fn(critic, ids[sl], attn[sl], resp[sl], micro_batch_size=micro)
+        clipped = old_v[sl] + (v - old_v[sl]).clamp(-0.5, 0.5)
+        vloss = torch.max((v - returns[sl]) ** 2, (clipped - returns[sl]) ** 2)
+        (0.5 * (vloss * mask[sl]).sum() / tokens).backward()
     clip_grad_norm([p for g in critic_opt.param_groups for p in g["params"]], 1.0)
     critic_opt.step()
     critic_opt.zero_grad(set_to_none=True)
-    lp, _ = sequence_logprobs(actor, ids, attn, resp, micro_batch_size=micro)
-    ratio = torch.exp(lp - old)
-    surrogate = torch.max(-adv * ratio, -adv * ratio.clamp(0.8, 1.2))
-    ((surrogate * mask).sum() / mask.sum()).backward()
+    for s in range(0, ids.shape[0], micro):
+        sl = slice(s, s + micro)
+        lp, _ = sequence_logprobs(actor, ids[sl], attn[sl], resp[sl], micro_batch_size=micro)
+        ratio = torch.exp(lp - old[sl])
+        surrogate = torch.max(-adv[sl] * ratio, -adv[sl] * ratio.clamp(0.8, 1.2))
+        ((surrogate * mask[sl]).sum() / tokens).backward()
     clip_grad_norm([p for g in actor_opt.param_groups for p in g["params"]], 1.0)
     actor_opt.step()
     actor_opt.zero_grad(set_to_none=True)

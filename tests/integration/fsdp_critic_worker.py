@@ -154,6 +154,8 @@ def main() -> None:
     model.zero_grad(set_to_none=True)
 
     actor_opt, critic_opt = optimizers(model)
+    result["initial"] = {f"actor/{k}": v for k, v in lora_state_dict(model).items()}
+    result["initial"] |= {f"critic/{k}": v for k, v in critic_state_dict(model).items()}
     for step in range(TRAIN_STEPS):
         ppo_step(model, actor_opt, critic_opt, step, rank)
     manager = CheckpointManager(out / "ckpt", keep_last=1)
@@ -163,6 +165,7 @@ def main() -> None:
         result["trained_values"] = sequence_values(
             model, ids, attn, resp, micro_batch_size=MICRO_BATCH_SIZE
         )
+    result["at_save"] = fingerprint(model, actor_opt, critic_opt)
     ppo_step(model, actor_opt, critic_opt, TRAIN_STEPS, rank)
     result["uninterrupted"] = fingerprint(model, actor_opt, critic_opt)
 

@@ -90,6 +90,18 @@ def test_a_two_rank_checkpoint_resumes_actor_critic_and_both_optimizers_exactly(
     assert any("exp_avg_sq" in k for k in a if k.startswith("critic_opt/"))
     for k in a:
         assert torch.equal(a[k], b[k]), k
+    # ... and the step after the checkpoint moved both adapters, the head and both optimizers.
+    at_save = results["at_save"]
+    for part in ("actor/", "critic/", "actor_opt/", "critic_opt/", "critic/value_head"):
+        assert any(not torch.equal(a[k], at_save[k]) for k in a if k.startswith(part)), part
+
+
+def test_both_adapters_train_under_fsdp_after_reference_passes(run):
+    """The reference pass (every adapter disabled) leaves both adapters trainable when sharded."""
+    initial, trained = run["results"]["initial"], run["results"]["at_save"]
+    assert any(k.startswith("actor/") for k in initial) and any("lora_B" in k for k in initial)
+    for k, v in initial.items():  # every LoRA A/B of both adapters and the head moved
+        assert not torch.equal(v, trained[k]), k
     ckpt = run["out"] / "ckpt" / f"step-{W.TRAIN_STEPS:06d}"
     assert (ckpt / "critic" / "value_head.safetensors").is_file()
     assert (ckpt / "critic_optimizer.pt").is_file()

@@ -24,6 +24,7 @@ from peft import LoraConfig, PeftModel
 from peft.tuners.tuners_utils import BaseTunerLayer
 from safetensors.torch import load_file, save_file
 from torch import nn
+from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
 from lorarl.sync.adapter_files import ADAPTER_CONFIG, ADAPTER_WEIGHTS, write_adapter_dir
@@ -57,6 +58,8 @@ def add_critic(model: PeftModel, settings: LoraSettings) -> None:
         raise TypeError(f"add_critic needs a PeftModel, got {type(model).__name__}")
     if has_critic(model):
         raise ValueError("the model already has a critic")
+    if isinstance(model, FSDPModule):  # the critic's forward method would miss FSDP's hooks
+        raise RuntimeError("add_critic must run before shard_model")
     hidden = getattr(model.get_base_model().config, "hidden_size", None)
     if not isinstance(hidden, int) or hidden <= 0:
         raise ValueError("the base model's config has no usable hidden_size for the value head")
