@@ -10,7 +10,8 @@ rollout pods). Writes bench/results/operator_scale.json: p50/p95 of those second
 create -> first child (how long a job waits for the operator to pick it up), the operator's peak
 RSS (VmHWM) and its CPU seconds over the run (/proc utime + stime), and the load average at start
 and end. The emulator runs in this process and shares the 2 CPU cores. `--profile` runs the
-operator under cProfile (several times slower: for finding costs, not for the figures).
+operator under cProfile (several times slower: for finding costs, not for the figures);
+`python -m bench.operator_profile scale` does that and prints the top entries.
 """
 
 from __future__ import annotations

@@ -10,7 +10,8 @@ phase Running and a timer interval has passed, the benchmark measures for `--win
 the operator's CPU seconds (utime + stime from /proc), its RSS, the API requests it sent (counted
 by the emulator, per verb) and the progress polls it made. Each job's trainer advances a step
 every `--step-seconds`, so some polls change the status (a patch) and most do not.
-Writes bench/results/operator_steady.json.
+Writes bench/results/operator_steady.json. Where the CPU goes: `python -m bench.operator_profile
+steady`.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from tests.support.kube_emulator import kube_api
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results" / "operator_steady.json"
+TARGET_CORES = 0.25  # operator CPU at 1,000 running jobs, on average
 
 
 def _serve_progress(port: int, step_seconds: float, hits: Any) -> None:
@@ -188,6 +190,8 @@ def main() -> None:
         "jobs_running_at_end": still_running,
         "operator_cpu_s_per_min": round(cpu * per_min, 2),
         "operator_cpu_cores_avg": round(cpu / window, 3),
+        "target_cpu_cores": TARGET_CORES,
+        "meets_target_cpu": cpu / window <= TARGET_CORES,
         "operator_rss_mb": rss.get("VmRSS"),
         "operator_peak_rss_mb": rss.get("VmHWM"),
         "api_requests_per_min": round(len(requests) * per_min, 1),
