@@ -14,12 +14,10 @@ After every version:
   logprob gap vLLM fp32 vs PEFT fp32 stays <= 1e-3 mean (while the previous version is >= 1e-2
   away, so the bound can tell versions apart).
 
-The same engines (the plan's flags, LoRA serving on in adapter mode) then take a full step of
-seeded sampling requests: vLLM 0.32 on CPU dies ("CPU Generator does not use offset") when a
-seeded request's prefill is split across scheduler steps, which its default CPU budget (2048
-tokens) does to 128 concurrent requests of ~22 tokens; the cluster e2e's one-replica job found it.
-`plan.engines.cpu_batch_budget` sizes the budget so no prefill is split; without it that test
-kills the engine. It shares these engines because a vLLM start costs 30-50 s here.
+The adapter-mode engines then take a full step of seeded requests: vLLM 0.32 on CPU dies ("CPU
+Generator does not use offset") when a seeded prefill is split across scheduler steps, which its
+default budget does to these; `plan.engines.cpu_batch_budget` prevents it. (Here, not on an
+engine of its own: a vLLM start costs 30-50 s.)
 """
 
 from __future__ import annotations
@@ -48,7 +46,7 @@ from lorarl.local.env_refs import with_engine_key
 from lorarl.local.ports import free_port_block
 from lorarl.local.processes import Child
 from lorarl.plan import ContainerPlan, JobPlan, LocalAddressing, plan
-from lorarl.plan.engines import SERVED_MODEL_NAME, VLLM_CPU_MAX_NUM_SEQS
+from lorarl.plan.engines import SERVED_MODEL_NAME
 from lorarl.rollout.vllm_engine import VLLMEngine
 from lorarl.sync.names import group_lora_pairs
 from lorarl.sync.protocol import adapter_name
@@ -62,6 +60,7 @@ from lorarl.trainer.model import (
 )
 from lorarl.trainer.weight_sync import WeightPublisher
 from tests.support.tiny_models import make_tiny_model, make_tokenizer
+from tests.support.vllm_serve import VLLM_CPU_DEFAULT_BUDGET, seeded_prompts, seeded_step
 
 RANK, ALPHA = 8, 12.0  # s = 1.5: not a power of two, so the scaling's rounding is exercised
 SCALING = ALPHA / RANK
@@ -402,28 +401,6 @@ def test_five_versions_sync_exactly(arch_stacks: dict[str, Stack], mode: str) ->
 
 # ---------------------------------------------------------------- a full step of seeded requests
 
-SEEDED_PROMPT = "abcdefghijklmnopqrstuvwxyz"
-VLLM_CPU_DEFAULT_BUDGET = 2048  # vLLM 0.32's CPU --max-num-batched-tokens when none is given
-
-
-def seeded_prompts() -> list[str]:
-    return [SEEDED_PROMPT[: 20 + i % 5] for i in range(VLLM_CPU_MAX_NUM_SEQS)]
-
-
-async def seeded_step(url: str, prompts: list[str]) -> list[int]:
-    """Every prompt at once, each request seeded, as a rollout step sends them; status codes."""
-    async with httpx.AsyncClient(timeout=180, headers=AUTH) as client:
-
-        async def one(prompt: str) -> int:
-            body = {"model": SERVED_MODEL_NAME, "prompt": prompt, "max_tokens": 4,
-                    "temperature": 1.0, "seed": 42, "logprobs": 1}  # fmt: skip
-            try:
-                return (await client.post(f"{url}/v1/completions", json=body)).status_code
-            except httpx.HTTPError:
-                return 0
-
-        return list(await asyncio.gather(*map(one, prompts)))
-
 
 @pytest.mark.slow
 def test_a_full_step_of_seeded_requests_on_one_cpu_engine(arch_stacks: dict[str, Stack]) -> None:
@@ -434,7 +411,7 @@ def test_a_full_step_of_seeded_requests_on_one_cpu_engine(arch_stacks: dict[str,
     tok = make_tokenizer()
     waiting = sum(len(tok(p, add_special_tokens=False)["input_ids"]) for p in prompts)
     assert waiting > VLLM_CPU_DEFAULT_BUDGET  # so the default budget would split a prefill
-    codes = asyncio.run(seeded_step(stack.url, prompts))
+    codes = asyncio.run(seeded_step(stack.url, prompts, ENGINE_KEY))
     log = (stack.run_dir / "logs" / "engine.log").read_text()
     assert codes == [200] * len(prompts), log[-3000:]
     assert "does not use offset" not in log

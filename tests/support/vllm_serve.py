@@ -3,6 +3,7 @@ folder, for tests that check what vLLM computes from an exported model."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import signal
@@ -15,6 +16,7 @@ from typing import Any
 import httpx
 
 from lorarl.local.ports import free_port
+from lorarl.plan.engines import SERVED_MODEL_NAME, VLLM_CPU_MAX_NUM_SEQS
 from lorarl.rollout.vllm_engine import vllm_launch_command
 
 API_KEY = "engine-key-for-tests"
@@ -86,3 +88,30 @@ def greedy_with_logprobs(url: str, prompt: list[int], max_tokens: int) -> dict[s
         "logprobs": choice["logprobs"]["token_logprobs"],
         "prompt_logprobs": prompt_lp,
     }
+
+
+SEEDED_PROMPT = "abcdefghijklmnopqrstuvwxyz"
+VLLM_CPU_DEFAULT_BUDGET = 2048  # vLLM 0.32's CPU --max-num-batched-tokens when none is given
+
+
+def seeded_prompts() -> list[str]:
+    """A full step of one CPU engine: ~22-token prompts, more tokens in all than the default
+    budget, so that budget would split a prefill (tests/e2e/test_vllm_sync_exact.py)."""
+    return [SEEDED_PROMPT[: 20 + i % 5] for i in range(VLLM_CPU_MAX_NUM_SEQS)]
+
+
+async def seeded_step(url: str, prompts: list[str], api_key: str) -> list[int]:
+    """Every prompt at once, each request seeded, as a rollout step sends them; status codes
+    (0: the connection failed)."""
+    headers = {"Authorization": f"Bearer {api_key}"}
+    async with httpx.AsyncClient(timeout=180, headers=headers) as client:
+
+        async def one(prompt: str) -> int:
+            body = {"model": SERVED_MODEL_NAME, "prompt": prompt, "max_tokens": 4,
+                    "temperature": 1.0, "seed": 42, "logprobs": 1}  # fmt: skip
+            try:
+                return (await client.post(f"{url}/v1/completions", json=body)).status_code
+            except httpx.HTTPError:
+                return 0
+
+        return list(await asyncio.gather(*map(one, prompts)))
