@@ -80,10 +80,10 @@ def test_unknown_reward_params(tmp_path: Path):
     assert_one_clear_line(run_trainer(tmp_path, job), "spec.reward", "no_such_param")
 
 
-def test_ppo_without_a_critic_is_refused_up_front(tmp_path: Path):
-    job = letter_job(tmp_path)
-    job.spec.algorithm.name = "ppo"
-    assert_one_clear_line(run_trainer(tmp_path, job), "spec.algorithm.name", "critic")
+def test_a_critic_adapter_that_fits_no_module_is_refused_up_front(tmp_path: Path):
+    job = letter_job(tmp_path, algorithm={"name": "ppo", "groupSize": 2},
+                     critic={"lora": {"targetModules": ["no_such_proj"]}})  # fmt: skip
+    assert_one_clear_line(run_trainer(tmp_path, job), "critic.lora", "no_such_proj")
 
 
 def test_config_file_itself_is_validated(tmp_path: Path):
