@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+import threading
+from collections import OrderedDict
 from typing import Literal
 
 from pydantic import ConfigDict, Field
@@ -60,8 +62,35 @@ def rendered_config(job: LoRARLJob) -> dict:
     return job.model_dump(mode="json", by_alias=True, exclude_none=True, exclude={"status"})
 
 
+_RENDERED: OrderedDict[str, str] = OrderedDict()  # repr(config) -> its YAML, newest last
+_RENDERED_LOCK = threading.Lock()  # the webhook may validate in kopf's thread pool
+RENDER_CACHE = 4
+
+
+def config_yaml(config: dict) -> str:
+    """`safe_yaml.dump(config)`, remembered for the last few configs within the size limit.
+
+    Validating a job renders it for the size rule and the operator then renders the same config
+    for the ConfigMap; YAML emission is the costliest step of both, so the second is a lookup.
+    The key is `repr` (it tells 1 from 1.0 and "1" from 1, as YAML does); a different dict
+    order only misses."""
+    key = repr(config)
+    with _RENDERED_LOCK:
+        text = _RENDERED.get(key)
+        if text is not None:
+            _RENDERED.move_to_end(key)
+            return text
+    text = safe_yaml.dump(config)
+    if len(text) <= MAX_CONFIG_BYTES:  # an oversized job is refused: nothing renders it again
+        with _RENDERED_LOCK:
+            _RENDERED[key] = text
+            while len(_RENDERED) > RENDER_CACHE:
+                _RENDERED.popitem(last=False)
+    return text
+
+
 def config_bytes(job: LoRARLJob) -> int:
-    return len(safe_yaml.dump(rendered_config(job)).encode())
+    return len(config_yaml(rendered_config(job)).encode())
 
 
 _CONFIG_SIZE_RULE = Rule(

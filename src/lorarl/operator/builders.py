@@ -9,8 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from lorarl.api import safe_yaml
-from lorarl.api.job import LoRARLJob
+from lorarl.api.job import LoRARLJob, config_yaml
 from lorarl.api.k8s import ResourceRequirements
 from lorarl.api.workloads import SYNC_KEY_ENV
 from lorarl.plan.addressing import CLUSTER_PORTS
@@ -81,7 +80,7 @@ def service(plan: JobPlan) -> Obj:
 
 
 def config_data(plan: JobPlan) -> dict[str, str]:
-    return {CONFIG_FILE: safe_yaml.dump(plan.config)}
+    return {CONFIG_FILE: config_yaml(plan.config)}
 
 
 def config_map(plan: JobPlan, data: dict[str, str] | None = None) -> Obj:

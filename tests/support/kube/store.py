@@ -8,8 +8,8 @@ Thread-safe: HTTP handlers (emulator loop) and test helpers (test thread) write 
 
 from __future__ import annotations
 
-import copy
 import datetime as dt
+import pickle
 import random
 import threading
 import uuid
@@ -66,6 +66,13 @@ class _Watcher:
     notify: Callable[[Event], None]
 
 
+def _copy(value: Any) -> Any:
+    """A deep copy of stored data (dicts, lists, strings, numbers: what JSON and YAML bodies
+    hold): a pickle round trip gives the same result as `copy.deepcopy` for it at about a
+    quarter of the CPU, and copies are most of what every read, write and watch event costs."""
+    return pickle.loads(pickle.dumps(value, pickle.HIGHEST_PROTOCOL))
+
+
 def _meta(obj: Obj) -> Obj:
     meta = obj.get("metadata")
     if not isinstance(meta, dict):
@@ -94,12 +101,12 @@ class Store:
 
     def get(self, res: VersionInfo, namespace: str | None, name: str) -> Obj:
         with self._lock:
-            return copy.deepcopy(self._require(res, namespace, name))
+            return _copy(self._require(res, namespace, name))
 
     def find(self, res: VersionInfo, namespace: str | None, name: str) -> Obj | None:
         with self._lock:
             obj = self._objects.get(self._key(res, namespace, name))
-            return copy.deepcopy(obj) if obj is not None else None
+            return _copy(obj) if obj is not None else None
 
     def list(
         self,
@@ -110,7 +117,7 @@ class Store:
         """Matching objects (all namespaces when `namespace` is None) and the list's RV."""
         with self._lock:
             items = [
-                copy.deepcopy(obj)
+                _copy(obj)
                 for key, obj in self._objects.items()
                 if key[:2] == (res.group, res.plural)
                 and (namespace is None or key[2] == namespace)
@@ -122,7 +129,7 @@ class Store:
 
     def all_objects(self) -> list[tuple[Key, Obj]]:
         with self._lock:
-            return [(key, copy.deepcopy(obj)) for key, obj in self._objects.items()]
+            return [(key, _copy(obj)) for key, obj in self._objects.items()]
 
     # -- writing -------------------------------------------------------------------------------
     def create(
@@ -134,7 +141,7 @@ class Store:
     ) -> Obj:
         if not isinstance(body, dict):
             raise errors.bad_request(f"the body of a {res.kind} create must be a JSON object")
-        obj = copy.deepcopy(body)
+        obj = _copy(body)
         meta = _meta(obj)
         self._check_kind(res, obj)
         namespace = self._check_namespace(res, namespace, meta.get("namespace"))
@@ -163,9 +170,9 @@ class Store:
                 obj.pop("status", None)  # status is written through /status only
                 initial = _INITIAL_STATUS.get((res.group, res.plural))
                 if initial is not None:
-                    obj["status"] = copy.deepcopy(initial)
+                    obj["status"] = _copy(initial)
             if admit is not None:
-                admit("CREATE", copy.deepcopy(obj), None)
+                admit("CREATE", _copy(obj), None)
             return self._commit("ADDED", self._key(res, namespace, name), obj, None)
 
     def update(
@@ -186,7 +193,7 @@ class Store:
         with self._lock:
             key = self._key(res, namespace, name)
             old = self._require(res, namespace, name)
-            cand = mutate(copy.deepcopy(old))
+            cand = mutate(_copy(old))
             if not isinstance(cand, dict):
                 raise errors.bad_request(f"the updated {res.kind} must be a JSON object")
             cand_meta = _meta(cand)
@@ -206,11 +213,11 @@ class Store:
             if _without(new, "metadata") == _without(old, "metadata") and _without(
                 new["metadata"], "resourceVersion"
             ) == _without(old["metadata"], "resourceVersion"):
-                return copy.deepcopy(old)  # a no-op write: no new resourceVersion, no event
+                return _copy(old)  # a no-op write: no new resourceVersion, no event
             if _without(new, "metadata", "status") != _without(old, "metadata", "status"):
                 new["metadata"]["generation"] = old["metadata"].get("generation", 1) + 1
             if admit is not None:
-                admit("UPDATE", copy.deepcopy(new), copy.deepcopy(old))
+                admit("UPDATE", _copy(new), _copy(old))
             released = new["metadata"].get("deletionTimestamp") and not new["metadata"].get(
                 "finalizers"
             )
@@ -240,16 +247,16 @@ class Store:
                         f"{field} in object meta: {meta.get(field)}",
                     )
             if admit is not None:
-                admit("DELETE", None, copy.deepcopy(old))
+                admit("DELETE", None, _copy(old))
             if meta.get("finalizers"):
                 if meta.get("deletionTimestamp"):
-                    return copy.deepcopy(old)
-                new = copy.deepcopy(old)
+                    return _copy(old)
+                new = _copy(old)
                 new["metadata"].update(
                     deletionTimestamp=now_rfc3339(), deletionGracePeriodSeconds=0
                 )
                 return self._commit("MODIFIED", key, new, old)
-            return self._commit("DELETED", key, copy.deepcopy(old), old)
+            return self._commit("DELETED", key, _copy(old), old)
 
     # -- watching ------------------------------------------------------------------------------
     def watch(
@@ -270,7 +277,7 @@ class Store:
             backlog: list[Event] = []
             if since is None:
                 initial = [
-                    copy.deepcopy(o)
+                    _copy(o)
                     for k, o in self._objects.items()
                     if k[:2] == (res.group, res.plural) and (namespace is None or k[2] == namespace)
                 ]
@@ -316,14 +323,14 @@ class Store:
             del self._objects[key]
         else:
             self._objects[key] = new
-        event = Event(kind, key, copy.deepcopy(new), copy.deepcopy(old), self._rv)
+        event = Event(kind, key, _copy(new), _copy(old), self._rv)
         self._log.append(event)
         for watcher in list(self._watchers):
             if self._concerns(watcher, event):
                 watcher.notify(event)
         for hook in self.hooks:
             hook(event)
-        return copy.deepcopy(new)
+        return _copy(new)
 
     def _generate_name(self, res: VersionInfo, namespace: str | None, prefix: Any) -> str:
         if not prefix:
@@ -368,7 +375,7 @@ class Store:
     def _split(res: VersionInfo, old: Obj, cand: Obj, subresource: str | None) -> Obj:
         """Keep what this endpoint may not change: other parts of the object, server metadata."""
         if subresource == "status":
-            new = copy.deepcopy(old)
+            new = _copy(old)
             if "status" in cand:
                 new["status"] = cand["status"]
             else:
@@ -377,7 +384,7 @@ class Store:
         new = cand
         if res.status_subresource:
             if "status" in old:
-                new["status"] = copy.deepcopy(old["status"])
+                new["status"] = _copy(old["status"])
             else:
                 new.pop("status", None)
         old_meta, meta = old["metadata"], new["metadata"]
