@@ -10,7 +10,7 @@ Two ways to hold actor, reference and critic for PPO with LoRA:
   its reference again the base with the adapter off) and a second full critic model (its own copy
   of the base + its own LoRA + a value head).
 
-Each side runs in its own child process (alternating lorarl / separate, `--repeats` times) that
+Each side runs in its own child process (pairs in ABBA order, `--repeats` pairs) that
 builds its models, takes one warm-up PPO step on a tiny batch (so both AdamW optimizers hold
 their moments), then
 resets the kernel's peak-RSS counter (`/proc/self/clear_refs`) and takes the measured step:
@@ -227,8 +227,10 @@ def main(argv: list[str] | None = None) -> int:
 
     info = machine()
     runs: list[dict[str, Any]] = []
-    for _ in range(args.repeats):  # a report after every pair: an interrupted run keeps its pairs
-        runs += [run_side(side, args) for side in SIDES]
+    for i in range(args.repeats):  # a report after every pair: an interrupted run keeps its pairs
+        # ABBA: each side goes first in every other pair, so a warming (or loaded) machine
+        # favours neither in the step times.
+        runs += [run_side(side, args) for side in (SIDES if i % 2 == 0 else SIDES[::-1])]
         report = _report(args, info, runs)
         write_results(args.out, report)
     print(json.dumps({k: report[k] for k in ("summary_median", "peak_saved_mib")}, indent=2))
@@ -240,7 +242,7 @@ def _report(args: argparse.Namespace, info: dict[str, Any], runs: list[dict[str,
     for side in SIDES:
         mine = [r for r in runs if r["side"] == side]
         summary[side] = {
-            key: statistics.median(r[key] for r in mine)
+            key: round(statistics.median(r[key] for r in mine), 2)
             for key in ("parameter_mib", "rss_before_step_mib", "peak_rss_step_mib", "step_seconds")
         }
     saved = summary["separate"]["peak_rss_step_mib"] - summary["lorarl"]["peak_rss_step_mib"]
@@ -260,7 +262,7 @@ def _report(args: argparse.Namespace, info: dict[str, Any], runs: list[dict[str,
             "targets": "all-linear (actor and critic)",
             "threads": args.threads,
             "repeats": len(runs) // 2,
-            "order": "alternating lorarl, separate",
+            "order": "ABBA: lorarl first in odd pairs, separate first in even ones",
         },
         "summary_median": summary,
         "peak_saved_mib": round(saved, 1),
