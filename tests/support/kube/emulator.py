@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import importlib.resources
 import json
 from collections.abc import Callable, Collection, Mapping
@@ -33,6 +34,13 @@ _BUILTIN_COLUMNS: dict[tuple[str, str], tuple[PrinterColumn, ...]] = {
 }
 
 ResourceRef = str | tuple[str, str, str] | kmock.resource
+
+
+@functools.lru_cache(maxsize=1024)
+def _resource(group: str | None, version: str | None, plural: str | None) -> kmock.resource:
+    """kmock's (frozen) key for a resource, built once: its constructor's typing checks cost
+    ~18 us, and every request and commit looks one up."""
+    return kmock.resource(group, version, plural)
 
 
 def _json(body: Any, status: int = 200) -> aiohttp.web.Response:
@@ -83,7 +91,7 @@ async def _parse_request(raw: aiohttp.web.BaseRequest, request_id: int) -> kmock
             "namespace": parsed.namespace,
             "name": parsed.name,
             "subresource": parsed.subresource,
-            "resource": kmock.resource(parsed.group, parsed.version, parsed.plural),
+            "resource": _resource(parsed.group, parsed.version, parsed.plural),
         }
     return kmock.Request(
         id=request_id,
@@ -237,7 +245,7 @@ class KubeEmulator(TestHelpers, kmock.KubernetesEmulator):
             body = self._body(request)
             if (info.group, info.plural) == (CRD_GROUP, CRD_PLURAL):
                 self._validate_crd(body)
-            obj = self.store.create(info, ns, body, admit=self._admit(info, ns, None))
+            obj = self.store.create(info, ns, body, admit=self._admit(info, ns, None), owned=True)
             obj = self._after_write(info, obj)
             return _json(self._present(info, obj), status=201)
         if method in ("PUT", "PATCH"):
@@ -580,7 +588,7 @@ class KubeEmulator(TestHelpers, kmock.KubernetesEmulator):
         key = (group, version, plural)
         if key in self._crd_versions:
             return self._crd_versions[key]
-        res = kmock.resource(group, version, plural)
+        res = _resource(group, version, plural)
         if res not in self.resources:
             return None
         ri = self.resources[res]
@@ -613,7 +621,7 @@ class KubeEmulator(TestHelpers, kmock.KubernetesEmulator):
         return result
 
     def _verbs(self, info: VersionInfo) -> list[str]:
-        res = kmock.resource(info.group, info.version, info.plural)
+        res = _resource(info.group, info.version, info.plural)
         return sorted(self.resources[res].verbs) or ALL_VERBS
 
     def resolve(self, ref: ResourceRef) -> VersionInfo:
@@ -742,7 +750,7 @@ class KubeEmulator(TestHelpers, kmock.KubernetesEmulator):
                 del self._crd_versions[key]
                 del self.resources[kmock.resource(*key)]
         version = str(event.obj.get("apiVersion", "")).rsplit("/", 1)[-1]
-        key = (kmock.resource(group, version, plural), ns, name)
+        key = (_resource(group, version, plural), ns, name)
         if key not in self._objects:
             self._objects[key] = event.obj
             if event.type == "DELETED":

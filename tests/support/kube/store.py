@@ -138,10 +138,12 @@ class Store:
         namespace: str | None,
         body: Any,
         admit: Admit | None = None,
+        owned: bool = False,
     ) -> Obj:
+        """`owned`: the caller hands `body` over (a request body it parsed), so it is not copied."""
         if not isinstance(body, dict):
             raise errors.bad_request(f"the body of a {res.kind} create must be a JSON object")
-        obj = _copy(body)
+        obj = body if owned else _copy(body)
         meta = _meta(obj)
         self._check_kind(res, obj)
         namespace = self._check_namespace(res, namespace, meta.get("namespace"))
@@ -323,7 +325,9 @@ class Store:
             del self._objects[key]
         else:
             self._objects[key] = new
-        event = Event(kind, key, _copy(new), _copy(old), self._rv)
+        # `old` is the object the store just dropped (stored objects are never handed out nor
+        # changed in place), and a deleted `new` is not kept: the event may take them as they are.
+        event = Event(kind, key, new if kind == "DELETED" else _copy(new), old, self._rv)
         self._log.append(event)
         for watcher in list(self._watchers):
             if self._concerns(watcher, event):
