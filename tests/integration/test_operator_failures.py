@@ -116,6 +116,21 @@ def test_active_deadline_fails_the_job(shared: Cluster) -> None:
     wait_for(lambda: shared.pods("late") == {})
 
 
+def test_a_job_created_suspended_waits_without_pods_until_resumed(shared: Cluster) -> None:
+    """As Kueue creates jobs: the create handler's pass alone holds it (the suspend handler runs
+    on updates only), and un-suspending starts the pods."""
+    shared.create(quickstart("queued", runPolicy={"suspend": True}))
+    status = shared.wait_phase("queued", "Suspended")
+    assert any(c["type"] == "Suspended" and c["status"] == "True" for c in status["conditions"])
+    assert shared.kube.emulator.get("v1/configmaps", "default", "queued-config") is not None
+    time.sleep(0.5)  # past the pod debounce: still none
+    assert shared.pods("queued") == {}
+    shared.kube.emulator.patch(
+        LRJ, "default", "queued", {"spec": {"runPolicy": {"suspend": False}}}
+    )
+    shared.wait_pods("queued", {"queued-trainer-0", "queued-rollout-0", "queued-rollout-1"})
+
+
 def test_suspend_deletes_pods_and_resume_recreates_them(shared: Cluster) -> None:
     _start(shared, "nap")
     shared.kube.emulator.patch(LRJ, "default", "nap", {"spec": {"runPolicy": {"suspend": True}}})

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
+from lorarl.api import safe_yaml
 from lorarl.api.validation import ManifestError
 from lorarl.operator.config import OperatorConfig
 from lorarl.operator.parsing import parsed
@@ -48,6 +49,22 @@ def test_a_bad_spec_is_not_served_from_the_cache() -> None:
     bad["spec"]["rollout"]["replicas"] = -1
     with pytest.raises(ManifestError, match="replicas"):
         parsed(bad, first)
+
+
+def test_a_new_spec_is_rendered_to_yaml_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The size rule and the ConfigMap read one rendering; a changed spec is rendered afresh."""
+    dumps: list[object] = []
+    real = safe_yaml.dump
+    monkeypatch.setattr(safe_yaml, "dump", lambda data: dumps.append(data) or real(data))
+    job = copy.deepcopy(JOB)
+    job["spec"]["optim"]["lr"] = 0.0123  # a config no earlier test rendered
+    first = parsed(job, None)
+    assert len(dumps) == 1
+    assert first.config["job.yaml"] == real(first.plan.config)
+    assert "lr: 0.0123" in first.config["job.yaml"]
+    job["spec"]["optim"]["lr"] = 0.0124
+    second = parsed(job, first)
+    assert len(dumps) == 2 and "lr: 0.0124" in second.config["job.yaml"]
 
 
 class Recording(Reconciler):
