@@ -261,6 +261,7 @@ class KubeEmulator(TestHelpers, kmock.KubernetesEmulator):
                 self._mutation(request, method, info, body),
                 subresource=sub,
                 admit=self._admit(info, ns, sub),
+                reply=True,
             )
             return _json(self._present(info, self._after_write(info, obj)))
         if method == "DELETE":

@@ -140,7 +140,8 @@ class Store:
         admit: Admit | None = None,
         owned: bool = False,
     ) -> Obj:
-        """`owned`: the caller hands `body` over (a request body it parsed), so it is not copied."""
+        """`owned`: the caller hands `body` over (a request body it parsed) and only reads the
+        result (an HTTP reply), so neither is copied."""
         if not isinstance(body, dict):
             raise errors.bad_request(f"the body of a {res.kind} create must be a JSON object")
         obj = body if owned else _copy(body)
@@ -175,7 +176,7 @@ class Store:
                     obj["status"] = _copy(initial)
             if admit is not None:
                 admit("CREATE", _copy(obj), None)
-            return self._commit("ADDED", self._key(res, namespace, name), obj, None)
+            return self._commit("ADDED", self._key(res, namespace, name), obj, None, owned)
 
     def update(
         self,
@@ -186,8 +187,10 @@ class Store:
         *,
         subresource: str | None = None,
         admit: Admit | None = None,
+        reply: bool = False,
     ) -> Obj:
         """Read-modify-write: `mutate` gets a copy of the stored object and returns the new one.
+        `reply`: the caller only reads the result (an HTTP reply), so it is not copied.
 
         A resourceVersion left in the result must equal the stored one (else 409), so PUT bodies
         and patches that carry a stale one conflict, and patches without one apply on top.
@@ -223,7 +226,7 @@ class Store:
             released = new["metadata"].get("deletionTimestamp") and not new["metadata"].get(
                 "finalizers"
             )
-            return self._commit("DELETED" if released else "MODIFIED", key, new, old)
+            return self._commit("DELETED" if released else "MODIFIED", key, new, old, reply)
 
     def delete(
         self,
@@ -318,7 +321,8 @@ class Store:
             watcher.namespace is None or namespace == watcher.namespace
         )
 
-    def _commit(self, kind: str, key: Key, new: Obj, old: Obj | None) -> Obj:
+    def _commit(self, kind: str, key: Key, new: Obj, old: Obj | None, shared: bool = False) -> Obj:
+        """`shared`: return the event's copy (for a caller that only reads it)."""
         self._rv += 1
         new["metadata"]["resourceVersion"] = str(self._rv)
         if kind == "DELETED":
@@ -334,7 +338,7 @@ class Store:
                 watcher.notify(event)
         for hook in self.hooks:
             hook(event)
-        return _copy(new)
+        return event.obj if shared else _copy(new)
 
     def _generate_name(self, res: VersionInfo, namespace: str | None, prefix: Any) -> str:
         if not prefix:
