@@ -9,6 +9,7 @@ import kopf
 import pytest
 
 from lorarl.operator import __main__ as entry
+from lorarl.operator.config import GC_THRESHOLDS
 
 
 def test_main_freezes_imports_and_raises_gc_thresholds(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -25,7 +26,7 @@ def test_main_freezes_imports_and_raises_gc_thresholds(monkeypatch: pytest.Monke
     finally:
         gc.unfreeze()
         gc.set_threshold(*before)
-    assert seen["threshold"] == entry.GC_THRESHOLDS
-    assert entry.GC_THRESHOLDS[0] > before[0]
+    assert seen["threshold"] == GC_THRESHOLDS
+    assert GC_THRESHOLDS[0] > before[0]
     assert seen["frozen"] > 10_000  # kopf, pydantic, the handlers: all loaded and frozen
     assert seen["standalone"] is True

@@ -7,14 +7,8 @@ import os
 
 import kopf
 
+from lorarl.operator.config import GC_THRESHOLDS
 from lorarl.operator.handlers.common import CONFIG
-
-# Every watch event allocates many short-lived objects (kopf's bodies and patches, JSON,
-# pydantic models): with the collector's defaults (a young collection every 700 allocations,
-# each older one rescanning every import-time object) collection took ~18% of the operator's CPU
-# creating 200 jobs. Import-time objects are frozen (never rescanned) and collections run less
-# often; cyclic garbage still goes, a little later.
-GC_THRESHOLDS = (20_000, 10, 10)
 
 
 def main() -> None:
