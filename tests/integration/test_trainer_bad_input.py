@@ -20,6 +20,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def run_trainer(tmp_path: Path, job) -> subprocess.CompletedProcess:
     config = tmp_path / "job.yaml"
+    # Never the default /workspace/output: a trainer that gets further than the test expects
+    # must not write on the host.
+    job.spec.training.output_dir = str(tmp_path / "out")
     config.write_text(yaml.safe_dump(job.model_dump(mode="json", by_alias=True, exclude_none=True)))
     env = {
         **os.environ,
