@@ -64,6 +64,7 @@ from lorarl.trainer.rank0_files import (
     _sha256,
     _share_from_rank0,
     _world,
+    write_dir_atomically,
 )
 
 log = logging.getLogger(__name__)
@@ -119,17 +120,9 @@ def export_adapter(peft_model: PeftModel, out_dir: str | Path) -> Path:
     tensors = lora_state_dict(peft_model)
     config = peft_model.peft_config[ADAPTER_NAME]
 
-    def write() -> None:
-        out_dir.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out_dir.with_name(f"{TMP_PREFIX}{out_dir.name}-{uuid.uuid4().hex[:8]}")
-        try:
-            write_adapter_dir(tensors, config, tmp)
-            _fsync_tree(tmp)
-            _replace_dir(tmp, out_dir)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-
-    _run_on_rank0(write)
+    _run_on_rank0(
+        write_dir_atomically, out_dir, lambda tmp: write_adapter_dir(tensors, config, tmp)
+    )
     return out_dir
 
 

@@ -16,21 +16,13 @@ from __future__ import annotations
 
 import copy
 import logging
-import shutil
-import uuid
 from pathlib import Path
 from typing import Any
 
 from peft import LoraConfig, PeftModel, get_peft_model
 from transformers import PreTrainedModel
 
-from lorarl.trainer.checkpoint import (
-    TMP_PREFIX,
-    _fsync_tree,
-    _replace_dir,
-    _run_on_rank0,
-    export_adapter,
-)
+from lorarl.trainer.checkpoint import _run_on_rank0, export_adapter
 from lorarl.trainer.critic import critic_config, critic_state_dict, has_critic, write_critic_dir
 from lorarl.trainer.model import (
     ADAPTER_NAME,
@@ -39,6 +31,7 @@ from lorarl.trainer.model import (
     lora_state_dict,
     set_lora_state_dict,
 )
+from lorarl.trainer.rank0_files import write_dir_atomically
 
 __all__ = ["CRITIC_EXPORT_DIR", "MERGED_DIR", "export_critic", "export_final", "export_merged",
            "merge_lora"]  # fmt: skip
@@ -84,15 +77,12 @@ def export_merged(
 
     def write() -> None:
         merged = merge_lora(base_path, config, tensors, dtype, trust_remote_code=trust_remote_code)
-        out_dir.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out_dir.with_name(f"{TMP_PREFIX}{out_dir.name}-{uuid.uuid4().hex[:8]}")
-        try:
+
+        def fill(tmp: Path) -> None:
             merged.save_pretrained(tmp, safe_serialization=True)
             tokenizer.save_pretrained(tmp)
-            _fsync_tree(tmp)
-            _replace_dir(tmp, out_dir)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+
+        write_dir_atomically(out_dir, fill)
         log.info("wrote the merged model (%s) to %s", dtype, out_dir)
 
     _run_on_rank0(write)
@@ -105,17 +95,7 @@ def export_critic(peft_model: PeftModel, out_dir: str | Path) -> Path:
     tensors = critic_state_dict(peft_model)
     config = critic_config(peft_model)
 
-    def write() -> None:
-        out_dir.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out_dir.with_name(f"{TMP_PREFIX}{out_dir.name}-{uuid.uuid4().hex[:8]}")
-        try:
-            write_critic_dir(tensors, config, tmp)
-            _fsync_tree(tmp)
-            _replace_dir(tmp, out_dir)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-
-    _run_on_rank0(write)
+    _run_on_rank0(write_dir_atomically, out_dir, lambda tmp: write_critic_dir(tensors, config, tmp))
     return out_dir
 
 

@@ -8,6 +8,7 @@ import logging
 import os
 import shutil
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -92,3 +93,16 @@ def _replace_dir(tmp: Path, final: Path) -> None:
         os.close(fd)
     if trash is not None:
         shutil.rmtree(trash, ignore_errors=True)
+
+
+def write_dir_atomically(out_dir: Path, fill: Callable[[Path], None]) -> None:
+    """`fill` writes a folder into a hidden temp sibling, which is fsynced and renamed onto
+    `out_dir`: a crash leaves the old folder or the new one, never half of one."""
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out_dir.with_name(f"{TMP_PREFIX}{out_dir.name}-{uuid.uuid4().hex[:8]}")
+    try:
+        fill(tmp)
+        _fsync_tree(tmp)
+        _replace_dir(tmp, out_dir)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
