@@ -52,10 +52,10 @@ def test_the_loops_cpu_collectives_run_on_a_device_mapped_group() -> None:
     code = textwrap.dedent(
         """
         import torch.distributed as dist
-        from lorarl.trainer.update import _all_reduce
+        from lorarl.trainer.update import all_reduce_sum
         dist.init_process_group(backend="cpu:gloo", init_method="tcp://127.0.0.1:0",
                                 rank=0, world_size=1)
-        assert _all_reduce([1.0, 2.5]) == [1.0, 2.5]
+        assert all_reduce_sum([1.0, 2.5]) == [1.0, 2.5]
         box = [{"step": 3}]
         dist.broadcast_object_list(box, src=0)
         dist.destroy_process_group()

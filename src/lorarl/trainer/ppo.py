@@ -31,6 +31,7 @@ from lorarl.trainer.settings import (
 )
 from lorarl.trainer.update import (
     UpdateConfig,
+    all_reduce_sum,
     micro_batch_slices,
     mini_batch_slices,
     reference_pass,
@@ -55,18 +56,11 @@ def ppo_config(job: LoRARLJob) -> PPOConfig | None:
     return PPOConfig(a.gamma, a.lam, critic_settings(job), kl_reward_settings(job))
 
 
-def _all_reduce_sum(values: list[float]) -> list[float]:
-    t = torch.tensor(values, dtype=torch.float64)
-    if dist.is_initialized():
-        dist.all_reduce(t)
-    return t.tolist()
-
-
 def global_moments(x: torch.Tensor, mask: torch.Tensor) -> tuple[float, float, float]:
     """(count, mean, unbiased variance) of `x` over the masked tokens of every rank's batch."""
     m = mask.to(torch.float64)
     xd = x.to(torch.float64) * m
-    n, s, sq = _all_reduce_sum([m.sum().item(), xd.sum().item(), (xd * xd).sum().item()])
+    n, s, sq = all_reduce_sum([m.sum().item(), xd.sum().item(), (xd * xd).sum().item()])
     if n < 1:
         return 0.0, 0.0, 0.0
     mean = s / n
@@ -166,7 +160,7 @@ class PPOUpdate:
     def _global_current_kl(self, kl_tok: torch.Tensor, mask: torch.Tensor) -> tuple[float, int]:
         """verl's current_kl (mean over sequences of each one's token-mean KL) over all ranks."""
         means, rows = per_sequence_kl(kl_tok, mask)
-        total, count = _all_reduce_sum([float(means[rows].sum()), float(rows.sum())])
+        total, count = all_reduce_sum([float(means[rows].sum()), float(rows.sum())])
         return (total / count if count else 0.0), int(count)
 
     def _update_critic(self, batch: TensorBatch, old_values, returns) -> dict[str, float]:
@@ -177,7 +171,7 @@ class PPOUpdate:
         for epoch in range(ucfg.epochs):
             for mini in mini_batch_slices(len(batch), ucfg.mini_batches):
                 part = batch.slice(mini)
-                (g_tokens,) = _all_reduce_sum([part.response_mask.sum().item()])
+                (g_tokens,) = all_reduce_sum([part.response_mask.sum().item()])
                 self.critic_optimizer.zero_grad(set_to_none=True)
                 micros = micro_batch_slices(len(part), ucfg.micro_batch_size)
                 for i, mb in enumerate(micros):
@@ -202,7 +196,7 @@ class PPOUpdate:
                 self.critic_optimizer.step()
         set_gradient_sync(self.model, True)
         self.critic_optimizer.zero_grad(set_to_none=True)
-        tokens, loss, clip = _all_reduce_sum([sums["tokens"], sums["loss"], sums["clip"]])
+        tokens, loss, clip = all_reduce_sum([sums["tokens"], sums["loss"], sums["clip"]])
         return {
             "value_loss": loss / max(tokens, 1.0),
             "value_clip_fraction": clip / max(tokens, 1.0),

@@ -50,7 +50,8 @@ def reference_pass(model, batch: TensorBatch, cfg: UpdateConfig, reference) -> t
     return adapter_reference_logprobs(model, reference, *args, **kw)
 
 
-def _all_reduce(values: list[float]) -> list[float]:
+def all_reduce_sum(values: list[float]) -> list[float]:
+    """Element-wise sum over the ranks (float64, so token counts stay exact)."""
     t = torch.tensor(values, dtype=torch.float64)
     if dist.is_initialized():
         dist.all_reduce(t)
@@ -130,7 +131,7 @@ def update_policy(
     for epoch in range(cfg.epochs):
         for mini in minis:
             part = batch.slice(mini)
-            g_tokens, g_seqs = _all_reduce(list(_counts(part)))
+            g_tokens, g_seqs = all_reduce_sum(list(_counts(part)))
             denominator = max(g_tokens if token_level else g_seqs, 1.0)
             optimizer.zero_grad(set_to_none=True)
             micros = micro_batch_slices(len(part), mbs)
@@ -219,7 +220,7 @@ def _finish(sums: dict[str, float], grad_norms: list[float]) -> dict[str, float]
     hist = [f"hist{i}" for i in range(len(MISMATCH_EDGES) + 1)]
     keys = ["tokens", "mismatch", "first_tokens", "first_clip"]
     keys += [*[k for k in _METRICS if k in sums], *hist]
-    totals = dict(zip(keys, _all_reduce([sums.get(k, 0.0) for k in keys]), strict=True))
+    totals = dict(zip(keys, all_reduce_sum([sums.get(k, 0.0) for k in keys]), strict=True))
     counts = [totals.pop(k) for k in hist]
     first = totals.pop("first_clip") / max(totals.pop("first_tokens"), 1.0)
     tokens = max(totals.pop("tokens"), 1.0)
