@@ -172,8 +172,8 @@ def prepare_smollm2_cmd(cache: str) -> None:
 )  # fmt: skip
 @click.option("--split", default="train", show_default=True, help="gsm8k: extra_info.split.")
 def prepare_task(task: str, rows: int, seed: int, out: str, source: str | None, split: str) -> None:
-    """A synthetic verifiable task as jsonl (addition, larger, repeat, next-letter), or gsm8k
-    converted from a local copy (--from) to verl's parquet format; nothing is downloaded."""
+    """A synthetic verifiable task as jsonl (addition, larger, repeat, multiply, next-letter), or
+    gsm8k converted from a local copy (--from) to verl's parquet format; nothing is downloaded."""
     from lorarl.data_tasks import convert_gsm8k, write_task_jsonl
 
     given = click.get_current_context().get_parameter_source

@@ -25,6 +25,7 @@ __all__ = [
     "gsm8k_verl_rows",
     "larger",
     "make_rows",
+    "multiply",
     "next_letter",
     "repeat",
     "write_task_jsonl",
@@ -37,6 +38,14 @@ def addition(rng: random.Random, digits: int = 2) -> Row:
     lo, hi = 10 ** (digits - 1) if digits > 1 else 0, 10**digits - 1
     a, b = rng.randint(lo, hi), rng.randint(lo, hi)
     return {"prompt": f"What is {a} + {b}? Answer with just the number.", "answer": str(a + b)}
+
+
+def multiply(rng: random.Random, digits: int = 3) -> Row:
+    """Products a small model cannot do in its head but a calculator tool can: the task of the
+    tool-calling example (examples/tool-calling.yaml)."""
+    lo, hi = 10 ** (digits - 1) if digits > 1 else 0, 10**digits - 1
+    a, b = rng.randint(lo, hi), rng.randint(lo, hi)
+    return {"prompt": f"What is {a} * {b}?", "answer": str(a * b)}
 
 
 def larger(rng: random.Random, digits: int = 2) -> Row:
@@ -68,6 +77,7 @@ TASKS: dict[str, Callable[..., Row]] = {
     "addition": addition,
     "larger": larger,
     "repeat": repeat,
+    "multiply": multiply,
     "next-letter": next_letter,
 }
 

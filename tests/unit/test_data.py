@@ -274,6 +274,18 @@ def test_larger_and_repeat_rows_are_correct():
         assert len(n) == 4 and row["answer"] == n
 
 
+def test_multiply_rows_are_correct():
+    rows = make_rows("multiply", 50, seed=3)
+    for row in rows:
+        a, b = map(int, re.fullmatch(r"What is (\d+) \* (\d+)\?", row["prompt"]).groups())
+        assert 100 <= a <= 999 and 100 <= b <= 999
+        assert row["answer"] == str(a * b) and row["task"] == "multiply"
+    assert len({r["prompt"] for r in rows}) > 45  # not one question repeated
+    [small] = make_rows("multiply", 1, seed=3, digits=1)
+    a, b = map(int, re.findall(r"\d+", small["prompt"]))
+    assert a < 10 and b < 10 and small["answer"] == str(a * b)
+
+
 def test_tasks_are_seeded():
     assert make_rows("addition", 20, seed=5) == make_rows("addition", 20, seed=5)
     assert make_rows("addition", 20, seed=5) != make_rows("addition", 20, seed=6)
