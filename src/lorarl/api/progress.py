@@ -47,7 +47,9 @@ class StepRecord(ReportModel):
         description="Fraction of tokens whose rollout-correction weight was truncated or masked.",
     )
     truncated_fraction: float | None = Field(
-        default=None, description="Fraction of completions cut at maxResponseTokens."
+        default=None,
+        description="Fraction of completions cut at maxResponseTokens (episodes: ended by a "
+        "limit, not by the environment).",
     )
     weight_version: int | None = Field(default=None, description="Version the samples came from.")
     # ppo only (the critic and the KL penalty in the rewards); unset for the other algorithms
@@ -78,6 +80,22 @@ class StepRecord(ReportModel):
     kl_in_reward: float | None = Field(
         default=None,
         description="ppo with kl.inReward: mean per-token KL of the penalty, before beta.",
+    )
+    # spec.environment only (multi-turn episodes); unset for single-turn jobs
+    turns_mean: float | None = Field(
+        default=None, description="Mean assistant turns per episode this step."
+    )
+    tool_calls: float | None = Field(
+        default=None, description="Tool calls this step, over every episode (the environment's)."
+    )
+    tool_errors: float | None = Field(
+        default=None,
+        description="Tool calls this step that failed (unknown tool, bad arguments, tool error).",
+    )
+    environment_seconds: float | None = Field(
+        default=None,
+        description="Wall seconds of generateSeconds during which an environment was running "
+        "(concurrent episodes counted once).",
     )
     step_seconds: float | None = None
     generate_seconds: float | None = None

@@ -12,6 +12,11 @@ from pydantic import ConfigDict, Field
 from lorarl.api.algorithm import GROUP_ALGORITHMS, Algorithm, AlgorithmSpec, OptimSpec
 from lorarl.api.base import INT64_MAX, ApiModel
 from lorarl.api.critic import CRITIC_SPEC_RULES, CriticSpec
+from lorarl.api.environment import (
+    DEFAULT_MAX_RESPONSE_TOKENS,
+    ENVIRONMENT_SPEC_RULES,
+    EnvironmentSpec,
+)
 from lorarl.api.k8s import VolumeClaim
 from lorarl.api.reward import RewardServiceSpec, RewardSpec
 from lorarl.api.rules import Rule, enforce, rules_schema_extra
@@ -161,7 +166,7 @@ class DataSpec(ApiModel):
         "the data is loaded; the count is logged and reported in the progress (droppedPrompts).",
     )
     max_response_tokens: int = Field(
-        default=256, gt=0, le=131072, description="Completion length limit."
+        default=DEFAULT_MAX_RESPONSE_TOKENS, gt=0, le=131072, description="Completion length limit."
     )
     shuffle: bool = Field(default=True, description="Shuffle prompts every epoch.")
     seed: int = Field(default=0, ge=0, le=INT64_MAX, description="Shuffle seed.")
@@ -307,6 +312,7 @@ _SPEC_RULES = (
     _SERVICE_REWARD_RULE,
     *TRACKING_SPEC_RULES,
     *CRITIC_SPEC_RULES,
+    *ENVIRONMENT_SPEC_RULES,
     _OUTPUT_VOLUME_RULE,
     _OUTPUT_ON_VOLUME_RULE,
     _MOUNT_PATHS_RULE,
@@ -337,6 +343,11 @@ class LoRARLJobSpec(ApiModel):
     reward: RewardSpec = Field(
         default_factory=_default_reward, description="How completions are scored."
     )
+    environment: EnvironmentSpec | None = Field(
+        default=None,
+        description="Multi-turn rollouts: an environment answers each model turn (tool results, "
+        "new messages) until the episode ends. Unset: one completion per sample.",
+    )
     training: TrainingSpec = Field(default_factory=TrainingSpec, description="Training loop.")
     trainer: TrainerSpec = Field(default_factory=TrainerSpec, description="Trainer pods.")
     rollout: RolloutSpec = Field(default_factory=RolloutSpec, description="Rollout engine pods.")
@@ -359,6 +370,7 @@ __all__ = [
     "RESERVED_MOUNT_PATHS",
     "Algorithm",
     "CriticSpec",
+    "EnvironmentSpec",
     "EvalSpec",
     "LoRARLJobSpec",
     "RewardServiceSpec",

@@ -21,6 +21,9 @@ class TrainSample:
     # group's advantages, as in DAPO's overlong filtering.
     in_loss: bool = True
     finish_reason: str = ""  # the engine's: "stop" or "length" (for the stored samples)
+    # Multi-turn: 1 on the model's tokens, 0 on the environment's, which only give context; their
+    # rollout logprobs are placeholders. None: every completion token is the model's.
+    loss_mask: list[int] | None = None
 
 
 @dataclass
@@ -63,7 +66,9 @@ def collate(samples: list[TrainSample], pad_id: int) -> TensorBatch:
         p, c = len(s.prompt_ids), len(s.completion_ids)
         ids[i, : p + c] = torch.tensor(s.prompt_ids + s.completion_ids, dtype=torch.long)
         attn[i, : p + c] = 1
-        resp[i, p : p + c] = 1.0 if s.in_loss else 0.0
+        if s.in_loss:
+            mask = [1] * c if s.loss_mask is None else s.loss_mask
+            resp[i, p : p + c] = torch.tensor(mask, dtype=torch.float32)
         lps[i, p : p + c] = torch.tensor(s.rollout_logprobs, dtype=torch.float32)
     adv = torch.tensor([s.advantage for s in samples], dtype=torch.float32)
     rewards = torch.tensor([s.reward for s in samples], dtype=torch.float32)

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from lorarl.api.job import LoRARLJob
 from lorarl.api.status import EvalRecord
 from lorarl.trainer.data import PromptDataset, drop_long_prompts, encode_prompts, prompt_text
+from lorarl.trainer.episodes import EpisodeRunner, episode_rewards
 from lorarl.trainer.rollout_client import RolloutClient
 from lorarl.trainer.rollout_types import Sample, SamplingParams
 from lorarl.trainer.sampling import eval_sampling
@@ -75,12 +76,22 @@ class Evaluator:
     sampling: SamplingParams
     max_prompt_tokens: int
     threshold: float
+    episodes: EpisodeRunner | None = None  # spec.environment: evaluate whole episodes
+    final_reward: bool = True
 
     def run(self, step: int, version: int, model_name: str) -> EvalRecord:
         """Evaluate the weights `version` the engines serve as `model_name`; raises on an
         engine or reward error (the caller decides that a failed eval does not fail the run)."""
         t0 = time.perf_counter()
         items = list(self.dataset)
+        if self.episodes is not None:  # the same seed every eval, like the sampling's
+            runs = self.episodes.run(
+                items, self.n, self.sampling, model=model_name, version=version, seed=0
+            )
+            scorer = self.scorer if self.final_reward else None
+            flat = episode_rewards(items, runs, scorer, prompt_text)
+            rewards = [flat[i * self.n : (i + 1) * self.n] for i in range(len(items))]
+            return aggregate(rewards, self.threshold, step=step, seconds=time.perf_counter() - t0)
         prompt_ids = encode_prompts(
             self.tokenizer, [it.prompt for it in items], self.max_prompt_tokens,
             chat_template_kwargs=self.dataset.chat_template_kwargs,
@@ -119,6 +130,7 @@ def build_evaluator(
     scorer: Callable,
     train: SamplingParams,
     train_prompts: PromptDataset | None = None,
+    episodes: EpisodeRunner | None = None,
 ) -> Evaluator | None:
     """The job's eval (None when evals are off): data.valFiles loaded like trainFiles, sampled
     with training.eval's settings and the train sampling's seed and stops (eval_sampling).
@@ -157,4 +169,6 @@ def build_evaluator(
         sampling=sampling,
         max_prompt_tokens=spec.data.max_prompt_tokens,
         threshold=e.correct_threshold,
+        episodes=episodes,
+        final_reward=spec.environment is None or spec.environment.final_reward,
     )

@@ -35,6 +35,7 @@ from lorarl.trainer.critic import (
 )
 from lorarl.trainer.data import DataPosition, PromptDataset, PromptSampler, drop_long_prompts
 from lorarl.trainer.engine_gate import wait_for_synced_engines
+from lorarl.trainer.episodes import build_episode_runner
 from lorarl.trainer.eval import Evaluator, build_evaluator
 from lorarl.trainer.export import export_final
 from lorarl.trainer.logprobs import snapshot_lora
@@ -177,24 +178,25 @@ class Trainer:
             )  # fmt: skip
         sampling = train_sampling(spec, self.tokenizer.eos_token_id)
         ds, choices = spec.algorithm.dynamic_sampling, algorithm_choices(self.job)
+        client = RolloutClient(
+            ep.rollout, spec.rollout.engine, model_name=SERVED_MODEL_NAME, api_key=ep.engine_api_key
+        )
+        episodes = build_episode_runner(self.job, self.tokenizer, client)  # spec.environment
         self.worker = RolloutWorker(
             dataset=self.dataset,
             sampler=self.sampler,
             tokenizer=self.tokenizer,
-            client=RolloutClient(
-                ep.rollout,
-                spec.rollout.engine,
-                model_name=SERVED_MODEL_NAME,
-                api_key=ep.engine_api_key,
-            ),
+            client=client,
             scorer=self._scorer(),
             estimator=self.estimator,
             group_size=spec.algorithm.group_size,
             max_prompt_tokens=spec.data.max_prompt_tokens,
             sampling=sampling,
             dynamic_rounds=ds.max_rounds if choices.dynamic_sampling else 0,
+            episodes=episodes,
+            final_reward=spec.environment is None or spec.environment.final_reward,
             overlong=OverlongConfig(
-                max_tokens=spec.data.max_response_tokens,
+                max_tokens=episodes.max_total_tokens if episodes else spec.data.max_response_tokens,
                 mask=choices.overlong_mask,
                 soft_punishment=choices.soft_punishment,
                 buffer_tokens=choices.buffer_tokens,
@@ -203,7 +205,7 @@ class Trainer:
         )
         # Evals share the train rollouts' client and reward; None when evals are off.
         self.evaluator = build_evaluator(
-            self.job, self.tokenizer, self.worker.client, self.worker.scorer, sampling, self.dataset
+            self.job, self.tokenizer, client, self.worker.scorer, sampling, self.dataset, episodes
         )
 
     def _scorer(self):

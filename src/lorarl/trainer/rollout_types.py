@@ -83,12 +83,19 @@ class Sample:
     weight_version: int
     endpoint: str
     text: str = field(default="", compare=False)
+    # Multi-turn episodes: 1 on the model's tokens, 0 on the environment's (None: all the model's).
+    loss_mask: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if len(self.logprobs) != len(self.completion_ids):
             raise ValueError(
                 f"Sample from {self.endpoint}: {len(self.logprobs)} logprobs for "
                 f"{len(self.completion_ids)} completion tokens (need one per token)"
+            )
+        if self.loss_mask is not None and len(self.loss_mask) != len(self.completion_ids):
+            raise ValueError(
+                f"Sample from {self.endpoint}: {len(self.loss_mask)} loss-mask entries for "
+                f"{len(self.completion_ids)} completion tokens"
             )
         if self.finish_reason not in ("stop", "length"):
             raise ValueError(

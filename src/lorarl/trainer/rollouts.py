@@ -18,6 +18,7 @@ from lorarl.trainer.data import (
     prompt_text,
 )
 from lorarl.trainer.dynamic_sampling import DynamicSampler
+from lorarl.trainer.episodes import Episode, EpisodeRunner, episode_rewards, episode_stats
 from lorarl.trainer.overlong import OverlongConfig, soft_overlong_penalty, truncated
 from lorarl.trainer.rollout_client import RolloutClient
 from lorarl.trainer.rollout_types import Sample, SamplingParams
@@ -33,6 +34,7 @@ class Collected:
     generated_tokens: int
     rounds: int = 1
     truncated_fraction: float = 0.0  # of every sample generated this step
+    episode_stats: dict[str, float] | None = None  # multi-turn only (episodes.episode_stats)
 
 
 @dataclass
@@ -48,6 +50,8 @@ class RolloutWorker:
     sampling: SamplingParams
     dynamic_rounds: int = 0  # 0: dynamic sampling off
     overlong: OverlongConfig | None = None  # None: truncated samples are treated like others
+    episodes: EpisodeRunner | None = None  # spec.environment: multi-turn episodes per sample
+    final_reward: bool = True  # with episodes: add the scorer's score of the last reply
 
     def collect(
         self, position: DataPosition, version: int, model_name: str, step: int = 0
@@ -56,6 +60,7 @@ class RolloutWorker:
         tokens = 0
         all_rewards: list[torch.Tensor] = []
         n_truncated = n_samples = 0
+        episodes: list[Episode] = []
         dynamic = None
         if self.dynamic_rounds:
             dynamic = DynamicSampler(
@@ -70,15 +75,27 @@ class RolloutWorker:
             )  # fmt: skip
             t0 = time.perf_counter()
             params = self._params(step, len(all_rewards))
-            groups = self.client.generate(
-                prompt_ids, self.group_size, params, model=model_name, expected_version=version
-            )
-            gen_s += time.perf_counter() - t0
-            flat = [s for g in groups for s in g]
-            tokens += sum(len(s.completion_ids) for s in flat)
-            t0 = time.perf_counter()
-            rewards = self._score(items, groups)
+            if self.episodes is None:
+                groups = self.client.generate(
+                    prompt_ids, self.group_size, params, model=model_name, expected_version=version
+                )
+                gen_s += time.perf_counter() - t0
+                t0 = time.perf_counter()
+                rewards = self._score(items, groups)
+            else:
+                runs = self.episodes.run(
+                    items, self.group_size, params, model=model_name, version=version,
+                    seed=_episode_seed(self.sampling.seed, step, len(all_rewards)),
+                )  # fmt: skip
+                gen_s += time.perf_counter() - t0
+                t0 = time.perf_counter()
+                scorer = self.scorer if self.final_reward else None
+                rewards = torch.tensor(episode_rewards(items, runs, scorer, prompt_text))
+                groups = [[e.sample for e in group] for group in runs]
+                episodes.extend(e for group in runs for e in group)
             rew_s += time.perf_counter() - t0
+            flat = [s for g in groups for s in g]
+            tokens += sum(sum(s.loss_mask or [1] * len(s.completion_ids)) for s in flat)
             all_rewards.append(rewards)
             cut = truncated([s.finish_reason for s in flat])
             n_truncated, n_samples = n_truncated + int(cut.sum()), n_samples + len(flat)
@@ -113,6 +130,7 @@ class RolloutWorker:
             generated_tokens=tokens,
             rounds=len(all_rewards),
             truncated_fraction=n_truncated / max(n_samples, 1),
+            episode_stats=episode_stats(episodes) if self.episodes is not None else None,
         )
 
     def _params(self, step: int, round_: int) -> SamplingParams:
@@ -137,6 +155,11 @@ class RolloutWorker:
         return self.tokenizer.decode(sample.completion_ids, skip_special_tokens=True)
 
 
+def _episode_seed(seed: int | None, step: int, round_: int) -> int:
+    """Environments' randomness: reproducible per job seed, step and refill round."""
+    return ((seed or 0) * 1_000_003 + step * 7_919 + round_) % 2**31 * 4096
+
+
 def _train_sample(s: Sample, advantage: float, reward: float, in_loss: bool = True) -> TrainSample:
     return TrainSample(
         prompt_ids=list(s.prompt_ids),
@@ -147,4 +170,5 @@ def _train_sample(s: Sample, advantage: float, reward: float, in_loss: bool = Tr
         weight_version=s.weight_version,
         in_loss=in_loss,
         finish_reason=s.finish_reason or "",
+        loss_mask=None if s.loss_mask is None else list(s.loss_mask),
     )

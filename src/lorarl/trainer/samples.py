@@ -35,7 +35,10 @@ def sample_rows(
         {
             "step": step,
             "prompt": clip(tokenizer.decode(s.prompt_ids, skip_special_tokens=True)),
-            "completion": clip(tokenizer.decode(s.completion_ids, skip_special_tokens=True)),
+            # an episode keeps its role markers, so its turns stay readable
+            "completion": clip(
+                tokenizer.decode(s.completion_ids, skip_special_tokens=s.loss_mask is None)
+            ),
             "reward": float(s.reward),
             "advantage": float(s.advantage),
             "finish_reason": s.finish_reason,

@@ -35,7 +35,8 @@ def step_record(
     rewards = collected.rewards
     samples: list[TrainSample] = collected.samples
     step_s = time.perf_counter() - t_start
-    lengths = [len(s.completion_ids) for s in samples]
+    # the model's tokens only: an episode's environment tokens are context, not response
+    lengths = [sum(s.loss_mask) if s.loss_mask else len(s.completion_ids) for s in samples]
     tokens = collected.generated_tokens + metrics["trained_tokens"]
     return StepRecord(
         step=step,
@@ -66,4 +67,5 @@ def step_record(
         sync_seconds=sync.seconds if sync else None,
         sync_bytes=sync.bytes if sync else None,
         **{k: metrics[k] for k in _OPTIONAL if k in metrics},
+        **(collected.episode_stats or {}),
     )

@@ -1,0 +1,112 @@
+"""`spec.environment`: multi-turn rollouts, where an environment answers each model turn (a tool
+result, a new user message) until the episode ends (docs/environments.md).
+
+Unset, a sample is one completion of the prompt, as before. Set, a sample is an episode: the model's
+turns are trained on, the environment's messages sit between them in the context with loss mask 0.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field, ValidationInfo, model_validator
+from pydantic_core import PydanticCustomError
+
+from lorarl.api.base import MAX_SECONDS, ApiModel
+from lorarl.api.rules import Rule, crd_only
+from lorarl.api.safe_yaml import EXCERPT_CHARS
+
+DEFAULT_MAX_TOTAL_TOKENS = 2048
+DEFAULT_MAX_RESPONSE_TOKENS = 256  # data.maxResponseTokens' default, shared with spec.py
+
+
+class EnvironmentSpec(ApiModel):
+    entrypoint: str = Field(
+        pattern=r"^([a-z][a-z0-9_]*|[A-Za-z_][\w.]*:[A-Za-z_]\w*)$",
+        description="A built-in environment (single_turn, tool_calling) or your own class from "
+        "your image, as module:Class, constructed once per episode with params.",
+    )
+    params: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Keyword arguments for the environment class (tool_calling: tools, ...).",
+    )
+    max_turns: int = Field(
+        default=4,
+        ge=1,
+        le=64,
+        description="Assistant turns per episode; an episode still running after them is cut "
+        "(counted in truncatedFraction).",
+    )
+    max_total_tokens: int = Field(
+        default=DEFAULT_MAX_TOTAL_TOKENS,
+        ge=1,
+        le=262144,
+        description="Tokens after the prompt per episode, the model's and the environment's "
+        "together; each turn may generate up to data.maxResponseTokens of what is left. An "
+        "episode that reaches it is cut.",
+    )
+    episode_timeout_seconds: float = Field(
+        default=300.0,
+        gt=0,
+        le=MAX_SECONDS,
+        description="Wall-clock limit per episode (generation, environment and tools); an "
+        "episode over it ends where it is, cut, with the rewards it has.",
+    )
+    final_reward: bool = Field(
+        default=True,
+        description="Add spec.reward's score of the last assistant message (against the row's "
+        "answer) to the environment's own rewards; false: the environment's rewards only.",
+    )
+
+    @model_validator(mode="after")
+    def _known_environment(self, info: ValidationInfo) -> EnvironmentSpec:
+        """A built-in name and its params are checked at admission (`lorarl validate`, the
+        webhook), like a built-in reward; a module:Class is checked where the image has it."""
+        if ":" in self.entrypoint or crd_only(info):
+            return self
+        from lorarl.environments.registry import UnknownEnvironmentError, check_environment
+
+        try:
+            check_environment(self.entrypoint, self.params)
+        except UnknownEnvironmentError as exc:
+            field, value, message = "entrypoint", self.entrypoint, str(exc)
+        except ValueError as exc:
+            field, value, message = "params", self.params, str(exc)
+        else:
+            return self
+        if len(message) > 2 * EXCERPT_CHARS:
+            message = message[: 2 * EXCERPT_CHARS - 3] + "..."
+        raise PydanticCustomError(
+            "rule", "{message}", {"message": message, "field": field, "value": value}
+        )
+
+
+_BUDGET = (
+    "(has(self.environment.maxTotalTokens) ? self.environment.maxTotalTokens : "
+    f"{DEFAULT_MAX_TOTAL_TOKENS})"
+)
+_RESPONSE = (
+    "(has(self.data.maxResponseTokens) ? self.data.maxResponseTokens : "
+    f"{DEFAULT_MAX_RESPONSE_TOKENS})"
+)
+# One full turn must fit the episode's budget, or data.maxResponseTokens would be a lie.
+_TURN_FITS_RULE = Rule(
+    cel=f"!has(self.environment) || {_BUDGET} >= {_RESPONSE}",
+    message="must be at least data.maxResponseTokens (one full model turn)",
+    check=lambda m: (
+        m.environment is None or m.environment.max_total_tokens >= m.data.max_response_tokens
+    ),
+    field="environment.maxTotalTokens",
+)
+# With finalReward off nothing reads spec.reward; one written in the manifest would be ignored.
+# Python only: the CRD defaults spec.reward, so CEL cannot tell a written one from the default.
+_REWARD_UNUSED_RULE = Rule(
+    cel=None,
+    message="is not used: environment.finalReward is false, so the environment's rewards are the "
+    "episode's (leave reward unset, or set finalReward true)",
+    check=lambda m: (
+        m.environment is None or m.environment.final_reward or "reward" not in m.model_fields_set
+    ),
+    field="reward",
+)
+ENVIRONMENT_SPEC_RULES = (_TURN_FITS_RULE, _REWARD_UNUSED_RULE)
