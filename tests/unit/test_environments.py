@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -251,3 +253,20 @@ def test_single_turn_is_todays_behaviour():
     messages[0]["content"] = "changed"
     assert prompt[0]["content"] == "Be brief."  # the row is not mutated
     assert env.step("4") == EnvStep(messages=[], reward=0.0, done=True, info={})
+
+
+def test_the_docs_example_environment_works(tmp_path, monkeypatch):
+    docs = (Path(__file__).parents[2] / "docs" / "environments.md").read_text()
+    (code,) = re.findall(r"```python\n(.*?)```", docs, re.DOTALL)
+    (tmp_path / "docs_guess_env.py").write_text(code)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        env = environment_factory("docs_guess_env:Guess", {"penalty": 0.5})()
+        assert env.reset(EpisodeItem(prompt="1-10?", answer="7")) == [
+            {"role": "user", "content": "1-10?"}
+        ]
+        assert env.step("5") == EnvStep([{"role": "user", "content": "higher"}], reward=-0.5)
+        assert env.step("no idea").reward == -0.5
+        assert env.step("It is 7") == EnvStep(reward=1.0, done=True)
+    finally:
+        sys.modules.pop("docs_guess_env", None)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from pathlib import Path
 
 import pytest
 
@@ -330,3 +331,12 @@ def test_python_output_is_bounded_and_a_hang_is_killed(python_env):
     assert time.monotonic() - start < 5
     quiet = python_env.step(call("python", {"code": "x = 1"}))
     assert response(quiet) == "(no output; print what you need)"
+
+
+def test_the_docs_show_the_real_system_text():
+    docs = (Path(__file__).parents[2] / "docs" / "environments.md").read_text()
+    block = docs.split("```text\n", 1)[1].split("```", 1)[0]
+    system = ToolCalling().reset(EpisodeItem(prompt="q"))[0]["content"]
+    for line in system.splitlines():
+        if not line.startswith('{"type": "function"'):  # the doc abbreviates the schema
+            assert line in block.splitlines(), line
