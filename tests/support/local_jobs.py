@@ -29,7 +29,7 @@ def write_letter_task(path: Path) -> Path:
 
 
 def letter_job(root: Path, *, name: str = "learn", **overrides: Any) -> LoRARLJob:
-    """A job on the letter task; `overrides` replace whole spec sections."""
+    """A job on the letter task; `overrides` replace whole spec sections (None: leave it out)."""
     model = root / "model"
     if not (model / "config.json").is_file():
         make_tiny_model(model, "llama", seed=0, init_std=0.1)
@@ -51,6 +51,7 @@ def letter_job(root: Path, *, name: str = "learn", **overrides: Any) -> LoRARLJo
         "rollout": {"engine": "vllm", "replicas": 2, "gpusPerReplica": 0, "syncMode": "merged"},
     }
     spec.update(overrides)
+    spec = {k: v for k, v in spec.items() if v is not None}
     return LoRARLJob.model_validate(
         {
             "apiVersion": "lorarl.dev/v1alpha1",

@@ -98,14 +98,19 @@ _TURN_FITS_RULE = Rule(
     ),
     field="environment.maxTotalTokens",
 )
-# With finalReward off nothing reads spec.reward; one written in the manifest would be ignored.
-# Python only: the CRD defaults spec.reward, so CEL cannot tell a written one from the default.
+# With finalReward off nothing reads spec.reward: one other than the default would be ignored.
+# (Compared with the default, not "was it written": the rendered job.yaml writes every default.)
 _REWARD_UNUSED_RULE = Rule(
-    cel=None,
+    cel="!has(self.environment) || !has(self.environment.finalReward) || "
+    "self.environment.finalReward || !has(self.reward) || (has(self.reward.function) && "
+    "self.reward.function == 'math_answer' && !has(self.reward.service) && "
+    "(!has(self.reward.params) || size(self.reward.params) == 0))",
     message="is not used: environment.finalReward is false, so the environment's rewards are the "
     "episode's (leave reward unset, or set finalReward true)",
     check=lambda m: (
-        m.environment is None or m.environment.final_reward or "reward" not in m.model_fields_set
+        m.environment is None
+        or m.environment.final_reward
+        or (m.reward.function == "math_answer" and m.reward.service is None and not m.reward.params)
     ),
     field="reward",
 )
