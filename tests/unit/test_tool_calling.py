@@ -317,6 +317,8 @@ def test_python_runs_in_the_sandbox(python_env):
 def test_python_errors_keep_the_output_and_the_last_error_line(python_env):
     step = python_env.step(call("python", {"code": "print('partial')\n1/0"}))
     assert response(step) == "partial\nerror: python: ZeroDivisionError: division by zero"
+    step = python_env.step(call("python", {"code": "input()"}))
+    assert response(step) == "error: python: EOFError: EOF when reading a line"
     step = python_env.step(call("python", {"code": "def f(:\n  pass"}))
     assert response(step).startswith("error: python: SyntaxError")
     assert step.info["tool_errors"] == 1.0

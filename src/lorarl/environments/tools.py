@@ -224,9 +224,9 @@ MAX_CODE_CHARS = 20_000
 # Runs inside the sandbox: the model's code comes on stdin; a last bare expression is printed,
 # as in a notebook, because small models often end with `x` instead of `print(x)`.
 _RUNNER = r"""
-import ast, sys
+import ast, io, sys
 _src = sys.stdin.read()
-sys.stdin.close()
+sys.stdin = io.StringIO()  # input() gets EOFError, as at the end of a file
 _tree = ast.parse(_src, "<code>")
 _last = _tree.body.pop() if _tree.body and isinstance(_tree.body[-1], ast.Expr) else None
 _ns = {"__name__": "__main__"}
