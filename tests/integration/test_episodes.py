@@ -146,6 +146,16 @@ def test_limits_cut_episodes_and_keep_what_was_done(engine):
     assert chatty.turns == 2 and chatty.env_reward == 0.5 * chatty.turns
 
 
+def test_an_environment_prompt_over_the_prompt_budget_is_refused(engine):
+    from lorarl.trainer.data import DataError
+
+    params = SamplingParams(max_tokens=4)
+    with pytest.raises(DataError, match=r"over data.maxPromptTokens=8 .*raise data.maxPrompt"):
+        runner(engine, LetterRelay, max_prompt_tokens=8).run(
+            ITEMS[:1], 1, params, model="base", version=0, seed=0
+        )
+
+
 def test_episode_rewards_add_the_final_score_only_when_asked():
     from lorarl.rewards.registry import RewardResult
     from lorarl.trainer.episodes import Episode

@@ -192,6 +192,14 @@ def test_images_seed_and_lengths_reach_the_containers():
     argv = engine.command
     assert argv[argv.index("--seed") + 1] == "1234"
     assert argv[argv.index("--max-model-len") + 1] == "128"
+    # Multi-turn: the context holds the prompt and the whole episode, not one reply.
+    episodes = _job(
+        rollout={"engine": "vllm", "gpusPerReplica": 1},
+        data={"trainFiles": ["t.jsonl"], "maxPromptTokens": 100, "maxResponseTokens": 28},
+        environment={"entrypoint": "tool_calling", "maxTotalTokens": 400},
+    )
+    argv = plan(episodes).role("rollout").replicas[0].containers[0].command
+    assert argv[argv.index("--max-model-len") + 1] == "500"
     sglang = plan(_job(rollout={"engine": "sglang"}, training={"seed": 99}))
     argv = sglang.role("rollout").replicas[0].containers[0].command
     assert argv[argv.index("--random-seed") + 1] == "99"

@@ -81,6 +81,13 @@ class EnvironmentSpec(ApiModel):
         )
 
 
+def completion_tokens(spec: Any) -> int:
+    """Most tokens after the prompt in one sample: a completion, or a whole episode (the model's
+    and the environment's tokens). The engines' context is the prompt budget plus this."""
+    env = spec.environment
+    return spec.data.max_response_tokens if env is None else env.max_total_tokens
+
+
 _BUDGET = (
     "(has(self.environment.maxTotalTokens) ? self.environment.maxTotalTokens : "
     f"{DEFAULT_MAX_TOTAL_TOKENS})"

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from lorarl.api.engine_flags import overriding_arg
+from lorarl.api.environment import completion_tokens
 from lorarl.api.spec import LoRARLJobSpec
 from lorarl.api.workloads import ENGINE_API_KEY_ENV
 
@@ -93,7 +94,7 @@ def vllm_command(spec: LoRARLJobSpec, model_path: str, host: str, port: int) -> 
         dtype=spec.model.dtype,
         tensor_parallel_size=r.tensor_parallel_size,
         seed=spec.training.seed,
-        max_model_len=spec.data.max_prompt_tokens + spec.data.max_response_tokens,
+        max_model_len=spec.data.max_prompt_tokens + completion_tokens(spec),
         gpu_memory_utilization=r.memory_fraction if r.gpus_per_replica > 0 else None,
         trust_remote_code=spec.model.trust_remote_code,
         max_lora_rank=vllm_lora_rank(spec.lora.rank) if r.sync_mode == "adapter" else None,

@@ -20,7 +20,7 @@ from typing import Any
 
 from lorarl.api.job import LoRARLJob
 from lorarl.environments.base import EnvironmentContractError, EnvStep, EpisodeItem
-from lorarl.trainer.data import PromptItem
+from lorarl.trainer.data import DataError, PromptItem
 from lorarl.trainer.rollout_client import RolloutClient
 from lorarl.trainer.rollout_types import Sample, SamplingParams
 from lorarl.trainer.settings import ConfigError
@@ -73,6 +73,7 @@ class EpisodeRunner:
     max_total_tokens: int
     max_response_tokens: int
     timeout_s: float
+    max_prompt_tokens: int | None = None  # the engines' context is sized for it
 
     def run(
         self,
@@ -106,6 +107,13 @@ class EpisodeRunner:
         first = await _call(env.reset, EpisodeItem(item.prompt, item.answer, item.metadata, seed))
         _check_messages(env, first, "reset")
         trace = _Trace(self.turn_tokens.prompt(first))
+        limit = self.max_prompt_tokens
+        if limit is not None and len(trace.prompt_ids) > limit:
+            raise DataError(
+                f"{type(env).__name__}.reset's messages are {len(trace.prompt_ids)} tokens, over "
+                f"data.maxPromptTokens={limit} (which counts what the environment adds, e.g. a "
+                "tool description): raise data.maxPromptTokens"
+            )
         try:
             await asyncio.wait_for(
                 self._turns(env, trace, params, model, version, seed), self.timeout_s
@@ -198,6 +206,7 @@ def build_episode_runner(
         max_total_tokens=env.max_total_tokens,
         max_response_tokens=spec.data.max_response_tokens,
         timeout_s=env.episode_timeout_seconds,
+        max_prompt_tokens=spec.data.max_prompt_tokens,
     )
 
 
