@@ -342,3 +342,13 @@ def test_the_docs_show_the_real_system_text():
     for line in system.splitlines():
         if not line.startswith('{"type": "function"'):  # the doc abbreviates the schema
             assert line in block.splitlines(), line
+
+
+def test_call_reward_pays_the_first_successful_call_of_an_episode_once():
+    env = ToolCalling(call_reward=0.2)
+    assert env.step(call("calculator", {"expression": "1/0"})).reward == 0.0  # a failed call
+    assert env.step(call("calculator", {"expression": "2*3"})).reward == 0.2
+    assert env.step(call("calculator", {"expression": "4*5"})).reward == 0.0  # paid already
+    assert ToolCalling().step(call("calculator", {"expression": "2*3"})).reward == 0.0
+    with pytest.raises(ValueError, match="call_reward must be a number in"):
+        ToolCalling.check_params(call_reward=2)

@@ -89,7 +89,9 @@ class ToolCalling:
     `{"role": "tool", "content": "<tool_response>\\n408\\n</tool_response>"}`; a call that fails
     (unknown tool, malformed JSON, bad arguments, an error in the tool) is answered with
     `error: ...` inside the same tags, so the model can correct itself. Calls beyond the limit are
-    answered with an error and not run. Such a step has reward 0, `done=False` and
+    answered with an error and not run. Such a step has reward 0 (`call_reward` for the
+    episode's first step with a successful call: a shaping bonus that lets RL reinforce the
+    format before the model gets answers right), `done=False` and
     `info={"tool_calls": n, "tool_errors": k}`. A reply with no tool call is the final answer:
     `done=True` (the episode's reward comes from spec.reward).
 
@@ -98,7 +100,7 @@ class ToolCalling:
     (include the worked example), `max_calls_per_turn`, `max_response_chars` (a tool's text is
     cut beyond it), `response_tags` (set false for chat templates that wrap tool messages in
     `<tool_response>` themselves, such as Qwen2.5's), `python_timeout_seconds`,
-    `python_memory_mb` (the python tool's sandbox limits).
+    `python_memory_mb` (the python tool's sandbox limits), `call_reward` (default 0).
     """
 
     def __init__(
@@ -111,6 +113,7 @@ class ToolCalling:
         response_tags: bool = True,
         python_timeout_seconds: float = 5.0,
         python_memory_mb: int = 256,
+        call_reward: float = 0.0,
     ) -> None:
         self.check_params(
             tools=tools,
@@ -121,7 +124,10 @@ class ToolCalling:
             response_tags=response_tags,
             python_timeout_seconds=python_timeout_seconds,
             python_memory_mb=python_memory_mb,
+            call_reward=call_reward,
         )
+        self.call_reward = float(call_reward)
+        self._call_rewarded = False  # one instance per episode: the bonus is paid once
         options = {"timeout_seconds": python_timeout_seconds, "memory_mb": python_memory_mb}
         self.tools: dict[str, Tool] = {}
         for t in tools:
@@ -142,6 +148,7 @@ class ToolCalling:
         response_tags: Any = True,
         python_timeout_seconds: Any = 5.0,
         python_memory_mb: Any = 256,
+        call_reward: Any = 0.0,
     ) -> None:
         """ValueError naming the param; builds nothing (the admission webhook calls it)."""
         if isinstance(tools, str) or not isinstance(tools, Sequence) or not tools:
@@ -172,6 +179,9 @@ class ToolCalling:
         t = python_timeout_seconds
         if isinstance(t, bool) or not isinstance(t, int | float) or not 0 < t <= 300:
             raise ValueError(f"python_timeout_seconds must be a number in (0, 300] (got {t!r})")
+        c = call_reward
+        if isinstance(c, bool) or not isinstance(c, int | float) or not 0 <= c <= 1:
+            raise ValueError(f"call_reward must be a number in [0, 1] (got {c!r})")
         for name, value in (("example", example), ("response_tags", response_tags)):
             if not isinstance(value, bool):
                 raise ValueError(f"{name} must be true or false (got {value!r})")
@@ -198,9 +208,12 @@ class ToolCalling:
             ok, text = self._answer(call, over_limit=i >= self.max_calls_per_turn)
             errors += not ok
             replies.append({"role": "tool", "content": self._wrap(text)})
+        reward = 0.0
+        if errors < len(calls) and not self._call_rewarded:
+            reward, self._call_rewarded = self.call_reward, True
         return EnvStep(
             messages=replies,
-            reward=0.0,
+            reward=reward,
             done=False,
             info={"tool_calls": float(len(calls)), "tool_errors": float(errors)},
         )
