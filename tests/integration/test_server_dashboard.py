@@ -302,6 +302,32 @@ def ppo_and_grpo_runs(tmp_path):
         yield url
 
 
+def test_the_episodes_chart_is_shown_only_for_multi_turn_runs(page, tmp_path) -> None:
+    agent, single = tmp_path / "agent", tmp_path / "single"
+    write_run(agent, steps=OTHER_STEPS)
+    history = run_files.read_history(agent)
+    for r in history:
+        r.turns_mean, r.tool_calls, r.tool_errors = 1.5, float(2 * r.step), 1.0
+    run_files.write_history(agent, history)
+    write_run(single, steps=OTHER_STEPS)
+    store = LocalStore()
+    store.add_finished(make_job("agent"), agent)
+    store.add_finished(make_job("single"), single)
+    with live_server(create_app(store)) as url:
+        page.goto(f"{url}/?job=local/single")
+        wait_for_step(page, "reward", OTHER_STEPS)
+        assert page.is_hidden("#chart-episodes")
+        page.goto(f"{url}/?job=local/agent")
+        wait_for_step(page, "episodes", OTHER_STEPS)
+        assert page.is_visible("#chart-episodes")
+        assert page.evaluate("lorarlCharts.episodes.series.map(s => s.scale)") == [
+            "x", "y", "y2", "y2"]  # fmt: skip
+        hover(page, "episodes", 3)
+        assert legend(page, "episodes") == [
+            ("step", "3"), ("agent turns per episode", "1.5"), ("agent tool calls", "6"),
+            ("agent tool errors", "1")]  # fmt: skip
+
+
 def test_the_critic_chart_is_shown_only_for_runs_with_a_critic(page, ppo_and_grpo_runs) -> None:
     page.goto(f"{ppo_and_grpo_runs}/?job=local/grpo")
     wait_for_step(page, "reward", OTHER_STEPS)

@@ -47,6 +47,12 @@ class LiveView:
                 parts.append(f"kl {r.kl:.4f}")
             if r.explained_variance is not None:  # ppo: how well the critic predicts returns
                 parts.append(f"value loss {r.value_loss:.4f} · ev {r.explained_variance:.2f}")
+            if r.turns_mean is not None:  # multi-turn: turns, tools, environment's time share
+                parts.append(f"turns {r.turns_mean:.1f} · tools {r.tool_calls or 0:.0f}")
+                if r.tool_errors:
+                    parts[-1] += f" ({r.tool_errors:.0f} failed)"
+                if r.environment_seconds is not None and r.step_seconds:
+                    parts.append(f"env {r.environment_seconds / r.step_seconds:.0%}")
             if r.tokens_per_second:
                 parts.append(f"{r.tokens_per_second:.0f} tok/s")
             if r.sync_seconds is not None:

@@ -9,7 +9,7 @@ const DASHED = [6, 4];
 // Each chart: its y axis label and, per run, one series per metric key. `sparse` series (the
 // evals) are drawn only where they exist, joined by a dashed line with their points shown. A
 // series with `scale: "y2"` uses the right axis (`y2`). A chart with `onlyWith` is shown only
-// when some plotted run reports that metric (the critic: ppo runs only).
+// when some plotted run reports that metric (the critic: ppo runs only; episodes: multi-turn).
 const CHART_SPECS = [
   { id: "reward", title: "Reward (mean) and eval accuracy", y: "reward / accuracy",
     series: [{ key: "rewardMean", label: "reward" },
@@ -27,6 +27,11 @@ const CHART_SPECS = [
     y2: "explained variance", onlyWith: "valueLoss",
     series: [{ key: "valueLoss", label: "value loss" },
       { key: "explainedVariance", label: "explained variance", dash: DASHED, scale: "y2" }] },
+  { id: "episodes", title: "Episodes (spec.environment): turns and tool calls", y: "turns",
+    y2: "tool calls", onlyWith: "turnsMean",
+    series: [{ key: "turnsMean", label: "turns per episode" },
+      { key: "toolCalls", label: "tool calls", dash: DASHED, scale: "y2" },
+      { key: "toolErrors", label: "tool errors", dash: [2, 3], scale: "y2" }] },
   { id: "sync", title: "Weight sync time", y: "seconds",
     series: [{ key: "syncSeconds", label: "sync s" }] },
   { id: "tps", title: "Throughput", y: "tokens/s",
