@@ -144,6 +144,10 @@ def test_limits_cut_episodes_and_keep_what_was_done(engine):
     )
     assert chatty.ending == "tokens" and len(chatty.sample.completion_ids) <= 40
     assert chatty.turns == 2 and chatty.env_reward == 0.5 * chatty.turns
+    # Each turn's reward is kept on that turn's last model token (ppo's environment.turnRewards).
+    mask = chatty.sample.loss_mask
+    ends = [i for i, m in enumerate(mask) if m == 1 and (i + 1 == len(mask) or mask[i + 1] == 0)]
+    assert chatty.sample.turn_rewards == tuple((i, 0.5) for i in ends) and len(ends) == 2
 
 
 def test_an_environment_prompt_over_the_prompt_budget_is_refused(engine):

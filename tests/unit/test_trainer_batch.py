@@ -46,3 +46,26 @@ def test_shard_filler_has_no_response_tokens():
     shard = shard_for_rank([sample(2, 2)], rank=1, world_size=2)
     assert len(shard) == 1 and shard[0].completion_ids == []
     assert torch.count_nonzero(collate(shard, 0).response_mask) == 0
+
+
+def test_turn_rewards_land_on_their_tokens_and_ppo_puts_the_rest_on_the_last():
+    from lorarl.trainer.ppo import ppo_token_rewards
+
+    # prompt [9, 9]; completion: model 5 6 | environment 7 7 | model 8
+    episode = TrainSample([9, 9], [5, 6, 7, 7, 8], [-0.1] * 5, 0.0, 1.5, 0,
+                          loss_mask=[1, 1, 0, 0, 1], turn_rewards=[(1, 0.5)])  # fmt: skip
+    single = TrainSample([9], [5], [-0.1], 0.0, 1.0, 0)
+    cut = TrainSample([9], [5, 6], [-0.1] * 2, 0.0, 0.25, 0, in_loss=False,
+                      loss_mask=[1, 1], turn_rewards=[(0, 0.25)])  # fmt: skip
+    batch = collate([episode, single, cut], pad_id=0)
+    assert batch.response_mask[0].tolist() == [0, 0, 1, 1, 0, 0, 1]
+    assert batch.turn_rewards[0].tolist() == [0, 0, 0, 0.5, 0, 0, 0]
+    assert batch.turn_rewards[1:].abs().sum() == 0  # no turns; out of the loss
+    tokens = ppo_token_rewards(batch)
+    assert tokens[0].tolist() == [0, 0, 0, 0.5, 0, 0, 1.0]  # the episode's total, split
+    assert tokens[1].tolist()[1] == 1.0 and tokens[1].sum() == 1.0
+    assert tokens[2].abs().sum() == 0
+    assert batch.slice(slice(0, 1)).turn_rewards.shape == (1, 7)
+    # Without per-turn rewards the whole reward sits on the last token, as before.
+    plain = collate([single], pad_id=0)
+    assert plain.turn_rewards is None and ppo_token_rewards(plain)[0].tolist() == [0, 1.0]

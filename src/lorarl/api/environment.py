@@ -52,6 +52,12 @@ class EnvironmentSpec(ApiModel):
         description="Wall-clock limit per episode (generation, environment and tools); an "
         "episode over it ends where it is, cut, with the rewards it has.",
     )
+    turn_rewards: bool = Field(
+        default=False,
+        description="ppo only: each turn's environment reward goes on that turn's last model "
+        "token, so GAE credits the turn that earned it; off, the episode's total reward sits on "
+        "its last token. Group algorithms only see an episode's total.",
+    )
     final_reward: bool = Field(
         default=True,
         description="Add spec.reward's score of the last assistant message (against the row's "
@@ -121,4 +127,14 @@ _REWARD_UNUSED_RULE = Rule(
     ),
     field="reward",
 )
-ENVIRONMENT_SPEC_RULES = (_TURN_FITS_RULE, _REWARD_UNUSED_RULE)
+_TURN_REWARDS_PPO_RULE = Rule(
+    cel="!has(self.environment) || !has(self.environment.turnRewards) || "
+    "!self.environment.turnRewards || self.algorithm.name == 'ppo'",
+    message="per-turn token rewards need per-token advantages: algorithm.name ppo (group "
+    "algorithms give one advantage per episode)",
+    check=lambda m: (
+        m.environment is None or not m.environment.turn_rewards or m.algorithm.name == "ppo"
+    ),
+    field="environment.turnRewards",
+)
+ENVIRONMENT_SPEC_RULES = (_TURN_FITS_RULE, _REWARD_UNUSED_RULE, _TURN_REWARDS_PPO_RULE)

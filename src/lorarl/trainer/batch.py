@@ -24,6 +24,9 @@ class TrainSample:
     # Multi-turn: 1 on the model's tokens, 0 on the environment's, which only give context; their
     # rollout logprobs are placeholders. None: every completion token is the model's.
     loss_mask: list[int] | None = None
+    # ppo with environment.turnRewards: (completion index, reward) per turn; `reward` keeps the
+    # episode's total, so the last token gets the total minus these.
+    turn_rewards: list[tuple[int, float]] | None = None
 
 
 @dataclass
@@ -36,6 +39,8 @@ class TensorBatch:
     rewards: torch.Tensor | None = None  # [B], the samples' scores (PPO's token rewards)
     # [B, T]: per-token advantages (PPO's GAE); None: `advantages` broadcast over the tokens.
     token_advantages: torch.Tensor | None = None
+    # [B, T]: per-turn rewards on the turns' last tokens (ppo, environment.turnRewards)
+    turn_rewards: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -49,6 +54,7 @@ class TensorBatch:
             self.advantages[sl],
             None if self.rewards is None else self.rewards[sl],
             None if self.token_advantages is None else self.token_advantages[sl],
+            None if self.turn_rewards is None else self.turn_rewards[sl],
         )
 
 
@@ -72,7 +78,15 @@ def collate(samples: list[TrainSample], pad_id: int) -> TensorBatch:
         lps[i, p : p + c] = torch.tensor(s.rollout_logprobs, dtype=torch.float32)
     adv = torch.tensor([s.advantage for s in samples], dtype=torch.float32)
     rewards = torch.tensor([s.reward for s in samples], dtype=torch.float32)
-    return TensorBatch(ids, attn, resp, lps, adv, rewards)
+    turns = None
+    if any(s.turn_rewards for s in samples):
+        turns = torch.zeros((n, length), dtype=torch.float32)
+        for i, s in enumerate(samples):
+            p = len(s.prompt_ids)
+            for index, value in s.turn_rewards or ():
+                turns[i, p + index] += value
+        turns = turns * resp  # a sample out of the loss (overlong masking) earns nothing here
+    return TensorBatch(ids, attn, resp, lps, adv, rewards, turn_rewards=turns)
 
 
 def shard_for_rank(samples: list[TrainSample], rank: int, world_size: int) -> list[TrainSample]:

@@ -60,6 +60,7 @@ class _Trace:
     ending: str = "turns"
     info: dict[str, float] = field(default_factory=dict)
     env_calls: list[tuple[float, float]] = field(default_factory=list)
+    turn_rewards: list[tuple[int, float]] = field(default_factory=list)
     version: int | None = None
     endpoint: str = ""
 
@@ -168,6 +169,8 @@ class EpisodeRunner:
                 )
             _check_messages(env, result.messages, "step")
             trace.reward += float(result.reward)
+            if result.reward:
+                trace.turn_rewards.append((len(trace.ids) - 1, float(result.reward)))
             for key, value in result.info.items():
                 trace.info[key] = trace.info.get(key, 0.0) + float(value)
             if result.done:
@@ -227,6 +230,7 @@ def _finish(trace: _Trace, version: int) -> Episode:
         endpoint=trace.endpoint,
         text=trace.last_reply,
         loss_mask=tuple(trace.mask),
+        turn_rewards=tuple(trace.turn_rewards),
     )
     return Episode(
         sample=sample,

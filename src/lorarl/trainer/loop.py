@@ -195,6 +195,7 @@ class Trainer:
             dynamic_rounds=ds.max_rounds if choices.dynamic_sampling else 0,
             episodes=episodes,
             final_reward=spec.environment is None or spec.environment.final_reward,
+            turn_rewards=spec.environment is not None and spec.environment.turn_rewards,
             overlong=OverlongConfig(
                 max_tokens=episodes.max_total_tokens if episodes else spec.data.max_response_tokens,
                 mask=choices.overlong_mask,

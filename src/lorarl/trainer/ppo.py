@@ -86,6 +86,16 @@ def global_explained_variance(values: torch.Tensor, returns: torch.Tensor, mask)
     return 1.0 - var_d / (var_r + 1e-5)
 
 
+def ppo_token_rewards(batch: TensorBatch) -> torch.Tensor:
+    """[B, T] rewards for GAE: each sample's reward on its last response token, or, with
+    per-turn rewards, each turn's on its last token and the rest of the total on the last."""
+    mask = batch.response_mask
+    if batch.turn_rewards is None:
+        return last_token_rewards(batch.rewards, mask, allow_empty=True)
+    rest = batch.rewards - batch.turn_rewards.sum(dim=-1)
+    return last_token_rewards(rest, mask, allow_empty=True) + batch.turn_rewards
+
+
 class PPOUpdate:
     """The PPO part of a step; the KL controller's state goes into every checkpoint."""
 
@@ -129,7 +139,7 @@ class PPOUpdate:
             )
         needs_ref = self.kl_controller is not None or ucfg.loss.kl_coef > 0
         ref_lp = reference_pass(self.model, batch, ucfg, reference) if needs_ref else None
-        token_rewards = last_token_rewards(batch.rewards, mask, allow_empty=True)
+        token_rewards = ppo_token_rewards(batch)
         metrics: dict[str, float] = {}
         if self.kl_controller is not None:
             beta = self.kl_controller.value

@@ -85,6 +85,8 @@ class Sample:
     text: str = field(default="", compare=False)
     # Multi-turn episodes: 1 on the model's tokens, 0 on the environment's (None: all the model's).
     loss_mask: tuple[int, ...] | None = None
+    # Multi-turn: (index in completion_ids of a turn's last model token, that turn's reward).
+    turn_rewards: tuple[tuple[int, float], ...] | None = None
 
     def __post_init__(self) -> None:
         if len(self.logprobs) != len(self.completion_ids):

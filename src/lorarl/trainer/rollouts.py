@@ -52,6 +52,7 @@ class RolloutWorker:
     overlong: OverlongConfig | None = None  # None: truncated samples are treated like others
     episodes: EpisodeRunner | None = None  # spec.environment: multi-turn episodes per sample
     final_reward: bool = True  # with episodes: add the scorer's score of the last reply
+    turn_rewards: bool = False  # with episodes: keep each turn's reward on its token (ppo)
 
     def collect(
         self, position: DataPosition, version: int, model_name: str, step: int = 0
@@ -117,7 +118,11 @@ class RolloutWorker:
         mask_cut = self.overlong is not None and self.overlong.mask
         samples = [
             _train_sample(
-                s, float(a), float(r), in_loss=not (mask_cut and s.finish_reason == "length")
+                s,
+                float(a),
+                float(r),
+                in_loss=not (mask_cut and s.finish_reason == "length"),
+                turn_rewards=self.turn_rewards,
             )
             for s, a, r in zip(chosen, advantages, chosen_rewards, strict=True)
         ]
@@ -160,7 +165,9 @@ def _episode_seed(seed: int | None, step: int, round_: int) -> int:
     return ((seed or 0) * 1_000_003 + step * 7_919 + round_) % 2**31 * 4096
 
 
-def _train_sample(s: Sample, advantage: float, reward: float, in_loss: bool = True) -> TrainSample:
+def _train_sample(
+    s: Sample, advantage: float, reward: float, in_loss: bool = True, turn_rewards: bool = False
+) -> TrainSample:
     return TrainSample(
         prompt_ids=list(s.prompt_ids),
         completion_ids=list(s.completion_ids),
@@ -171,4 +178,5 @@ def _train_sample(s: Sample, advantage: float, reward: float, in_loss: bool = Tr
         in_loss=in_loss,
         finish_reason=s.finish_reason or "",
         loss_mask=None if s.loss_mask is None else list(s.loss_mask),
+        turn_rewards=list(s.turn_rewards) if turn_rewards and s.turn_rewards else None,
     )
