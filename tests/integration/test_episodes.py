@@ -219,3 +219,42 @@ def test_turn_tokens_need_a_chat_template(tmp_path: Path):
     tok.chat_template = None
     with pytest.raises(DataError, match="chat template"):
         TurnTokens(tok)
+
+
+def test_the_rollout_worker_trains_on_episodes(engine):
+    """RolloutWorker with episodes: group advantages over episode rewards, masks and per-turn
+    rewards carried into the train samples, the step's episode metrics."""
+    from lorarl.rewards.registry import RewardResult
+    from lorarl.trainer.data import DataPosition, PromptDataset, PromptSampler
+    from lorarl.trainer.rollouts import RolloutWorker
+
+    run = runner(engine, LetterRelay)
+    scored = []
+
+    def scorer(prompts, completions, truths, metas):
+        scored.append(completions)
+        return [RewardResult(0.0) for _ in completions]
+
+    def collect(turn_rewards: bool, final_reward: bool):
+        worker = RolloutWorker(
+            dataset=PromptDataset(ITEMS), sampler=PromptSampler(4, 2, seed=0, shuffle=False),
+            tokenizer=run.turn_tokens.tokenizer, client=run.client, scorer=scorer,
+            estimator="grpo", group_size=4, max_prompt_tokens=64,
+            sampling=SamplingParams(max_tokens=4, seed=7), episodes=run,
+            final_reward=final_reward, turn_rewards=turn_rewards,
+        )  # fmt: skip
+        return worker.collect(DataPosition(), 0, "base", step=1)
+
+    got = collect(turn_rewards=True, final_reward=False)
+    assert scored == []  # finalReward off: spec.reward is never called
+    assert len(got.samples) == 8 and got.episode_stats is not None
+    assert got.episode_stats["turns_mean"] > 1.5
+    for s, r in zip(got.samples, got.rewards.tolist(), strict=True):
+        assert s.loss_mask is not None and s.reward == r
+        assert sum(v for _, v in s.turn_rewards or []) == r  # LetterRelay's only reward
+    for g in range(2):  # advantages are centred per group of 4 episodes
+        group = got.samples[4 * g : 4 * g + 4]
+        assert abs(sum(s.advantage for s in group)) < 1e-5
+    again = collect(turn_rewards=False, final_reward=True)
+    assert all(s.turn_rewards is None for s in again.samples)
+    assert len(scored) == 1 and len(scored[0]) == 8  # the last replies, scored once per round
