@@ -54,6 +54,7 @@ from sglang.srt.server_args import ServerArgs
 from sglang.srt.utils.auth import add_api_key_middleware
 
 VOCAB_SIZE = 32000
+DEFAULT_REPLY = {"output_ids": [5], "finish_reason": {"type": "length", "length": 1}}
 
 
 def _jsonable(value: Any) -> Any:
@@ -97,6 +98,7 @@ class FakeTokenizerManager:
         self.loras: dict[str, str] = {}
         self.session_open = False
         self.weight_version = "default"
+        self.reply = dict(DEFAULT_REPLY)  # what /generate answers; `/_contract/reply` sets it
         self.updater = types.SimpleNamespace(tp_rank=0, device="cpu", _model_update_group={})
         self.updater._receive_bucketed_weights_from_distributed = functools.partial(
             WeightUpdater._receive_bucketed_weights_from_distributed, self.updater
@@ -122,12 +124,13 @@ class FakeTokenizerManager:
         self.calls.append({"route": "/generate", "type": type(obj).__name__, "obj": parsed,
                            "parallel_sample_num": obj.parallel_sample_num})  # fmt: skip
         n = (params[0] or {}).get("n", 1)
+        ids = list(self.reply["output_ids"])
         out = {
             "text": "",
-            "output_ids": [5],
+            "output_ids": ids,
             "meta_info": {
-                "finish_reason": {"type": "length", "length": 1},
-                "output_token_logprobs": [[-0.5, 5, None]],
+                "finish_reason": self.reply["finish_reason"],
+                "output_token_logprobs": [[-0.5, t, None] for t in ids],
                 "weight_version": self.weight_version,
             },
         }
@@ -288,12 +291,24 @@ def install_contract_routes(tm: FakeTokenizerManager) -> None:
                 sa = parse_server_args(req["argv"])
         except (SystemExit, argparse.ArgumentError, ValueError) as e:
             return {"error": f"{e} {err.getvalue()}".strip()}
+        if req.get("resolve"):  # the values a server would run with (its resolution hooks)
+            try:
+                sa.resolve_once()
+            except Exception as e:
+                return {"error": f"resolution failed: {type(e).__name__}: {e}"}
+            resolved = sa.resolved_dict()
+            return {"fields": {k: _jsonable(resolved[k]) for k in req["fields"]}}
         return {"fields": {k: _jsonable(getattr(sa, k)) for k in req["fields"]}}
 
     @hs.app.post("/_contract/check")
     async def check_route(request: Request):
         req = await request.json()
         return check_body(req["path"], req.get("method", "POST"), req["body"])
+
+    @hs.app.post("/_contract/reply")
+    async def reply_route(request: Request):
+        tm.reply = await request.json() or dict(DEFAULT_REPLY)  # {}: back to the default
+        return {"reply": tm.reply}
 
     @hs.app.get("/_contract/calls")
     async def calls_route():
