@@ -15,6 +15,7 @@ import random
 import re
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 __all__ = [
     "NEXT_LETTER_PROMPTS",
@@ -26,12 +27,14 @@ __all__ = [
     "larger",
     "make_rows",
     "multiply",
+    "multiply_tools",
     "next_letter",
     "repeat",
+    "with_tool_demos",
     "write_task_jsonl",
 ]
 
-Row = dict[str, str]
+Row = dict[str, Any]  # prompt: a string, or chat messages (multiply-tools)
 
 
 def addition(rng: random.Random, digits: int = 2) -> Row:
@@ -46,6 +49,35 @@ def multiply(rng: random.Random, digits: int = 3) -> Row:
     lo, hi = 10 ** (digits - 1) if digits > 1 else 0, 10**digits - 1
     a, b = rng.randint(lo, hi), rng.randint(lo, hi)
     return {"prompt": f"What is {a} * {b}?", "answer": str(a * b)}
+
+
+# Fixed worked examples, so every row shows the model the same two calls.
+TOOL_DEMOS = ((123, 456), (804, 317))
+
+
+def multiply_tools(rng: random.Random, digits: int = 3) -> Row:
+    """`multiply` for the `tool_calling` environment, the question after two worked calculator
+    calls (`with_tool_demos`)."""
+    return with_tool_demos(multiply(rng, digits))
+
+
+def with_tool_demos(row: Row) -> Row:
+    """The row's question after two worked calculator calls as chat turns (question, the
+    `<tool_call>`, the tool's `<tool_response>`, the answer), in the `tool_calling`
+    environment's format. Small models copy turns, not instructions: SmolLM2-135M never called
+    the tool from a system text alone (0 of 50 questions, six wordings, greedy and sampled);
+    after these two turns it called it on 50 of 50 greedily and 8 of 50 at temperature 1
+    (bench/tools.py), a start RL can build on."""
+    turns: list[dict[str, str]] = []
+    for a, b in TOOL_DEMOS:
+        call = json.dumps({"name": "calculator", "arguments": {"expression": f"{a} * {b}"}})
+        turns += [
+            {"role": "user", "content": f"What is {a} * {b}?"},
+            {"role": "assistant", "content": f"<tool_call>\n{call}\n</tool_call>"},
+            {"role": "tool", "content": f"<tool_response>\n{a * b}\n</tool_response>"},
+            {"role": "assistant", "content": f"{a} * {b} = {a * b}."},
+        ]
+    return {**row, "prompt": [*turns, {"role": "user", "content": row["prompt"]}]}
 
 
 def larger(rng: random.Random, digits: int = 2) -> Row:
@@ -78,6 +110,7 @@ TASKS: dict[str, Callable[..., Row]] = {
     "larger": larger,
     "repeat": repeat,
     "multiply": multiply,
+    "multiply-tools": multiply_tools,
     "next-letter": next_letter,
 }
 

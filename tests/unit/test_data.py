@@ -286,6 +286,29 @@ def test_multiply_rows_are_correct():
     assert a < 10 and b < 10 and small["answer"] == str(a * b)
 
 
+def test_multiply_tools_rows_demonstrate_calls_the_environment_runs():
+    """The worked turns must be what the tool_calling environment parses and answers, or the
+    model copies a format that earns nothing."""
+    from lorarl.environments.base import EpisodeItem
+    from lorarl.environments.tool_calling import ToolCalling
+    from lorarl.trainer.data import prompt_text
+
+    for row in make_rows("multiply-tools", 5, seed=4):
+        *demo, question = row["prompt"]
+        a, b = map(int, re.fullmatch(r"What is (\d+) \* (\d+)\?", question["content"]).groups())
+        assert question["role"] == "user" and row["answer"] == str(a * b)
+        assert prompt_text(row["prompt"]) == question["content"]  # what the reward sees
+        assert [m["role"] for m in demo] == ["user", "assistant", "tool", "assistant"] * 2
+        for i in (1, 5):
+            env = ToolCalling(tools=["calculator"])
+            env.reset(EpisodeItem(prompt=demo[:i]))
+            step = env.step(demo[i]["content"])
+            assert step.info == {"tool_calls": 1.0, "tool_errors": 0.0}
+            assert step.messages == [demo[i + 1]]  # the demo's tool turn is the real reply
+            a, b = map(int, re.findall(r"\d+", demo[i - 1]["content"]))
+            assert demo[i + 2]["content"].endswith(f"= {a * b}.")
+
+
 def test_tasks_are_seeded():
     assert make_rows("addition", 20, seed=5) == make_rows("addition", 20, seed=5)
     assert make_rows("addition", 20, seed=5) != make_rows("addition", 20, seed=6)
