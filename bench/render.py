@@ -21,6 +21,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 ORDER = (
     "vs_trl",
     "demo",
+    "tools",
     "trainer_step",
     "sync",
     "reward_service",

@@ -26,7 +26,7 @@ BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
 BENCHMARKS = (
     "trainer_step", "sync", "reward_service", "operator_scale", "operator_steady", "vs_trl", "demo",
-    "quickstart", "cluster_e2e", "sandbox", "mismatch", "ppo_memory",
+    "quickstart", "cluster_e2e", "sandbox", "mismatch", "ppo_memory", "tools",
 )  # fmt: skip
 
 
