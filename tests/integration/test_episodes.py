@@ -117,6 +117,12 @@ class _Slow:
         return EnvStep(done=True)
 
 
+class _SlowSync(_Slow):
+    def step(self, assistant):
+        time.sleep(20)  # a plain method that hangs: the step must not wait for it
+        return EnvStep(done=True)
+
+
 class _Broken(_Slow):
     def step(self, assistant):
         raise RuntimeError("tool crashed")
@@ -135,6 +141,11 @@ def test_limits_cut_episodes_and_keep_what_was_done(engine):
     )
     assert time.monotonic() - t0 < 10 and slow.ending == "timeout"
     assert slow.turns == 1 and slow.sample.finish_reason == "length"
+    t0 = time.monotonic()
+    [[hung]] = runner(engine, _SlowSync, timeout_s=1.0).run(
+        ITEMS[:1], 1, params, model="base", version=0, seed=0
+    )
+    assert time.monotonic() - t0 < 10 and hung.ending == "timeout"
     [[broken]] = runner(engine, _Broken).run(ITEMS[:1], 1, params, model="base", version=0, seed=0)
     assert broken.ending == "error" and broken.turns == 1
     # Each reply takes <= 4 tokens and each environment message ~23: a budget of 40 leaves

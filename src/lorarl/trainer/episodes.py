@@ -15,6 +15,7 @@ import inspect
 import logging
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -91,21 +92,29 @@ class EpisodeRunner:
         return asyncio.run(self.arun(items, n, params, model=model, version=version, seed=seed))
 
     async def arun(self, items, n, params, *, model, version, seed) -> list[list[Episode]]:
-        async with self.client:
-            flat = await asyncio.gather(
-                *(
-                    self._episode(item, params, model, version, seed + i * n + j)
-                    for i, item in enumerate(items)
-                    for j in range(n)
+        # Plain environment methods run on this pool, not the loop's default executor: a call
+        # that outlives its episode's timeout is abandoned here instead of holding up the step
+        # (asyncio.run waits for every thread of its default executor).
+        pool = ThreadPoolExecutor(min(32, max(1, len(items) * n)), "lorarl-env")
+        try:
+            async with self.client:
+                flat = await asyncio.gather(
+                    *(
+                        self._episode(pool, item, params, model, version, seed + i * n + j)
+                        for i, item in enumerate(items)
+                        for j in range(n)
+                    )
                 )
-            )
+        finally:
+            pool.shutdown(wait=False, cancel_futures=True)
         return [list(flat[i * n : (i + 1) * n]) for i in range(len(items))]
 
     async def _episode(
-        self, item: PromptItem, params: SamplingParams, model: str, version: int, seed: int
+        self, pool, item: PromptItem, params: SamplingParams, model: str, version: int, seed: int
     ) -> Episode:
         env = self.factory()
-        first = await _call(env.reset, EpisodeItem(item.prompt, item.answer, item.metadata, seed))
+        episode_item = EpisodeItem(item.prompt, item.answer, item.metadata, seed)
+        first = await _call(pool, env.reset, episode_item)
         _check_messages(env, first, "reset")
         trace = _Trace(self.turn_tokens.prompt(first))
         limit = self.max_prompt_tokens
@@ -117,17 +126,17 @@ class EpisodeRunner:
             )
         try:
             await asyncio.wait_for(
-                self._turns(env, trace, params, model, version, seed), self.timeout_s
+                self._turns(pool, env, trace, params, model, version, seed), self.timeout_s
             )
         except asyncio.TimeoutError:
             trace.ending = "timeout"
         finally:
             close = getattr(env, "close", None)
             if close is not None:
-                await _call(close)
+                await _call(pool, close)
         return _finish(trace, version)
 
-    async def _turns(self, env, trace: _Trace, params, model, version, seed) -> None:
+    async def _turns(self, pool, env, trace: _Trace, params, model, version, seed) -> None:
         for turn in range(self.max_turns):
             left = self.max_total_tokens - len(trace.ids)
             if left <= 0:
@@ -156,7 +165,7 @@ class EpisodeRunner:
                 return
             t0 = time.monotonic()
             try:
-                result = await _call(env.step, reply)
+                result = await _call(pool, env.step, reply)
             except Exception as exc:  # a broken environment ends its episode, not the step
                 log.warning("environment %s failed in step: %s", type(env).__name__, exc)
                 trace.ending = "error"
@@ -286,12 +295,12 @@ def busy_seconds(intervals: Sequence[tuple[float, float]]) -> float:
     return total
 
 
-async def _call(method: Callable[..., Any], *args: Any) -> Any:
-    """Await an async method; run a plain one in a thread (a slow tool must not stall the
-    other episodes)."""
+async def _call(pool: Executor, method: Callable[..., Any], *args: Any) -> Any:
+    """Await an async method; run a plain one on `pool` (a slow tool must not stall the other
+    episodes)."""
     if inspect.iscoroutinefunction(method):
         return await method(*args)
-    result = await asyncio.to_thread(method, *args)
+    result = await asyncio.get_running_loop().run_in_executor(pool, method, *args)
     return await result if inspect.isawaitable(result) else result
 
 
