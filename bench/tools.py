@@ -172,8 +172,6 @@ def probe(
 
 def environment_accepted() -> str | None:
     """Why the API cannot run the example yet, or None when it can."""
-    from lorarl.api.spec import RLJobSpec  # noqa: F401  (the API package must import)
-
     proc = subprocess.run([sys.executable, "-m", "lorarl.cli", "validate", str(EXAMPLE)],
                           cwd=ROOT, capture_output=True, text=True)  # fmt: skip
     return None if proc.returncode == 0 else (proc.stdout + proc.stderr).strip()[-800:]
@@ -226,43 +224,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--prompts", type=int, default=200, help="questions per measurement")
     parser.add_argument("--steps", type=int, default=12, help="training steps of the run")
     parser.add_argument("--skip-run", action="store_true", help="only the measurements")
+    parser.add_argument("--run-only", action="store_true",
+                        help="only the run; keep the measurements already in --out")  # fmt: skip
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
-    from transformers import AutoTokenizer
-
-    from lorarl.local.models import prepare_smollm2
-
-    model = prepare_smollm2(MODEL.parent)
-    tokenizer = AutoTokenizer.from_pretrained(model)
-    rows = make_rows("multiply", args.prompts, seed=TASK_SEED)
-    settings = {"model": "SmolLM2-135M-Instruct", "engine": "vllm (CPU, float32)",
-                "task": "multiply (3-digit x 3-digit)", "task_seed": TASK_SEED,
-                "prompts": len(rows), "max_tokens_per_reply": MAX_TOKENS, "max_turns": MAX_TURNS,
-                "reward": "math_answer (last number)", "sampled_temperature": 1.0,
-                "sample_seed": SAMPLE_SEED}  # fmt: skip
-    given = argv if argv is not None else sys.argv[1:]
-    report: dict[str, Any] = {
-        "machine": machine(),
-        "settings": settings,
-        "command": " ".join(["python -m bench.tools", *given]),
-    }
-    with tempfile.TemporaryDirectory(prefix="lorarl-tools-") as tmp, Engine(model, Path(tmp)) as e:
-        report["unaided"] = unaided(e, tokenizer, rows)
-        print(json.dumps({k: v["accuracy"] for k, v in report["unaided"].items()}), flush=True)
-        try:
-            import lorarl.environments.tool_calling  # noqa: F401
-        except ImportError as exc:
-            report["probe_system_text"] = {"skipped": f"no tool_calling environment ({exc})"}
-        else:
-            report["probe_system_text"] = probe(e, tokenizer, rows, {"tools": ["calculator"]})
-            demos = [with_tool_demos(r) for r in rows]
-            params = yaml.safe_load(EXAMPLE.read_text())["spec"]["environment"]["params"]
-            report["probe_demos"] = probe(e, tokenizer, demos, params)
-            for name in ("probe_system_text", "probe_demos"):
-                print(name, json.dumps({k: v.get("valid_call_rate") for k, v in
-                                        report[name].items() if k in ("greedy", "sampled")}),
-                      flush=True)  # fmt: skip
-    write_results(args.out, report)  # the measurements survive a failed run
+    given = " ".join(["python -m bench.tools", *(argv if argv is not None else sys.argv[1:])])
+    if args.run_only:
+        report = json.loads(args.out.read_text())
+        report["command"] = f"{report['command']}; then {given}"
+        report["run_machine"] = machine()
+    else:
+        report = {**measure(args.prompts), "command": given}
+        write_results(args.out, report)  # the measurements survive a failed run
     if args.skip_run:
         report["run"] = {"skipped": "--skip-run"}
     elif (why := environment_accepted()) is not None:
@@ -271,9 +244,45 @@ def main(argv: list[str] | None = None) -> None:
         with tempfile.TemporaryDirectory(prefix="lorarl-tools-run-") as tmp:
             report["run"] = train(args.steps, Path(tmp))
             report["per_step"] = report["run"].pop("per_step")  # a table of its own
-    report["machine"]["load_avg_1m_at_end"] = round(os.getloadavg()[0], 2)
+        report.get("run_machine", report["machine"])["load_avg_1m_at_end"] = round(
+            os.getloadavg()[0], 2
+        )
     write_results(args.out, report)
-    print(json.dumps({k: v for k, v in report.items() if k not in ("machine",)}, indent=2)[:4000])
+    print(json.dumps({k: v for k, v in report.items() if "machine" not in k}, indent=2)[:4000])
+
+
+def measure(prompts: int) -> dict[str, Any]:
+    """The unaided accuracy and both probes, on one vLLM server."""
+    from transformers import AutoTokenizer
+
+    from lorarl.local.models import prepare_smollm2
+
+    model = prepare_smollm2(MODEL.parent)
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    rows = make_rows("multiply", prompts, seed=TASK_SEED)
+    settings = {"model": "SmolLM2-135M-Instruct", "engine": "vllm (CPU, float32)",
+                "task": "multiply (3-digit x 3-digit)", "task_seed": TASK_SEED,
+                "prompts": len(rows), "max_tokens_per_reply": MAX_TOKENS, "max_turns": MAX_TURNS,
+                "reward": "math_answer (last number)", "sampled_temperature": 1.0,
+                "sample_seed": SAMPLE_SEED}  # fmt: skip
+    report: dict[str, Any] = {"machine": machine(), "settings": settings}
+    with tempfile.TemporaryDirectory(prefix="lorarl-tools-") as tmp, Engine(model, Path(tmp)) as e:
+        report["unaided"] = unaided(e, tokenizer, rows)
+        print(json.dumps({k: v["accuracy"] for k, v in report["unaided"].items()}), flush=True)
+        try:
+            import lorarl.environments.tool_calling  # noqa: F401
+        except ImportError as exc:
+            report["probe_system_text"] = {"skipped": f"no tool_calling environment ({exc})"}
+            return report
+        report["probe_system_text"] = probe(e, tokenizer, rows, {"tools": ["calculator"]})
+        demos = [with_tool_demos(r) for r in rows]
+        params = yaml.safe_load(EXAMPLE.read_text())["spec"]["environment"]["params"]
+        report["probe_demos"] = probe(e, tokenizer, demos, params)
+    for name in ("probe_system_text", "probe_demos"):
+        print(name, json.dumps({k: v.get("valid_call_rate") for k, v in report[name].items()
+                                if k in ("greedy", "sampled")}), flush=True)  # fmt: skip
+    report["machine"]["load_avg_1m_at_end"] = round(os.getloadavg()[0], 2)
+    return report
 
 
 if __name__ == "__main__":
