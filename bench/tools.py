@@ -184,6 +184,7 @@ def train(steps: int, run_dir: Path) -> dict[str, Any]:
         write_task_jsonl(ROOT / path, "multiply-tools", 512, seed=0)
     manifest["spec"]["training"]["totalSteps"] = steps
     manifest["spec"]["training"]["checkpointInterval"] = steps
+    manifest["spec"]["training"]["export"] = ["adapter", "merged"]  # served for the re-probe
     job = run_dir / "tool-calling.yaml"
     job.write_text(yaml.safe_dump(manifest, sort_keys=False))
     command = [sys.executable, "-m", "lorarl.cli", "run", "--local", str(job),
@@ -201,6 +202,7 @@ def train(steps: int, run_dir: Path) -> dict[str, Any]:
                                              "toolErrors", "environmentSeconds", "stepSeconds")}
                 for s in steps_]  # fmt: skip
     rewards = [s["rewardMean"] for s in steps_]
+    merged = next(iter(sorted((run_dir / "run").glob("**/merged/config.json"))), None)
     spec = manifest["spec"]
     settings = {"example": str(EXAMPLE.relative_to(ROOT)), "steps": steps,
                 "prompts_per_step": spec["training"]["promptsPerStep"],
@@ -216,6 +218,7 @@ def train(steps: int, run_dir: Path) -> dict[str, Any]:
         "reward_last5": round(statistics.mean(rewards[-5:]), 4),
         "median_step_s": round(statistics.median(s["stepSeconds"] for s in steps_), 2),
         "per_step": per_step,
+        "merged": merged.parent if merged else None,
     }
 
 
@@ -244,11 +247,29 @@ def main(argv: list[str] | None = None) -> None:
         with tempfile.TemporaryDirectory(prefix="lorarl-tools-run-") as tmp:
             report["run"] = train(args.steps, Path(tmp))
             report["per_step"] = report["run"].pop("per_step")  # a table of its own
+            merged = report["run"].pop("merged")
+            if merged is None:
+                report["trained_probe_demos"] = {"skipped": "the run wrote no merged model"}
+            else:  # the trained model on the held-out questions, as probe_demos saw the base
+                report["trained_probe_demos"] = reprobe(merged, args.prompts, Path(tmp))
         report.get("run_machine", report["machine"])["load_avg_1m_at_end"] = round(
             os.getloadavg()[0], 2
         )
     write_results(args.out, report)
     print(json.dumps({k: v for k, v in report.items() if "machine" not in k}, indent=2)[:4000])
+
+
+def reprobe(model: Path, prompts: int, work: Path) -> dict[str, Any]:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    rows = [with_tool_demos(r) for r in make_rows("multiply", prompts, seed=TASK_SEED)]
+    params = yaml.safe_load(EXAMPLE.read_text())["spec"]["environment"]["params"]
+    with Engine(model, work / "reprobe") as e:
+        out = probe(e, tokenizer, rows, params)
+    print("trained_probe_demos", json.dumps({k: (v.get("valid_call_rate"), v.get("accuracy"))
+          for k, v in out.items() if k in ("greedy", "sampled")}), flush=True)  # fmt: skip
+    return out
 
 
 def measure(prompts: int) -> dict[str, Any]:
