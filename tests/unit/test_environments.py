@@ -212,7 +212,7 @@ def test_factory_accepts_async_methods(user_module):
         ("Guess", {"secret": "seven"}, ValueError, "invalid params: secret must be an int"),
         ("Guess", {"sekret": 1}, ValueError, r"invalid params \['sekret'\].*secret, history"),
         ("NoStep", {}, ValueError, "NoStep has no step method"),
-        ("Missing", {}, ValueError, "has no 'Missing'"),
+        ("Missing", {}, ValueError, "has no attribute 'Missing'"),
         ("NOT_A_CLASS", {}, ValueError, "is a int, not a class"),
         ("Broken", {}, RuntimeError, "building it failed: RuntimeError: database is down"),
     ],

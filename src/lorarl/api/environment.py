@@ -10,11 +10,9 @@ from __future__ import annotations
 from typing import Any
 
 from pydantic import Field, ValidationInfo, model_validator
-from pydantic_core import PydanticCustomError
 
 from lorarl.api.base import MAX_SECONDS, ApiModel
-from lorarl.api.rules import Rule, crd_only
-from lorarl.api.safe_yaml import EXCERPT_CHARS
+from lorarl.api.rules import Rule, crd_only, named_check_error
 
 DEFAULT_MAX_TOTAL_TOKENS = 2048
 DEFAULT_MAX_RESPONSE_TOKENS = 256  # data.maxResponseTokens' default, shared with spec.py
@@ -80,11 +78,7 @@ class EnvironmentSpec(ApiModel):
             field, value, message = "params", self.params, str(exc)
         else:
             return self
-        if len(message) > 2 * EXCERPT_CHARS:
-            message = message[: 2 * EXCERPT_CHARS - 3] + "..."
-        raise PydanticCustomError(
-            "rule", "{message}", {"message": message, "field": field, "value": value}
-        )
+        raise named_check_error(field, value, message)
 
 
 def completion_tokens(spec: Any) -> int:

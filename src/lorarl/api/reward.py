@@ -6,12 +6,10 @@ from __future__ import annotations
 from typing import Any
 
 from pydantic import ConfigDict, Field, ValidationInfo, model_validator
-from pydantic_core import PydanticCustomError
 
 from lorarl.api.base import MAX_SECONDS, ApiModel
 from lorarl.api.k8s import ResourceRequirements
-from lorarl.api.rules import Rule, crd_only, enforce, rules_schema_extra
-from lorarl.api.safe_yaml import EXCERPT_CHARS
+from lorarl.api.rules import Rule, crd_only, enforce, named_check_error, rules_schema_extra
 
 _MAX_REPLICAS_RULE = Rule(
     cel="!has(self.maxReplicas) || self.maxReplicas >= self.replicas",
@@ -133,8 +131,4 @@ class RewardSpec(ApiModel):
             field, value, message = "params", self.params, str(exc)
         else:
             return self
-        if len(message) > 2 * EXCERPT_CHARS:
-            message = message[: 2 * EXCERPT_CHARS - 3] + "..."
-        raise PydanticCustomError(
-            "rule", "{message}", {"message": message, "field": field, "value": value}
-        )
+        raise named_check_error(field, value, message)

@@ -95,3 +95,15 @@ def _field_value(model: Any, field: str | None) -> Any:
             for m in model
         ]
     return model
+
+
+def named_check_error(field: str, value: Any, message: str) -> PydanticCustomError:
+    """A registry's refusal (an unknown built-in, bad params) as a rule error on `field`, its
+    message cut to what a one-line report shows."""
+    from lorarl.api.safe_yaml import EXCERPT_CHARS
+
+    if len(message) > 2 * EXCERPT_CHARS:
+        message = message[: 2 * EXCERPT_CHARS - 3] + "..."
+    return PydanticCustomError(
+        "rule", "{message}", {"message": message, "field": field, "value": value}
+    )

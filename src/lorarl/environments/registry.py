@@ -9,11 +9,11 @@ imports the class and builds one instance, so a bad job fails there and not at i
 from __future__ import annotations
 
 import copy
-import importlib
 import inspect
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from lorarl.entrypoints import import_entrypoint
 from lorarl.environments.base import Environment
 from lorarl.environments.single_turn import SingleTurn
 from lorarl.environments.tool_calling import ToolCalling
@@ -137,21 +137,7 @@ def _builtin(name: str) -> type:
 
 
 def _import_class(name: str) -> Callable[..., Any]:
-    module_name, _, attr = name.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ValueError(
-            f"environment {name!r}: cannot import module {module_name!r}: {exc}"
-        ) from exc
-    obj: Any = module
-    for part in attr.split("."):
-        if not hasattr(obj, part):
-            raise ValueError(f"environment {name!r}: module {module_name!r} has no {attr!r}")
-        obj = getattr(obj, part)
-    if not callable(obj):
-        raise ValueError(f"environment {name!r}: {attr!r} is a {type(obj).__name__}, not a class")
-    return obj
+    return import_entrypoint(name, "environment", want="a class")
 
 
 def _check_methods(name: str, obj: Any) -> None:

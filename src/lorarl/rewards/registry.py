@@ -12,13 +12,14 @@ A spec is either a registered name or `"package.module:function"` (a user's own 
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import math
 import numbers
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+
+from lorarl.entrypoints import import_entrypoint
 
 __all__ = [
     "BoundReward",
@@ -171,18 +172,7 @@ def _import_callable(spec: str) -> Callable[..., Any]:
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
         raise ValueError(f"reward {spec!r}: expected 'module:function'")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ValueError(f"reward {spec!r}: cannot import module {module_name!r}: {exc}") from exc
-    obj: Any = module
-    for part in attr.split("."):
-        if not hasattr(obj, part):
-            raise ValueError(f"reward {spec!r}: module {module_name!r} has no attribute {attr!r}")
-        obj = getattr(obj, part)
-    if not callable(obj):
-        raise ValueError(f"reward {spec!r}: {attr!r} is a {type(obj).__name__}, not callable")
-    return obj
+    return import_entrypoint(spec, "reward")
 
 
 def _bind(name: str, fn: Callable[..., Any], params: Mapping[str, Any]) -> BoundReward:
