@@ -72,9 +72,7 @@ def lora_for(base: dict[str, torch.Tensor], rank: int) -> dict[str, torch.Tensor
 
 def receiver_main(port: int) -> None:
     """A sidecar that only receives and acknowledges: the transport alone is measured."""
-    receiver = SyncReceiver(
-        HOST, port, rank=1, world_size=2, backend="gloo", timeout=300, key=SYNC_KEY
-    )
+    receiver = SyncReceiver(HOST, port, 0, backend="gloo", timeout=300, key=SYNC_KEY)
     while True:
         try:
             header, _ = receiver.recv(timeout=600)
@@ -176,9 +174,11 @@ def main() -> None:
 
     host = machine(transport="gloo, loopback, 1 receiver process",
                    bucket_bytes=DEFAULT_BUCKET_BYTES)  # fmt: skip
-    sender = SyncSender(HOST, 0, world_size=2, backend="gloo", timeout=300, key=SYNC_KEY)
+    sender = SyncSender(HOST, 0, backend="gloo", timeout=300, key=SYNC_KEY)
     proc = mp.get_context("spawn").Process(target=receiver_main, args=(sender.port,))
     proc.start()
+    if len(sender.wait_registered(1, timeout=120)) != 1:
+        raise SystemExit("the receiver process never registered")
     bench = Bench(sender, args.reps)
     records = []
     try:

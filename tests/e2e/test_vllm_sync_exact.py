@@ -137,6 +137,9 @@ def wait_ready(stack: Stack) -> None:
         time.sleep(0.25)
     healthy = time.perf_counter() - t0
     vllm_greedy(stack, SERVED_MODEL_NAME, [[5, 6, 7]] * len(PROMPTS))
+    # The sidecar registers once its engine answers; the first publish must find it.
+    if not stack.publisher.sender.wait_registered(1, timeout=60):
+        pytest.fail(f"the sidecar never registered:\n{stack.children[1].tail(40)}")
     print(f"\n[{stack.job.name}] vLLM healthy after {healthy:.1f} s, warm after "
           f"{time.perf_counter() - t0:.1f} s")  # fmt: skip
 
@@ -176,8 +179,8 @@ def running_stack(root: Path, job: LoRARLJob, engine_python: str) -> Iterator[St
     sync = job_plan.sync
     url = f"http://127.0.0.1:{engine_c.ports['engine']}"
     # The publisher hosts the sync store, so it exists before the sidecar dials it.
-    publisher = WeightPublisher(sync.address, sync.port, sync.world_size, sync.mode,
-                                backend=sync.backend, timeout_s=300, key=SYNC_KEY)  # fmt: skip
+    publisher = WeightPublisher(sync.address, sync.port, sync.mode, backend=sync.backend,
+                                timeout_s=300, key=SYNC_KEY)  # fmt: skip
     engine = VLLMEngine(url, api_key=ENGINE_KEY)
     try:
         for child in children:

@@ -145,11 +145,12 @@ import os, torch
 from lorarl.sync.buckets import SyncHeader
 from lorarl.sync.transport import SyncSender
 e = os.environ
-sender = SyncSender(e["LORARL_SYNC_ADDR"], int(e["LORARL_SYNC_PORT"]),
-                    int(e["LORARL_SYNC_WORLD_SIZE"]), e["LORARL_SYNC_BACKEND"], timeout=20)
+sender = SyncSender(e["LORARL_SYNC_ADDR"], int(e["LORARL_SYNC_PORT"]), e["LORARL_SYNC_BACKEND"],
+                    timeout=20)
+members = sender.wait_registered(int(e["LORARL_SYNC_WORLD_SIZE"]) - 1, timeout=60)
 header = SyncHeader(version=1, mode="merged", scaling=2.0, rank=8, alpha=16.0,
                     target_modules=("q_proj",))
-result = sender.send({"w": torch.arange(8.0)}, header)
+result = sender.send({"w": torch.arange(8.0)}, header, members)
 assert result.ok, result
 sender.close()
 print("sent version 1 to", len(result.acks), "receivers")
@@ -160,8 +161,8 @@ import os
 from lorarl.sync.transport import SyncReceiver
 e = os.environ
 receiver = SyncReceiver(
-    e["LORARL_SYNC_ADDR"], int(e["LORARL_SYNC_PORT"]), rank=int(e["LORARL_SYNC_RANK"]),
-    world_size=int(e["LORARL_SYNC_WORLD_SIZE"]), backend=e["LORARL_SYNC_BACKEND"], timeout=20)
+    e["LORARL_SYNC_ADDR"], int(e["LORARL_SYNC_PORT"]), int(e["LORARL_ROLLOUT_INDEX"]),
+    backend=e["LORARL_SYNC_BACKEND"], timeout=20)
 got = receiver.recv(timeout=60)
 receiver.ack(got.header.version)
 print("received", sorted(got.tensors))

@@ -75,18 +75,24 @@ def cluster(request, tmp_path_factory) -> Iterator[Cluster]:
     try:
         sync = rollout.plan.sync
         publisher = WeightPublisher(
-            HOST, sync.port, sync.world_size, "merged", backend="gloo", timeout_s=60, key=SYNC_KEY
+            HOST, sync.port, "merged", backend="gloo", timeout_s=60, key=SYNC_KEY
         )
         base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
         model = get_peft_model(
             base, LoraConfig(r=RANK, lora_alpha=ALPHA, target_modules=sorted(LEAVES))
         )
-        wait_ready(rollout, timeout=ENGINE_START_S)
+        wait_ready(rollout, publisher.sender, timeout=ENGINE_START_S)
         yield Cluster(rollout, publisher, model, model_dir)
     finally:
         if publisher is not None:
             publisher.close()
         rollout.stop()
+
+
+def incarnation(cluster: Cluster, index: int) -> str | None:
+    """The registered incarnation of replica `index` (a restarted sidecar registers a new one)."""
+    found = {m.index: m.incarnation for m in cluster.publisher.sender.registered()}
+    return found.get(index)
 
 
 def assert_all_serve_latest(cluster: Cluster) -> None:
@@ -135,15 +141,17 @@ def test_restarted_sidecar_rejoins_and_catches_up(cluster: Cluster) -> None:
     cluster.publish(51)
     rollout, victim = cluster.rollout, 2
     latest = cluster.version
+    old = incarnation(cluster, victim)
     rollout.kill(rollout.sidecars[victim])
     rollout.sidecars[victim].start()
     wait_for(
-        "the restarted sidecar",
-        lambda: rollout.healthz(victim) == 200,
+        "the restarted sidecar to register",
+        lambda: incarnation(cluster, victim) not in (None, old),
         timeout=60,
         children=[rollout.sidecars[victim]],
     )
     assert rollout.status(victim)["version"] is None  # a fresh process knows nothing yet
+    assert rollout.healthz(victim) == 503  # so nothing may be sampled from it
 
     cluster.publisher.service_rejoin()  # re-forms the group and re-sends the latest version
     assert cluster.versions() == [latest] * REPLICAS
@@ -156,6 +164,7 @@ def test_restarted_sidecar_rejoins_and_catches_up(cluster: Cluster) -> None:
 
 def test_sync_while_a_sidecar_is_down_spares_the_others(cluster: Cluster) -> None:
     rollout, victim = cluster.rollout, 0
+    old = incarnation(cluster, victim)
     rollout.kill(rollout.sidecars[victim])
     with pytest.raises((SyncTransportError, SyncFailed)):
         cluster.publish(61)  # the trainer sees the step's sync fail...
@@ -170,8 +179,8 @@ def test_sync_while_a_sidecar_is_down_spares_the_others(cluster: Cluster) -> Non
 
     rollout.sidecars[victim].start()
     wait_for(
-        "the restarted sidecar",
-        lambda: rollout.healthz(victim) == 200,
+        "the restarted sidecar to register",
+        lambda: incarnation(cluster, victim) not in (None, old),
         timeout=60,
         children=[rollout.sidecars[victim]],
     )

@@ -92,7 +92,7 @@ def test_kubectl_apply_get_scale_delete(shared: Cluster) -> None:
     wait_for(lambda: shared.status("quickstart").get("rolloutReplicas") == 3)
     new = shared.pods("quickstart")["quickstart-rollout-2"]
     sidecar_env = {e["name"]: e.get("value") for e in new["spec"]["containers"][1]["env"]}
-    assert (sidecar_env["LORARL_SYNC_RANK"], sidecar_env["LORARL_SYNC_WORLD_SIZE"]) == ("3", "4")
+    assert sidecar_env["LORARL_ROLLOUT_INDEX"] == "2"  # joins by registering, no world size
     wait_for(
         lambda: (
             "replicas: 3"
@@ -113,7 +113,9 @@ def test_kubectl_apply_get_scale_delete(shared: Cluster) -> None:
         "selector": "lorarl.dev/job=quickstart,lorarl.dev/role=rollout",
     }
     shared.wait_event(
-        "quickstart", "Scaled", "rollout replicas 2 -> 3; the sync group world size becomes 4"
+        "quickstart",
+        "Scaled",
+        "rollout replicas 2 -> 3; the trainer picks up the change at its next step",
     )
 
     deleted = kube.kubectl("delete", "lrj", "quickstart", "--timeout=20s")

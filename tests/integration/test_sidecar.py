@@ -154,9 +154,14 @@ class Rollout:
 
 
 def start_rollout(
-    job_path: Path, run_dir: Path, model_dir: Path, engine_python: str | None = None
+    job_path: Path,
+    run_dir: Path,
+    model_dir: Path,
+    engine_python: str | None = None,
+    only: set[int] | None = None,
 ) -> Rollout:
-    """Start every engine and sidecar of the plan's rollout role with the env the plan renders.
+    """Start every engine and sidecar of the plan's rollout role (or the replicas in `only`;
+    the others are started later, as scaling would) with the env the plan renders.
 
     The engine is the test engine, or with `engine_python` the plan's real vLLM command."""
     job = load_job_file(str(job_path))
@@ -198,8 +203,10 @@ def start_rollout(
         engine_urls.append(f"http://{HOST}:{port}")
         sidecar_urls.append(f"http://{HOST}:{sidecar.ports['sidecar']}")
     rollout = Rollout(jp, engines, sidecars, engine_urls, sidecar_urls)
-    for child in [*engines, *sidecars]:
-        child.start()
+    for i, (engine, sidecar) in enumerate(zip(engines, sidecars, strict=True)):
+        if only is None or i in only:
+            engine.start()
+            sidecar.start()
     return rollout
 
 
@@ -220,10 +227,18 @@ def wait_for(
         time.sleep(0.1)
 
 
-def wait_ready(rollout: Rollout, timeout: float = 90.0) -> None:
+def wait_ready(rollout: Rollout, sender: SyncSender, timeout: float = 90.0) -> None:
+    """Every sidecar up (it answers once its engine is) and registered in the sender's store."""
     children = [*rollout.engines, *rollout.sidecars]
     for i in range(len(rollout.sidecars)):
-        wait_for(f"sidecar {i} /healthz", lambda i=i: rollout.healthz(i) == 200, timeout, children)
+        wait_for(f"sidecar {i} /healthz", lambda i=i: rollout.healthz(i) != 0, timeout, children)
+    count = len(rollout.sidecars)
+    wait_for(
+        f"{count} sidecars registered",
+        lambda: len(sender.registered()) == count,
+        timeout,
+        children,
+    )
 
 
 # ----------------------------------------------------------------------------- reference
@@ -284,15 +299,8 @@ def pod(request, tmp_path_factory) -> Iterator[Pod]:
     rollout = start_rollout(job_path, run_dir, model_dir)
     sender = None
     try:
-        sender = SyncSender(
-            HOST,
-            rollout.plan.sync.port,
-            rollout.plan.sync.world_size,
-            backend="gloo",
-            timeout=60,
-            key=SYNC_KEY,
-        )
-        wait_ready(rollout)
+        sender = SyncSender(HOST, rollout.plan.sync.port, backend="gloo", timeout=60, key=SYNC_KEY)
+        wait_ready(rollout, sender)
         yield Pod(rollout, sender, model_dir, mode, peft_greedy(model_dir, None))
     finally:
         if sender is not None:
@@ -305,6 +313,8 @@ def pod(request, tmp_path_factory) -> Iterator[Pod]:
 
 def test_good_versions_are_applied_and_served(pod: Pod) -> None:
     assert pod.rollout.status(0)["version"] is None
+    assert pod.rollout.status(0)["replica"] == "rollout-0"
+    assert pod.rollout.healthz(0) == 503  # no trainer weights on it yet: not safe to sample
     for seed in (11, 12, 13):
         tensors = lora_tensors(seed)
         result = pod.send(tensors)

@@ -24,10 +24,11 @@ MODULES = tuple(f"model.layers.{i}.self_attn.{p}" for i in range(3) for p in ("q
 pytestmark = pytest.mark.timeout(90)
 
 
-def receiver_main(port, rank, world_size, reject_versions, crash_after, results):
-    """A scripted sidecar: records every update as raw bytes, acks, reports when closed."""
+def receiver_main(port, rank, reject_versions, crash_after, results):
+    """A scripted sidecar (replica index `rank`, which is also its rank in a group of all of
+    them): records every update as raw bytes, acks, reports when closed."""
     records = []
-    receiver = SyncReceiver(HOST, port, rank, world_size, backend="gloo", timeout=20, key=KEY)
+    receiver = SyncReceiver(HOST, port, rank, backend="gloo", timeout=20, key=KEY)
     while True:
         try:
             header, tensors = receiver.recv(timeout=60)
@@ -76,10 +77,10 @@ def as_bytes(tensors):
     }
 
 
-def start(ctx, results, port, rank, world_size, reject=(), crash_after=None):
+def start(ctx, results, port, rank, reject=(), crash_after=None):
     proc = ctx.Process(
         target=receiver_main,
-        args=(port, rank, world_size, tuple(reject), crash_after, results),
+        args=(port, rank, tuple(reject), crash_after, results),
         daemon=True,
     )
     proc.start()
@@ -106,13 +107,12 @@ def ctx():
 
 def test_three_versions_reach_three_receivers_bit_identical(ctx):
     results = ctx.Queue()
-    sender = SyncSender(
-        HOST, 0, world_size=4, backend="gloo", timeout=30, bucket_bytes=BUCKET_BYTES, key=KEY
-    )
+    sender = SyncSender(HOST, 0, backend="gloo", timeout=30, bucket_bytes=BUCKET_BYTES, key=KEY)
     procs = [
-        start(ctx, results, sender.port, rank, 4, reject=(2,) if rank == 3 else ())
+        start(ctx, results, sender.port, rank, reject=(2,) if rank == 3 else ())
         for rank in (1, 2, 3)
     ]
+    assert len(sender.wait_registered(3, timeout=30)) == 3
     sent = {}
     for version in (1, 2, 3):
         tensors = lora_update(version)
@@ -151,36 +151,38 @@ def test_three_versions_reach_three_receivers_bit_identical(ctx):
 
 def test_restarted_receiver_rejoins_and_gets_latest(ctx):
     results = ctx.Queue()
-    sender = SyncSender(
-        HOST, 0, world_size=3, backend="gloo", timeout=20, bucket_bytes=BUCKET_BYTES, key=KEY
-    )
+    sender = SyncSender(HOST, 0, backend="gloo", timeout=20, bucket_bytes=BUCKET_BYTES, key=KEY)
     port = sender.port
-    healthy = start(ctx, results, port, 1, 3)
-    doomed = start(ctx, results, port, 2, 3, crash_after=1)
+    healthy = start(ctx, results, port, 1)
+    doomed = start(ctx, results, port, 2, crash_after=1)
+    assert len(sender.wait_registered(2, timeout=30)) == 2
     v1 = lora_update(1)
     assert sender.send(v1, make_header(1)).ok
     doomed.join(20)
     assert doomed.exitcode == 0
 
-    # The old group still names the dead process: sending fails fast instead of hanging.
+    # The old group (and the store) still names the dead process: sending fails fast.
+    v2 = lora_update(2)
     t0 = time.monotonic()
     with pytest.raises(SyncTransportError, match="generation 0"):
-        sender.send(lora_update(2), make_header(2))
+        sender.send(v2, make_header(2))
     assert time.monotonic() - t0 < 15
 
-    reborn = start(ctx, results, port, 2, 3)
+    dead = {m.index: m.incarnation for m in sender.registered()}[2]
+    reborn = start(ctx, results, port, 2)
     deadline = time.monotonic() + 30
-    while not sender.rejoin_requested():
-        assert time.monotonic() < deadline, "restarted receiver never asked to rejoin"
+    while {m.index: m.incarnation for m in sender.registered()}[2] == dead:
+        assert time.monotonic() < deadline, "restarted receiver never registered again"
         time.sleep(0.05)
+    # A new group with the reborn member gets the newest update, the one that failed.
     catch_up = sender.service_rejoin()
     assert catch_up is not None and catch_up.ok
-    assert (catch_up.version, catch_up.generation) == (1, 1)
+    assert (catch_up.version, catch_up.generation) == (2, 1)
     assert sender.service_rejoin() is None  # nothing pending any more
 
-    v2 = lora_update(2)
-    result = sender.send(v2, make_header(2))
-    assert result.ok and (result.version, result.generation) == (2, 1)
+    v3 = lora_update(3)
+    result = sender.send(v3, make_header(3))
+    assert result.ok and (result.version, result.generation) == (3, 1)
     sender.close()
     done = collect(results, 3)
     for p in (healthy, reborn):
@@ -190,15 +192,15 @@ def test_restarted_receiver_rejoins_and_gets_latest(ctx):
     for how, records in done[2]:
         updates["crashed" if how == "crashed" else "reborn"] = records
     updates["healthy"] = done[1][0][1]
-    want = {1: as_bytes(v1), 2: as_bytes(v2)}
+    want = {1: as_bytes(v1), 2: as_bytes(v2), 3: as_bytes(v3)}
 
     def summary(records):
         return [r[1:3] if r[0] == "update" else r[0] for r in records]
 
     assert summary(updates["crashed"]) == [(1, 0)]
-    assert summary(updates["reborn"]) == [(1, 1), (2, 1)]  # caught up on v1, then got v2
+    assert summary(updates["reborn"]) == [(2, 1), (3, 1)]  # caught up on v2, then got v3
     healthy_summary = [s for s in summary(updates["healthy"]) if s != "transport_error"]
-    assert healthy_summary == [(1, 0), (1, 1), (2, 1)]
+    assert healthy_summary == [(1, 0), (2, 1), (3, 1)]
     for records in updates.values():
         for r in records:
             if r[0] == "update":

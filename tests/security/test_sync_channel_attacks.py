@@ -55,22 +55,20 @@ class Sidecar:
     """A receiver thread that serves like the sidecar: every update is acked, a refusal or a
     transport error is survived, anything else is what the process would have crashed on."""
 
-    def __init__(self, port: int, rank: int, world_size: int):
+    def __init__(self, port: int, rank: int):
         self.rank = rank
         self.events: queue.Queue[tuple] = queue.Queue()
         self.got: list[tuple[int, dict[str, torch.Tensor]]] = []
         self.receiver: SyncReceiver | None = None
         self._stop = threading.Event()
-        args = (port, rank, world_size)
+        args = (port, rank)
         self.thread = threading.Thread(target=self._serve, args=args, daemon=True)
         self.thread.start()
 
-    def _serve(self, port: int, rank: int, world_size: int) -> None:
+    def _serve(self, port: int, rank: int) -> None:
         transport_errors = 0
         try:
-            self.receiver = SyncReceiver(
-                HOST, port, rank, world_size, "gloo", timeout=TIMEOUT, key=KEY
-            )
+            self.receiver = SyncReceiver(HOST, port, rank, "gloo", timeout=TIMEOUT, key=KEY)
             while not self._stop.is_set():
                 try:
                     received = self.receiver.recv(timeout=0.2)
@@ -135,8 +133,9 @@ class Attacker:
 
 @pytest.fixture
 def channel() -> Iterator[tuple[SyncSender, list[Sidecar], Attacker]]:
-    sender = SyncSender(HOST, 0, world_size=3, backend="gloo", timeout=TIMEOUT, key=KEY)
-    sidecars = [Sidecar(sender.port, rank, 3) for rank in (1, 2)]
+    sender = SyncSender(HOST, 0, backend="gloo", timeout=TIMEOUT, key=KEY)
+    sidecars = [Sidecar(sender.port, rank) for rank in (1, 2)]
+    assert len(sender.wait_registered(2, TIMEOUT)) == 2
     first = sender.send(update(1), header(1))
     assert first.ok, first
     for s in sidecars:
@@ -342,6 +341,26 @@ def test_an_absurd_header_length_is_refused_without_allocating_it(channel, monke
     assert_serving(sender, sidecars, 3)
 
 
+# -- forged members ----------------------------------------------------------------------------
+
+
+def test_forged_or_moved_registrations_never_join_the_group(channel) -> None:
+    """The store is open to anyone who reaches it; membership is not. A registration the
+    attacker writes (its URLs would receive prompts and the engine key) does not verify, and a
+    genuine one copied to another index does not either: the group stays the real sidecars."""
+    sender, sidecars, attacker = channel
+    real = attacker.read("member/1")
+    attacker.write("member/7", json.dumps({
+        "index": 7, "incarnation": "ab", "engine": "http://evil:1", "sidecar": "http://evil:2",
+        "mac": "00" * 32,
+    }))  # fmt: skip
+    attacker.write("member/8", real)  # replayed under another index
+    attacker.write("member/9", b"\xff not json")
+    assert [m.index for m in sender.registered()] == [1, 2]
+    assert sender.catch_up() is None  # nothing changed: no new generation for forgeries
+    assert_serving(sender, sidecars, 2)
+
+
 # -- a restarted sidecar and poisoned keys -----------------------------------------------------
 
 
@@ -349,9 +368,10 @@ def test_an_absurd_header_length_is_refused_without_allocating_it(channel, monke
 def test_a_restarted_sidecar_is_not_wedged_by_poisoned_keys(poisoned: str) -> None:
     """The sidecar dies; before it comes back the attacker poisons the keys a restarted receiver
     reads first. It must start, ask to rejoin, and catch up on the latest version."""
-    sender = SyncSender(HOST, 0, world_size=2, backend="gloo", timeout=TIMEOUT, key=KEY)
+    sender = SyncSender(HOST, 0, backend="gloo", timeout=TIMEOUT, key=KEY)
     try:
-        first = Sidecar(sender.port, 1, 2)
+        first = Sidecar(sender.port, 1)
+        (registered,) = sender.wait_registered(1, TIMEOUT)
         assert sender.send(update(1), header(1)).ok
         assert first.next_event() == ("update", 1)
         first.kill()
@@ -360,11 +380,11 @@ def test_a_restarted_sidecar_is_not_wedged_by_poisoned_keys(poisoned: str) -> No
         if poisoned == "every pointer":
             attacker.write("seq", b"not a number")
             attacker.write("formed", json.dumps({"formed": 10**9, "mac": "00" * 32}))
-        reborn = Sidecar(sender.port, 1, 2)
+        reborn = Sidecar(sender.port, 1)
         deadline = time.monotonic() + 20
-        while not sender.rejoin_requested():
+        while [m.incarnation for m in sender.registered()] in ([], [registered.incarnation]):
             assert reborn.alive(), list(reborn.events.queue)
-            assert time.monotonic() < deadline, "the restarted sidecar never asked to rejoin"
+            assert time.monotonic() < deadline, "the restarted sidecar never registered"
             time.sleep(0.05)
         catch_up = sender.service_rejoin()
         assert catch_up is not None and catch_up.ok, catch_up
@@ -387,7 +407,7 @@ def _connects(address: str, port: int) -> bool:
 def test_the_store_listens_only_on_the_address_it_was_given() -> None:
     """127.0.0.2 is this machine too (all of 127/8 is loopback): a wildcard listener answers
     there, a socket bound to 127.0.0.1 does not. The same holds for a pod's address."""
-    sender = SyncSender(HOST, 0, world_size=2, backend="gloo", timeout=TIMEOUT, key=KEY)
+    sender = SyncSender(HOST, 0, backend="gloo", timeout=TIMEOUT, key=KEY)
     try:
         assert _connects("127.0.0.1", sender.port)
         assert not _connects("127.0.0.2", sender.port)

@@ -177,7 +177,8 @@ def test_rollout_pod_shares_memory_volume_between_engine_and_sidecar() -> None:
         assert {"name": "config", "mountPath": "/etc/lorarl", "readOnly": True} in c["volumeMounts"]
         assert c["env"][0]["name"] == "LORARL_ENGINE_API_KEY"
     sidecar = {e["name"]: e.get("value") for e in spec["containers"][1]["env"]}
-    assert (sidecar["LORARL_SYNC_RANK"], sidecar["LORARL_SYNC_WORLD_SIZE"]) == ("2", "3")
+    assert sidecar["LORARL_ROLLOUT_INDEX"] == "1" and "LORARL_SYNC_WORLD_SIZE" not in sidecar
+    assert sidecar["LORARL_ADVERTISED_ENGINE_URL"] == "http://quickstart-rollout-1.quickstart:30000"
     assert spec["containers"][0]["ports"] == [
         {"name": "engine", "containerPort": 30000, "protocol": "TCP"}
     ]

@@ -57,8 +57,17 @@ def test_n_rollout_replicas_join_the_sync_group(n):
     assert p.sync.world_size == n + 1
     rollouts = p.role("rollout").replicas
     assert len(rollouts) == n
-    ranks = [r.containers[1].env["LORARL_SYNC_RANK"] for r in rollouts]
-    assert ranks == [str(i + 1) for i in range(n)]  # rank 0 is the trainer
+    # A sidecar's env names its replica, never the replica count: scaling changes no pod.
+    sidecars = [r.containers[1].env for r in rollouts]
+    assert [e["LORARL_ROLLOUT_INDEX"] for e in sidecars] == [str(i) for i in range(n)]
+    assert all("LORARL_SYNC_WORLD_SIZE" not in e for e in sidecars)
+    assert [e["LORARL_ADVERTISED_ENGINE_URL"] for e in sidecars] == [
+        f"http://job-rollout-{i}.job:30000" for i in range(n)
+    ]
+    assert [e["LORARL_ADVERTISED_SIDECAR_URL"] for e in sidecars] == [
+        f"http://job-rollout-{i}.job:8001" for i in range(n)
+    ]
+    assert env_of(p, "trainer", 0)["LORARL_SYNC_WORLD_SIZE"] == str(n + 1)  # the start count
     endpoints = env_of(p, "trainer", 0)["LORARL_ROLLOUT_ENDPOINTS"].split(",")
     assert endpoints == [f"http://job-rollout-{i}.job:30000" for i in range(n)]
     for r in rollouts:

@@ -14,7 +14,7 @@ from lorarl.api.validation import parse_job
 from lorarl.local import LocalRun
 from lorarl.operator import builders
 from lorarl.plan import LocalAddressing, plan
-from lorarl.sync.auth import BadMessage, Signer, key_from_env
+from lorarl.sync.auth import BadMessage, Registration, Signer, key_from_env
 from lorarl.sync.errors import SyncKeyMissing
 from lorarl.sync.transport import SyncReceiver, SyncSender
 
@@ -27,8 +27,8 @@ QUICKSTART = ROOT / "examples" / "quickstart.yaml"
 
 def test_an_announcement_verifies_only_for_its_own_operation_and_key() -> None:
     signer = Signer(b"job-key")
-    raw = signer.announcement("sync", 2, 7)
-    assert signer.open_announcement(raw, 7) == ("sync", 2, 7)
+    raw = signer.announcement("sync", 2, 7, ("0:ab", "3:cd"))
+    assert signer.open_announcement(raw, 7) == ("sync", 2, 7, ("0:ab", "3:cd"))
     with pytest.raises(BadMessage, match="carries seq 7"):
         signer.open_announcement(raw, 8)  # replayed under another key
     forged = json.loads(raw) | {"generation": 3}
@@ -39,6 +39,31 @@ def test_an_announcement_verifies_only_for_its_own_operation_and_key() -> None:
     renumbered = json.loads(signer.announcement("close", 0, 1)) | {"seq": 2}
     with pytest.raises(BadMessage, match="bad MAC"):
         signer.open_announcement(json.dumps(renumbered), 2)
+    # The member list decides who forms the group: it is signed like the rest.
+    joined = json.loads(raw) | {"members": ["0:ab", "3:cd", "9:ee"]}
+    with pytest.raises(BadMessage, match="bad MAC"):
+        signer.open_announcement(json.dumps(joined), 7)
+    odd = json.loads(raw) | {"members": ["0:ab", {"x": 1}]}
+    with pytest.raises(BadMessage, match="members must be a list of member tokens"):
+        signer.open_announcement(json.dumps(odd), 7)
+
+
+def test_a_registration_verifies_only_at_its_own_index_and_key() -> None:
+    signer = Signer(b"job-key")
+    member = Registration(
+        3, "ab12", "http://job-rollout-3.job:30000", "http://job-rollout-3.job:8001"
+    )
+    raw = signer.registration(member)
+    assert signer.open_registration(raw, 3) == member
+    with pytest.raises(BadMessage, match="carries index 3"):
+        signer.open_registration(raw, 4)  # copied to another replica's slot
+    redirected = json.loads(raw) | {"engine": "http://elsewhere:30000"}
+    with pytest.raises(BadMessage, match="bad MAC"):
+        signer.open_registration(json.dumps(redirected), 3)
+    with pytest.raises(BadMessage, match="bad MAC"):
+        Signer(b"other-job").open_registration(raw, 3)
+    with pytest.raises(BadMessage, match="incarnation must be a hex string"):
+        signer.open_registration(json.dumps(json.loads(raw) | {"incarnation": "a:b/c"}), 3)
 
 
 @pytest.mark.parametrize(
@@ -49,8 +74,9 @@ def test_an_announcement_verifies_only_for_its_own_operation_and_key() -> None:
         (json.dumps({"op": "reboot", "generation": 0, "seq": 0}), "op must be one of"),
         (json.dumps({"op": "sync", "generation": True, "seq": 0}), "generation must be"),
         (json.dumps({"op": "sync", "generation": 0, "seq": "0"}), "seq must be"),
-        (json.dumps({"op": "sync", "generation": 0, "seq": 0, "mac": 5}), "bad MAC"),
-        (b" " * 5000, "more than 4096"),
+        (json.dumps({"op": "sync", "generation": 0, "seq": 0, "mac": 5}), "members must be"),
+        (json.dumps({"op": "sync", "generation": 0, "seq": 0, "members": [], "mac": 5}), "bad MAC"),
+        (b" " * 200_000, "more than 131072"),
     ],
 )
 def test_malformed_announcements_raise_bad_message_with_the_reason(raw, reason) -> None:
@@ -83,11 +109,11 @@ def test_a_sync_end_without_the_key_refuses_before_touching_the_network(monkeypa
     with pytest.raises(SyncKeyMissing, match="LORARL_SYNC_KEY is not set"):
         key_from_env()
     with pytest.raises(SyncKeyMissing, match="LORARL_SYNC_KEY"):
-        SyncSender("127.0.0.1", 0, world_size=2, backend="gloo")
+        SyncSender("127.0.0.1", 0, backend="gloo")
     with pytest.raises(SyncKeyMissing, match="LORARL_SYNC_KEY"):
-        SyncReceiver("127.0.0.1", 1, rank=1, world_size=2, backend="gloo", timeout=0.1)
+        SyncReceiver("127.0.0.1", 1, 0, backend="gloo", timeout=0.1)
     with pytest.raises(SyncKeyMissing, match="must not be empty"):
-        SyncSender("127.0.0.1", 0, world_size=2, backend="gloo", key="")
+        SyncSender("127.0.0.1", 0, backend="gloo", key="")
     monkeypatch.setenv("LORARL_SYNC_KEY", "from-the-secret")
     assert key_from_env() == b"from-the-secret"
 

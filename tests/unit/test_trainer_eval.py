@@ -199,6 +199,7 @@ def test_a_failed_eval_is_a_warning_and_the_run_goes_on(caplog) -> None:
     trainer.job = job(evalInterval=1)
     trainer.endpoints = Endpoints(rollout=[f"http://127.0.0.1:{free_port()}"])
     trainer.reward_client, trainer.state = None, StepState(step=3, version=3)
+    trainer.fleet = None  # no sidecars: the engines in the env are the engines
     client = RolloutClient(
         trainer.endpoints.rollout, "vllm", model_name="m", max_retries=0, timeout_s=5
     )

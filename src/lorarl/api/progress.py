@@ -103,6 +103,16 @@ class StepRecord(ReportModel):
     train_seconds: float | None = None
     sync_seconds: float | None = None
     sync_bytes: int | None = None
+    sync_members: int | None = Field(
+        default=None,
+        description="Rollout sidecars in the weight-sync group at this step's publish (live "
+        "membership: replicas join and leave between steps).",
+    )
+    engine_requests: dict[str, int] | None = Field(
+        default=None,
+        description="Generation requests sent to each rollout replica this step, by replica "
+        "name (rollout-<index>); a replica that joined mid-run shows up here.",
+    )
     eval: EvalRecord | None = Field(
         default=None,
         description="Eval on data.valFiles by this step's weights (every training.evalInterval "

@@ -102,6 +102,9 @@ class SyncStatus(ReportModel):
     bytes: int | None = Field(default=None, description="Bytes sent in the last sync.")
     mode: Literal["merged", "adapter"] | None = Field(default=None, description="Sync mode.")
     time: str | None = Field(default=None, description="When the last sync finished.")
+    members: int | None = Field(
+        default=None, ge=0, description="Rollout sidecars that received the last sync."
+    )
 
 
 class EvalRecord(ReportModel):

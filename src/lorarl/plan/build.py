@@ -66,10 +66,12 @@ def plan(
     ]
     reward_url = _reward_url(job, addressing)
     common = {"LORARL_JOB_NAME": name, "LORARL_CONFIG": config_path}
+    # A rollout pod's env never depends on how many replicas there are (scaling adds pods and
+    # changes no running one): sidecars register in the sync store and the trainer reads who is
+    # there (docs/architecture.md#live-membership). The trainer's world size is the start count.
     sync_env = {
         "LORARL_SYNC_ADDR": sync.address,
         "LORARL_SYNC_PORT": str(sync.port),
-        "LORARL_SYNC_WORLD_SIZE": str(sync.world_size),
         "LORARL_SYNC_BACKEND": sync.backend,  # both ends use the plan's choice, never their own
     }
     roles = [
@@ -138,6 +140,7 @@ def _trainer_role(job, addressing, common, sync_env, engine_urls, sidecar_urls, 
             "NODE_RANK": str(i),
             "NPROC_PER_NODE": str(nproc),
             **sync_env,
+            "LORARL_SYNC_WORLD_SIZE": str(1 + len(engine_urls)),
             "LORARL_ROLLOUT_ENDPOINTS": ",".join(engine_urls),
             "LORARL_SIDECAR_ENDPOINTS": ",".join(sidecar_urls),
             "LORARL_PROGRESS_PORT": str(progress_port),
@@ -193,7 +196,8 @@ def _rollout_role(job, addressing, common, sync_env):
     for i in range(r.replicas):
         engine_port = addressing.port("rollout", i, "engine")
         sidecar_port = addressing.port("rollout", i, "sidecar")
-        bind = "127.0.0.1" if addressing.host(name, "rollout", i) == "127.0.0.1" else "0.0.0.0"
+        host = addressing.host(name, "rollout", i)
+        bind = "127.0.0.1" if host == "127.0.0.1" else "0.0.0.0"
         engine = ContainerPlan(
             name="engine",
             image=r.image or rollout_image(r.engine),
@@ -211,7 +215,10 @@ def _rollout_role(job, addressing, common, sync_env):
             env={
                 **common,
                 **sync_env,
-                "LORARL_SYNC_RANK": str(i + 1),
+                "LORARL_ROLLOUT_INDEX": str(i),
+                # where the trainer reaches this replica, published with its registration
+                "LORARL_ADVERTISED_ENGINE_URL": f"http://{host}:{engine_port}",
+                "LORARL_ADVERTISED_SIDECAR_URL": f"http://{host}:{sidecar_port}",
                 "LORARL_ENGINE_URL": f"http://127.0.0.1:{engine_port}",
                 "LORARL_SIDECAR_PORT": str(sidecar_port),
             },

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
 import threading
 import time
@@ -29,6 +30,7 @@ log = logging.getLogger("lorarl.sidecar")
 
 @dataclass
 class SidecarStatus:
+    replica: str | None = None  # rollout-<index>
     version: int | None = None  # what the engine serves
     latest: int | None = None  # the newest version accepted from the trainer
     updates: int = 0
@@ -42,8 +44,9 @@ class SidecarStatus:
 
     @property
     def in_sync(self) -> bool:
-        """The engine is up and serves the newest weights: safe to generate from."""
-        return self.engine_healthy and self.version == self.latest
+        """The engine is up and serves the newest weights: safe to generate from. Before the
+        first update there are no trainer weights on it yet, so it is not."""
+        return self.engine_healthy and self.latest is not None and self.version == self.latest
 
     def to_json(self) -> dict[str, Any]:
         """camelCase on the wire, like every other lorarl status document."""
@@ -234,28 +237,44 @@ def main(argv: list[str] | None = None) -> int:
     )
     log.info("waiting for the engine at %s", env["LORARL_ENGINE_URL"])
     engine.wait_ready(args.engine_timeout)
+    index = int(env["LORARL_ROLLOUT_INDEX"])
+    sidecar = Sidecar(applier, None, engine)
+    sidecar.status.replica = f"rollout-{index}"
+    sidecar.status.engine_healthy = True
+    # Up before registering: the trainer counts a member live only when this answers.
+    server = StatusServer(sidecar, int(env.get("LORARL_SIDECAR_PORT", "8001")))
     receiver = SyncReceiver(
         env["LORARL_SYNC_ADDR"],
         int(env["LORARL_SYNC_PORT"]),
-        rank=int(env["LORARL_SYNC_RANK"]),
-        world_size=int(env["LORARL_SYNC_WORLD_SIZE"]),
+        index,
         backend=backend_from_env(env),  # the plan's choice: the trainer uses the same
         timeout=float(env.get("LORARL_SYNC_TIMEOUT", "600")),
         key=sync_key,
+        engine_url=env.get("LORARL_ADVERTISED_ENGINE_URL", ""),
+        sidecar_url=env.get("LORARL_ADVERTISED_SIDECAR_URL", ""),
     )
-    sidecar = Sidecar(applier, receiver, engine)
-    sidecar.status.engine_healthy = True
-    server = StatusServer(sidecar, int(env.get("LORARL_SIDECAR_PORT", "8001")))
+    sidecar.receiver = receiver
+    # Deleted or scaled away (SIGTERM): deregister so the trainer drops this replica at once.
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     threading.Thread(target=sidecar.watch_engine, daemon=True).start()
+    closed = False
     try:
         while sidecar.handle_one():
             pass
+        closed = True
     finally:
         sidecar.stop()
         server.stop()
-        receiver.close()
+        if closed:
+            receiver.close()
+        else:
+            receiver.leave()
     log.info("trainer closed the sync channel; exiting")
     return 0
+
+
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 if __name__ == "__main__":

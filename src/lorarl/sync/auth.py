@@ -29,7 +29,8 @@ from lorarl.api.workloads import SYNC_KEY_ENV
 from lorarl.sync.errors import SyncKeyMissing
 
 MAC_BYTES = 32
-MAX_CONTROL_BYTES = 4096  # an announcement or control value; anything longer is not ours
+MAX_CONTROL_BYTES = 4096  # a control value or registration; anything longer is not ours
+MAX_ANNOUNCEMENT_BYTES = 128 * 1024  # room for the member list of a 4096-replica group
 OPS = ("sync", "close")
 
 
@@ -61,6 +62,24 @@ class Announcement(NamedTuple):
     op: str
     generation: int
     seq: int
+    members: tuple[str, ...] = ()  # "<index>:<incarnation>" in rank order (rank = position + 1)
+
+
+class Registration(NamedTuple):
+    """A receiver's entry in the store: who it is and where the trainer reaches it."""
+
+    index: int  # the rollout replica index (pod `<job>-rollout-<index>`)
+    incarnation: str  # fresh per process start: a restarted sidecar is a new member
+    engine: str  # the engine's URL as the trainer reaches it ("" when not advertised)
+    sidecar: str  # the sidecar's status URL
+
+    @property
+    def token(self) -> str:
+        return f"{self.index}:{self.incarnation}"
+
+
+MAX_MEMBERS = 4096
+_TOKEN_CHARS = set("0123456789abcdef:")
 
 
 def _int(value: Any, field: str, minimum: int) -> int:
@@ -69,9 +88,9 @@ def _int(value: Any, field: str, minimum: int) -> int:
     return value
 
 
-def _json_object(raw: bytes | str, what: str) -> dict[str, Any]:
-    if len(raw) > MAX_CONTROL_BYTES:
-        raise BadMessage(f"{what}: {len(raw)} bytes, more than {MAX_CONTROL_BYTES}")
+def _json_object(raw: bytes | str, what: str, limit: int = MAX_CONTROL_BYTES) -> dict[str, Any]:
+    if len(raw) > limit:
+        raise BadMessage(f"{what}: {len(raw)} bytes, more than {limit}")
     try:
         value = json.loads(raw)
     except (UnicodeDecodeError, ValueError):
@@ -102,22 +121,51 @@ class Signer:
 
     # -- announcements: {"op", "generation", "seq", "mac"} at ctl/announce/<seq> -------------
 
-    def announcement(self, op: str, generation: int, seq: int) -> str:
-        body = _canonical({"op": op, "generation": generation, "seq": seq})
-        mac = self.mac("announce", generation, seq, body).hex()
-        return json.dumps({"op": op, "generation": generation, "seq": seq, "mac": mac})
+    def announcement(
+        self, op: str, generation: int, seq: int, members: tuple[str, ...] = ()
+    ) -> str:
+        fields = {"op": op, "generation": generation, "seq": seq, "members": list(members)}
+        mac = self.mac("announce", generation, seq, _canonical(fields)).hex()
+        return json.dumps({**fields, "mac": mac})
 
     def open_announcement(self, raw: bytes | str, seq: int) -> Announcement:
-        value = _json_object(raw, f"announcement {seq}")
+        value = _json_object(raw, f"announcement {seq}", MAX_ANNOUNCEMENT_BYTES)
         op = value.get("op")
         if op not in OPS:
             raise BadMessage(f"announcement {seq}: op must be one of {OPS}, got {op!r:.40}")
         generation = _int(value.get("generation"), "generation", -1)
         if _int(value.get("seq"), "seq", 0) != seq:
             raise BadMessage(f"announcement {seq}: carries seq {value['seq']}")
-        body = _canonical({"op": op, "generation": generation, "seq": seq})
-        self._check(value.get("mac"), "announce", generation, seq, body)
-        return Announcement(op, generation, seq)
+        members = value.get("members")
+        if (
+            not isinstance(members, list)
+            or len(members) > MAX_MEMBERS
+            or not all(isinstance(m, str) and set(m) <= _TOKEN_CHARS for m in members)
+        ):
+            raise BadMessage(f"announcement {seq}: members must be a list of member tokens")
+        fields = {"op": op, "generation": generation, "seq": seq, "members": members}
+        self._check(value.get("mac"), "announce", generation, seq, _canonical(fields))
+        return Announcement(op, generation, seq, tuple(members))
+
+    # -- registrations: {"index", "incarnation", "engine", "sidecar", "mac"} at member/<index>
+
+    def registration(self, member: Registration) -> str:
+        fields = member._asdict()
+        mac = self.mac(f"member:{member.index}", 0, 0, _canonical(fields)).hex()
+        return json.dumps({**fields, "mac": mac})
+
+    def open_registration(self, raw: bytes | str, index: int) -> Registration:
+        value = _json_object(raw, f"member {index}")
+        if _int(value.get("index"), "index", 0) != index:
+            raise BadMessage(f"member {index}: carries index {value['index']}")
+        incarnation, engine, sidecar = (value.get(k) for k in ("incarnation", "engine", "sidecar"))
+        if not (isinstance(incarnation, str) and incarnation and set(incarnation) <= _TOKEN_CHARS):
+            raise BadMessage(f"member {index}: incarnation must be a hex string")
+        if not isinstance(engine, str) or not isinstance(sidecar, str):
+            raise BadMessage(f"member {index}: engine and sidecar must be strings")
+        member = Registration(index, incarnation, engine, sidecar)
+        self._check(value.get("mac"), f"member:{index}", 0, 0, _canonical(member._asdict()))
+        return member
 
     # -- control values (the latest seq, the latest formed generation) -----------------------
 

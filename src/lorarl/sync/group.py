@@ -6,19 +6,22 @@ from __future__ import annotations
 import contextlib
 import secrets
 import struct
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, NamedTuple
 
 import torch
 import torch.distributed as dist
+from torch._C._distributed_c10d import AllgatherOptions, BroadcastOptions
 
 from lorarl.sync.buckets import SyncHeader
 from lorarl.sync.errors import SyncError, SyncTransportError
 
 STORE_PREFIX = "lorarl-sync"
 DEFAULT_BUCKET_BYTES = 64 * 1024 * 1024
+# Forming a group waits for every member; one that died after it was counted must cost seconds.
+DEFAULT_FORM_TIMEOUT_S = 30.0
 ACK_BYTES = 1024
 _ACK_HEAD = struct.Struct("<qBH")  # version, ok, message length
 _MAX_MESSAGE = ACK_BYTES - _ACK_HEAD.size
@@ -101,7 +104,9 @@ def _new_backend(
     backend: str,
     timeout: timedelta,
 ) -> Any:
-    """Build a standalone backend; blocks until all ranks of this generation rendezvous."""
+    """Build a standalone backend; blocks until all ranks of this generation rendezvous (at most
+    `timeout`: the formation timeout, short, so a member that died after the trainer counted it
+    costs seconds, not the operation timeout)."""
     prefix = dist.PrefixStore(f"{STORE_PREFIX}/gen{generation}", store)
     if backend == "gloo":
         return dist.ProcessGroupGloo(prefix, rank, world_size, timeout)
@@ -139,37 +144,43 @@ def decode_ack(rank: int, buf: torch.Tensor) -> Ack:
 
 
 class Endpoint:
-    """Store connection, control keys and the current group, shared by both sides."""
+    """Store connection, control keys and the current group, shared by both sides.
+
+    `ident` names this end in control marks: "0" for the sender, the replica index for a
+    receiver. Rank and world size belong to a generation: membership changes between them."""
 
     def __init__(
         self,
         store: dist.Store,
-        rank: int,
-        world_size: int,
+        ident: str,
         backend: str,
         timeout: float,
         device: torch.device | str | None,
+        form_timeout: float = DEFAULT_FORM_TIMEOUT_S,
     ):
-        if world_size < 1 or not 0 <= rank < world_size:
-            raise ValueError(f"rank {rank} must be in [0, world_size={world_size})")
         self.store = store
         self.ctl = dist.PrefixStore(f"{STORE_PREFIX}/ctl", store)
-        self.rank, self.world_size, self.backend = rank, world_size, backend
+        self.ident, self.backend = ident, backend
+        self.rank, self.world_size = -1, 0
         self.timeout = timedelta(seconds=timeout)
+        self.form_timeout = timedelta(seconds=min(form_timeout, timeout))
         self.device = device_for(backend, device)
         self.group = GroupState()
 
-    def form(self, generation: int) -> None:
+    def form(self, generation: int, rank: int, world_size: int) -> None:
+        if world_size < 1 or not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} must be in [0, world_size={world_size})")
         self.drop()
         try:
             pg = _new_backend(
-                self.store, generation, self.rank, self.world_size, self.backend, self.timeout
+                self.store, generation, rank, world_size, self.backend, self.form_timeout
             )
         except RuntimeError as exc:
             raise SyncTransportError(
-                f"rank {self.rank}: could not form sync group generation {generation} of "
-                f"{self.world_size} ranks: {exc}"
+                f"{self.ident}: could not form sync group generation {generation} of "
+                f"{world_size} ranks: {exc}"
             ) from exc
+        self.rank, self.world_size = rank, world_size
         self.group = GroupState(generation, pg)
 
     def drop(self) -> None:
@@ -177,22 +188,26 @@ class Endpoint:
         self.group = GroupState()
 
     def broadcast(self, tensor: torch.Tensor) -> None:
-        self.group.pg.broadcast(tensor, 0).wait()
+        opts = BroadcastOptions()
+        opts.rootRank, opts.rootTensor, opts.timeout = 0, 0, self.timeout
+        self.group.pg.broadcast([tensor], opts).wait()
 
     def mark(self, name: str) -> None:
-        """Set this rank's mark `name/<rank>` to a fresh random value (a request or a report)."""
-        self.ctl.set(f"{name}/{self.rank}", secrets.token_hex(8))
+        """Set this end's mark `name/<ident>` to a fresh random value (a request or a report)."""
+        self.ctl.set(f"{name}/{self.ident}", secrets.token_hex(8))
 
-    def marks(self, name: str) -> dict[str, bytes]:
-        """Every receiver's current mark `name/<rank>` (absent ones left out)."""
+    def marks(self, name: str, idents: Iterable[object]) -> dict[str, bytes]:
+        """The current mark `name/<ident>` of each of `idents` (absent ones left out)."""
         out = {}
-        for rank in range(1, self.world_size):
-            key = f"{name}/{rank}"
+        for ident in idents:
+            key = f"{name}/{ident}"
             if self.ctl.check([key]):
                 out[key] = self.ctl.get(key)
         return out
 
     def all_gather_acks(self, mine: torch.Tensor) -> list[torch.Tensor]:
         out = [torch.empty_like(mine) for _ in range(self.world_size)]
-        self.group.pg.allgather([out], [mine]).wait()
+        opts = AllgatherOptions()
+        opts.timeout = self.timeout
+        self.group.pg.allgather([out], [mine], opts).wait()
         return out

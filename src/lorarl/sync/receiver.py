@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import secrets
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import NoReturn
@@ -17,7 +18,15 @@ from typing import NoReturn
 import torch
 from pydantic import ValidationError
 
-from lorarl.sync.auth import Announcement, BadMessage, Signer, bucket_digest, resolve_key
+from lorarl.sync.auth import (
+    MAX_MEMBERS,
+    Announcement,
+    BadMessage,
+    Registration,
+    Signer,
+    bucket_digest,
+    resolve_key,
+)
 from lorarl.sync.buckets import SyncHeader, check_layout, unpack_all
 from lorarl.sync.errors import (
     SyncClosed,
@@ -26,7 +35,14 @@ from lorarl.sync.errors import (
     SyncTransportError,
     UpdateValidationError,
 )
-from lorarl.sync.group import Endpoint, Received, TransferStats, device_for, encode_ack
+from lorarl.sync.group import (
+    DEFAULT_FORM_TIMEOUT_S,
+    Endpoint,
+    Received,
+    TransferStats,
+    device_for,
+    encode_ack,
+)
 from lorarl.sync.store import connect_store
 
 log = logging.getLogger("lorarl.sync")
@@ -34,48 +50,80 @@ log = logging.getLogger("lorarl.sync")
 MAX_HEADER_BYTES = 16 * 1024 * 1024  # ~100x a 70B model's all-linear LoRA header
 MAX_NACK_CHARS = 300
 MAX_SCAN = 1_000_000  # announcements a receiver walks when the store's pointers are poisoned
+SCAN_AHEAD = 16  # registration slots the sender reads past the highest index it has seen
+
+
+def member_key(index: int) -> str:
+    """Where replica `index` registers (under the control prefix)."""
+    return f"member/{index}"
 
 
 class SyncReceiver:
-    """A sidecar: waits for announcements on the sender's store and receives updates.
+    """A sidecar: registers in the sender's store, waits for announcements, receives updates.
 
-    `key` is the job's sync key; None reads `LORARL_SYNC_KEY` (a missing key is an error)."""
+    `index` is the rollout replica index (the pod's ordinal); `engine_url` and `sidecar_url` are
+    where the trainer reaches this replica, published with the registration. `key` is the job's
+    sync key; None reads `LORARL_SYNC_KEY` (a missing key is an error)."""
 
     def __init__(
         self,
         host: str,
         port: int,
-        rank: int,
-        world_size: int,
+        index: int,
         backend: str,
         timeout: float = 120.0,
         device: torch.device | str | None = None,
         poll_interval: float = 0.05,
         key: str | bytes | None = None,
+        *,
+        engine_url: str = "",
+        sidecar_url: str = "",
+        form_timeout: float = DEFAULT_FORM_TIMEOUT_S,
     ):
-        if rank == 0:
-            raise ValueError("rank 0 is the sender; receivers are ranks 1..world_size-1")
+        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < MAX_MEMBERS:
+            raise ValueError(f"index must be a replica index in [0, {MAX_MEMBERS}), got {index!r}")
         device_for(backend, device or "cpu")
         self._signer = Signer(resolve_key(key))
         store = connect_store(host, port, timeout)
-        self._ep = Endpoint(store, rank, world_size, backend, timeout, device)
+        self._ep = Endpoint(store, str(index), backend, timeout, device, form_timeout)
+        self.registration = Registration(index, secrets.token_hex(8), engine_url, sidecar_url)
         self.poll_interval = poll_interval
         self._pending_version: int | None = None
         self._ignored: dict[int, bytes] = {}  # announcement seq -> the bad value last logged
         self._hasher = ThreadPoolExecutor(1, thread_name_prefix="lorarl-sync-sha256")
         self.last_stats: TransferStats | None = None
         try:
-            formed, seq = self._read_value("formed"), self._read_value("seq")
-            rejoin = formed >= 0
+            seq = self._read_value("seq")
         except BadMessage as exc:
             log.warning("sync store pointers do not verify (%s); scanning announcements", exc)
-            formed, seq = self._scan()
-            rejoin = True  # whatever was formed, a fresh generation is safe
-        # Generations formed before we (re)started already hold our rank's old incarnation.
-        self._min_generation = formed + 1
+            _, seq = self._scan()
+        # A generation's member list names this process's incarnation only after it registers,
+        # so no generation formed before now can include it; the minimum only rises on failures.
+        self._min_generation = 0
         self._next_seq = max(seq, 0)
-        if rejoin:
-            self._ep.mark("rejoin")
+        self.register()
+
+    @property
+    def index(self) -> int:
+        return self.registration.index
+
+    def register(self) -> None:
+        """(Re-)publish this receiver's registration: the sender adds it at its next check."""
+        value = self._signer.registration(self.registration)
+        try:
+            self._ep.ctl.set(member_key(self.index), value)
+        except RuntimeError as exc:
+            raise SyncTransportError(f"sync store unreachable: {exc}") from exc
+
+    def leave(self) -> None:
+        """Deregister (a pod being deleted or scaled down): the sender drops this replica at its
+        next check instead of finding it unreachable. Best effort: the store may be gone."""
+        key = member_key(self.index)
+        with contextlib.suppress(RuntimeError, BadMessage):
+            current = self._signer.open_registration(self._ep.ctl.get(key), self.index)
+            if current.incarnation == self.registration.incarnation:  # not a successor's entry
+                self._ep.ctl.delete_key(key)
+        self.close()
 
     @property
     def generation(self) -> int:
@@ -88,16 +136,21 @@ class SyncReceiver:
             raise SyncError(f"ack() version {self._pending_version} before receiving the next one")
         ep = self._ep
         while True:
-            op, generation, seq = self._wait_announcement(timeout)
+            op, generation, seq, members = self._wait_announcement(timeout)
             if op == "close":
                 ep.drop()
                 with contextlib.suppress(RuntimeError):  # the sender may be gone already
                     ep.mark(f"closed/{seq}")
                 raise SyncClosed("sender closed the sync channel")
             if generation < self._min_generation:
-                continue  # formed before we joined; our rank there is a dead incarnation
+                continue  # one we failed in: the sender forms a new one for our rejoin request
+            try:
+                rank = members.index(self.registration.token) + 1
+            except ValueError:
+                ep.drop()  # a generation without us: whatever group we were in is over
+                continue
             if generation != ep.group.generation:
-                ep.form(generation)
+                ep.form(generation, rank, 1 + len(members))
             return self._receive_update(generation, seq)
 
     def ack(self, version: int, ok: bool = True, message: str = "") -> None:
@@ -178,7 +231,7 @@ class SyncReceiver:
         group (peers see a closed connection at once) and ask for a new generation."""
         log.error("refused sync operation %d: %s", seq, reason)
         with contextlib.suppress(RuntimeError):
-            self._ep.ctl.set(f"nack/{seq}/{self._ep.rank}", reason[:MAX_NACK_CHARS])
+            self._ep.ctl.set(f"nack/{seq}/{self.index}", reason[:MAX_NACK_CHARS])
         self._min_generation = max(self._min_generation, generation + 1)
         self._ep.drop()
         with contextlib.suppress(RuntimeError):
@@ -194,7 +247,7 @@ class SyncReceiver:
         with contextlib.suppress(RuntimeError):
             self._ep.mark("rejoin")
         raise SyncTransportError(
-            f"rank {self._ep.rank}: sync group generation {generation} failed: {exc}"
+            f"replica {self.index}: sync group generation {generation} failed: {exc}"
         ) from exc
 
     def _read_value(self, name: str) -> int:

@@ -34,10 +34,10 @@ from lorarl.trainer.critic import (
     critic_state_dict,
 )
 from lorarl.trainer.data import DataPosition, PromptDataset, PromptSampler, drop_long_prompts
-from lorarl.trainer.engine_gate import wait_for_synced_engines
 from lorarl.trainer.episodes import build_episode_runner
 from lorarl.trainer.eval import Evaluator, build_evaluator
 from lorarl.trainer.export import export_final
+from lorarl.trainer.fleet import Fleet
 from lorarl.trainer.logprobs import snapshot_lora
 from lorarl.trainer.model import apply_lora, load_base_model
 from lorarl.trainer.overlong import OverlongConfig
@@ -143,6 +143,7 @@ class Trainer:
         self.tracker: ProgressTracker | None = None
         self.server: ProgressServer | None = None
         self.publisher: WeightPublisher | None = None
+        self.fleet: Fleet | None = None  # rank 0 with sidecars: the live rollout replicas
         self.worker: RolloutWorker | None = None
         self.evaluator: Evaluator | None = None  # rank 0, when evals are on
         self.reward_client: RewardServiceClient | None = None
@@ -173,9 +174,11 @@ class Trainer:
                     "sidecars"
                 )
             self.publisher = WeightPublisher(
-                ep.sync_addr, ep.sync_port, ep.sync_world_size, spec.rollout.sync_mode,
-                backend=ep.sync_backend,
-            )  # fmt: skip
+                ep.sync_addr, ep.sync_port, spec.rollout.sync_mode, backend=ep.sync_backend
+            )
+            # Who receives each sync and who generates: the replicas registered now, not the
+            # ones in this env (docs/architecture.md#live-membership).
+            self.fleet = Fleet(self.publisher, self._http, initial_members=len(ep.rollout))
         sampling = train_sampling(spec, self.tokenizer.eos_token_id)
         ds, choices = spec.algorithm.dynamic_sampling, algorithm_choices(self.job)
         client = RolloutClient(
@@ -370,22 +373,34 @@ class Trainer:
 
     def _generate(self, position: DataPosition, step: int, version: int) -> Collected:
         """Samples for `step` from `position`, by weights `version` (what the engines serve)."""
-        self._engines_ready()
+        names = self._engines_ready()
         mode = self.job.spec.rollout.sync_mode
         name = adapter_name(version) if mode == "adapter" else SERVED_MODEL_NAME
-        return self.worker.collect(position, version, name, step=step)
+        client = self.worker.client
+        before = client.requests_by_endpoint()
+        collected = self.worker.collect(position, version, name, step=step)
+        sent = client.requests_by_endpoint()
+        collected.engine_requests = {
+            names.get(url, url): count - before.get(url, 0)
+            for url, count in sent.items()
+            if count > before.get(url, 0) or url in names
+        }
+        return collected
 
-    def _engines_ready(self) -> None:
-        """Route to the engines on the current weights; wait for the reward service once."""
-        ep = self.endpoints
-        if ep.sidecars:
-            ready = wait_for_synced_engines(ep.rollout, ep.sidecars, self._http)
-            self.worker.client.set_serving(ready)
+    def _engines_ready(self) -> dict[str, str]:
+        """Route to the engines on the current weights (engine URL -> replica name); wait for
+        the reward service once."""
+        if self.fleet is not None:
+            names = self.fleet.serving()  # brings joined replicas up to date first
+            self.worker.client.set_endpoints(list(names))
+        else:
+            names = {url: f"rollout-{i}" for i, url in enumerate(self.endpoints.rollout)}
         if self.reward_client is not None and not self._reward_ready:
             # A reward service started beside the trainer needs seconds to come up (Ray, then
             # Serve); the client's retries are for blips, not for start-up.
             wait_for_reward_service(self.reward_client, REWARD_READY_TIMEOUT_S)
             self._reward_ready = True
+        return names
 
     def _start_prefetch(self, position: DataPosition, step: int) -> None:
         """Generate `step`'s batch now, by the weights published before this step trains."""
@@ -407,5 +422,4 @@ class Trainer:
         tensors = gather_adapter(self.model)  # collective
         if not self.ctx.is_main:
             return None
-        self.publisher.service_rejoin()
-        return self.publisher.publish(self.model, tensors, self.state.version)
+        return self.fleet.publish(self.model, tensors, self.state.version)

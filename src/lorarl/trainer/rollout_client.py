@@ -156,6 +156,27 @@ class RolloutClient:
         for state in self._states:
             state.serving = state.url in urls
 
+    def set_endpoints(self, urls: Sequence[str]) -> None:
+        """Route requests to exactly these endpoints from now on (the live replicas on the
+        latest weights). New ones are added; dropped ones are kept, not serving, with their
+        counts, and serve again (cooldown cleared) if they come back."""
+        wanted = [_normalize_url(u) for u in urls]
+        known = {s.url: s for s in self._states}
+        for url in wanted:
+            if url not in known:
+                state = EndpointState(url)
+                self._states.append(state)
+                known[url] = state
+            elif not known[url].serving:
+                known[url].consecutive_failures, known[url].cooldown_until = 0, 0.0
+        for state in self._states:
+            state.serving = state.url in wanted
+
+    def requests_by_endpoint(self) -> dict[str, int]:
+        """Requests sent so far to each endpoint ever used (retries on another one count
+        there)."""
+        return {s.url: s.requests for s in self._states}
+
     def endpoint_stats(self) -> dict[str, dict[str, int]]:
         """Requests sent and failures seen per endpoint (for metrics)."""
         return {
@@ -194,8 +215,9 @@ class RolloutClient:
         # asyncio primitives bind to one loop; the sync wrappers run a fresh loop per call.
         loop = asyncio.get_running_loop()
         if self._sem_loop is not loop:
-            self._sem_loop = loop
-            self._sems = [asyncio.Semaphore(self.max_concurrency) for _ in self._states]
+            self._sem_loop, self._sems = loop, []
+        while len(self._sems) < len(self._states):  # endpoints added by set_endpoints
+            self._sems.append(asyncio.Semaphore(self.max_concurrency))
         return self._sems
 
     # ------------------------------------------------------------------ generation

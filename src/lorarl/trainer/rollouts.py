@@ -35,6 +35,7 @@ class Collected:
     rounds: int = 1
     truncated_fraction: float = 0.0  # of every sample generated this step
     episode_stats: dict[str, float] | None = None  # multi-turn only (episodes.episode_stats)
+    engine_requests: dict[str, int] | None = None  # replica name -> requests (set by the loop)
 
 
 @dataclass

@@ -66,6 +66,8 @@ def step_record(
         train_seconds=train_s,
         sync_seconds=sync.seconds if sync else None,
         sync_bytes=sync.bytes if sync else None,
+        sync_members=sync.members if sync else None,
+        engine_requests=collected.engine_requests,
         **{k: metrics[k] for k in _OPTIONAL if k in metrics},
         **(collected.episode_stats or {}),
     )

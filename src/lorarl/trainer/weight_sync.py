@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 
 import torch
 from peft import PeftModel
@@ -13,7 +14,7 @@ from lorarl.api.status import SyncStatus
 from lorarl.sync.buckets import SyncHeader
 from lorarl.sync.merge import lora_scaling
 from lorarl.sync.names import group_lora_pairs
-from lorarl.sync.transport import SyncResult, SyncSender
+from lorarl.sync.transport import Registration, SyncResult, SyncSender
 from lorarl.trainer.model import ADAPTER_NAME, lora_state_dict
 
 log = logging.getLogger(__name__)
@@ -24,13 +25,13 @@ class SyncFailed(RuntimeError):
 
 
 class WeightPublisher:
-    """Owned by rank 0. The group is formed lazily on first publish, so sidecars may start late."""
+    """Owned by rank 0: the sync sender and the header of each version. Which sidecars receive
+    it is the caller's choice (`trainer/fleet.py`: registered and reachable ones)."""
 
     def __init__(
         self,
         host: str,
         port: int,
-        world_size: int,
         mode: str,
         backend: str,
         timeout_s: float = 600.0,
@@ -38,12 +39,18 @@ class WeightPublisher:
     ):
         """`key`: the job's sync key; None reads LORARL_SYNC_KEY (missing: SyncKeyMissing)."""
         self.mode = mode
-        self._sender = SyncSender(
-            host, port, world_size, backend=backend, timeout=timeout_s, key=key
-        )
+        self._sender = SyncSender(host, port, backend=backend, timeout=timeout_s, key=key)
+
+    @property
+    def sender(self) -> SyncSender:
+        return self._sender
 
     def publish(
-        self, model: PeftModel, tensors: dict[str, torch.Tensor], version: int
+        self,
+        model: PeftModel,
+        tensors: dict[str, torch.Tensor],
+        version: int,
+        members: Sequence[Registration] | None = None,
     ) -> SyncStatus:
         config = model.peft_config[ADAPTER_NAME]
         header = SyncHeader(
@@ -56,7 +63,7 @@ class WeightPublisher:
             target_modules=tuple(sorted(group_lora_pairs(tensors))),
         )
         start = time.perf_counter()
-        result = self._sender.send(tensors, header)
+        result = self._sender.send(tensors, header, members)
         self._check(result)
         return SyncStatus(
             version=version,
@@ -64,14 +71,25 @@ class WeightPublisher:
             bytes=result.stats.bytes,
             mode=self.mode,
             time=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            members=len(result.acks),
         )
 
-    def service_rejoin(self) -> None:
-        """Bring a restarted sidecar back to the latest version without stopping training."""
-        result = self._sender.service_rejoin()
-        if result is not None:
-            log.info("re-synced version %d after a sidecar rejoined", result.version)
+    def catch_up(self, members: Sequence[Registration] | None = None) -> bool:
+        """Bring joined or restarted sidecars to the latest version without stopping training;
+        False (a no-op) when the membership is unchanged and nobody asked to rejoin."""
+        result = self._sender.catch_up(members)
+        if result is None:
+            return False
+        if result.acks:
+            log.info(
+                "re-sent version %d to %d sidecar(s) in generation %d",
+                result.version, len(result.acks), result.generation,
+            )  # fmt: skip
             self._check(result)
+        return True
+
+    def service_rejoin(self) -> None:
+        self.catch_up()
 
     def close(self) -> None:
         self._sender.close()

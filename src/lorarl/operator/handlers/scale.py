@@ -1,11 +1,11 @@
 """`spec.rollout.replicas` (also `kubectl scale lrj/x --replicas=N`): add or remove rollout pods
 live and re-render the job's config.
 
-The weight-sync group is formed once, at trainer start, with LORARL_SYNC_WORLD_SIZE = 1 + the
-rollout replicas. New rollout pods are rendered with the new world size and rank; existing pods
-and the trainer keep their env (pods are immutable). Live scaling therefore needs the trainer to
-re-form its sync group when the membership in its config file (`spec.rollout.replicas` in the
-mounted job.yaml) changes; until it does, new engines serve generation but receive no updates.
+Nothing running is touched: a rollout pod's env does not depend on the replica count. A new
+pod's sidecar registers in the trainer's sync store, and the trainer adds it to the sync group
+at its next step boundary, sending it the current adapter before any generation request; a
+removed pod deregisters on SIGTERM and leaves the group the same way
+(docs/architecture.md#live-membership).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ async def scaled(
         body,
         type="Normal",
         reason="Scaled",
-        message=f"rollout replicas {old} -> {new}; "
-        f"the sync group world size becomes {1 + int(new)}",
+        message=f"rollout replicas {old} -> {new}; the trainer picks up the change at its "
+        "next step",
     )
     await run(memo, body, job_pods, "scale")
