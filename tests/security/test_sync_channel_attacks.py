@@ -359,6 +359,14 @@ def test_forged_or_moved_registrations_never_join_the_group(channel) -> None:
     assert [m.index for m in sender.registered()] == [1, 2]
     assert sender.catch_up() is None  # nothing changed: no new generation for forgeries
     assert_serving(sender, sidecars, 2)
+    # A genuine entry overwritten (or deleted) is restored by its sidecar within seconds.
+    attacker.write("member/1", b"junk")
+    assert [m.index for m in sender.registered()] == [2]
+    deadline = time.monotonic() + 20
+    while [m.index for m in sender.registered()] != [1, 2]:
+        assert time.monotonic() < deadline, "the sidecar never re-registered"
+        time.sleep(0.1)
+    assert_serving(sender, sidecars, 3)
 
 
 # -- a restarted sidecar and poisoned keys -----------------------------------------------------

@@ -50,6 +50,7 @@ log = logging.getLogger("lorarl.sync")
 MAX_HEADER_BYTES = 16 * 1024 * 1024  # ~100x a 70B model's all-linear LoRA header
 MAX_NACK_CHARS = 300
 MAX_SCAN = 1_000_000  # announcements a receiver walks when the store's pointers are poisoned
+REGISTRATION_CHECK_S = 5.0
 SCAN_AHEAD = 16  # registration slots the sender reads past the highest index it has seen
 
 
@@ -101,6 +102,7 @@ class SyncReceiver:
         # so no generation formed before now can include it; the minimum only rises on failures.
         self._min_generation = 0
         self._next_seq = max(seq, 0)
+        self._next_registration_check = time.monotonic() + REGISTRATION_CHECK_S
         self.register()
 
     @property
@@ -114,6 +116,28 @@ class SyncReceiver:
             self._ep.ctl.set(member_key(self.index), value)
         except RuntimeError as exc:
             raise SyncTransportError(f"sync store unreachable: {exc}") from exc
+
+    def _keep_registered(self) -> None:
+        """Re-register if our entry is gone or is not ours (deleted or overwritten by someone
+        with store access): checked every few seconds while waiting for work."""
+        now = time.monotonic()
+        if now < self._next_registration_check:
+            return
+        self._next_registration_check = now + REGISTRATION_CHECK_S
+        key = member_key(self.index)
+        try:
+            raw = self._ep.ctl.get(key) if self._ep.ctl.check([key]) else None
+            if raw is not None and self._signer.open_registration(raw, self.index) == (
+                self.registration
+            ):
+                return
+        except BadMessage:
+            pass
+        except RuntimeError:
+            return  # the store is unreachable: the announcement wait reports it
+        log.warning("sync registration of replica %d was missing or altered; re-registering",
+                    self.index)  # fmt: skip
+        self.register()
 
     def leave(self) -> None:
         """Deregister (a pod being deleted or scaled down): the sender drops this replica at its
@@ -303,6 +327,7 @@ class SyncReceiver:
             if found is not None:
                 self._next_seq += 1
                 return found
+            self._keep_registered()
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError(f"no sync announcement within {timeout} s")
             time.sleep(delay)

@@ -6,28 +6,26 @@ not join it. So the sender hosts a `TCPStore` and each side builds a gloo/NCCL b
 touching the global default group.
 
 Control vs data: receivers wait for work on the *store* (an announcement key per operation), and
-only the payload moves through the group. A process group has a fixed membership, so a sidecar
-that restarts cannot re-enter the group its old incarnation was in. Instead every group has a
-*generation*: its rendezvous keys live under `gen<g>/`. A restarted receiver reads the newest
-formed generation, asks to rejoin (a fresh mark under `rejoin/<rank>`), and takes part only in
-announcements of a
-newer generation. The sender notices the request, announces a new generation, every receiver
-(healthy or restarted) builds the new group, and `service_rejoin()` re-sends the latest update so
-the newcomer catches up at once. A collective failure (peer died) drops the group on both sides;
-the next operation re-forms it. Re-forming waits until *all* `world_size` receivers join (gloo
-worlds are fixed), bounded by `timeout`; the operator's job is to restart the missing pod.
+only the payload moves through the group. Membership is live (docs/architecture.md#live-membership):
+each receiver registers at `ctl/member/<index>` with a fresh incarnation, and every group has a
+*generation* whose rendezvous keys live under `gen<g>/` and whose signed announcement lists its
+members (`index:incarnation`, rank = position + 1). The sender forms a new generation whenever the
+members it is given differ from the current group's, or a receiver whose group broke asks to
+rejoin (a fresh mark under `rejoin/<index>`); `catch_up()` then re-sends the latest update so a
+newcomer holds it at once. A collective failure (peer died) drops the group on both sides; the next
+operation re-forms it. Forming waits for every listed member, bounded by the formation timeout.
 
 Trust: the store has no access control, so every announcement, control value and header is
 signed with the job's key (`sync/auth.py`) and every bucket's SHA-256 is in the signed header. A
 store value that does not verify is logged and ignored (the genuine one may still come); a header
 that does not verify makes the receiver leave the group (it cannot follow the rest of the
-operation) and report why under `ctl/nack/<n>/<rank>`; a signed header whose layout or digests do
+operation) and report why under `ctl/nack/<n>/<index>`; a signed header whose layout or digests do
 not fit its buckets is nacked in-band. Nothing a peer sends crashes a receiver.
 
-Protocol of one operation n (announcement `ctl/announce/<n>` = signed {"op", "generation", "seq"}):
+Protocol of one operation n (`ctl/announce/<n>` = signed {"op", "generation", "seq", "members"}):
   sync:  [form group if new generation] -> broadcast header length (int64) -> MAC + header JSON
          (uint8) -> one broadcast per bucket (uint8) -> all_gather acks (fixed-size uint8).
-  close: receivers set `ctl/closed/<n>/<rank>` and stop.
+  close: receivers set `ctl/closed/<n>/<index>` and stop.
 
 Control marks (rejoin requests, close reports) are set, never incremented with `add`: the store
 server drops the connection of a client that increments a non-number, so a counter anyone can

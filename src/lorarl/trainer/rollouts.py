@@ -71,13 +71,13 @@ class RolloutWorker:
         while True:
             indices, position = self.sampler.next_batch(position)
             items = [self.dataset[i] for i in indices]
-            prompt_ids = encode_prompts(
-                self.tokenizer, [it.prompt for it in items], self.max_prompt_tokens,
-                chat_template_kwargs=self.dataset.chat_template_kwargs,
-            )  # fmt: skip
             t0 = time.perf_counter()
             params = self._params(step, len(all_rewards))
-            if self.episodes is None:
+            if self.episodes is None:  # an episode runner renders its own prompts
+                prompt_ids = encode_prompts(
+                    self.tokenizer, [it.prompt for it in items], self.max_prompt_tokens,
+                    chat_template_kwargs=self.dataset.chat_template_kwargs,
+                )  # fmt: skip
                 groups = self.client.generate(
                     prompt_ids, self.group_size, params, model=model_name, expected_version=version
                 )
