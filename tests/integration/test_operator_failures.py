@@ -49,9 +49,27 @@ def test_failed_rollout_pod_is_recreated_alone(shared: Cluster) -> None:
         "RolloutRestart",
         "rf-rollout-1 ended (Error, exit code 1): engine crashed; recreating it alone",
     )
-    # A rollout pod that disappears comes back too.
+    wait_for(lambda: shared.status("rf").get("rolloutRestarts") == 1)
+    # A rollout pod that disappears (a node gone, `kubectl delete`) comes back too: a
+    # preemption, counted apart from failures and never a trainer restart.
     shared.kube.emulator.delete("v1/pods", "default", "rf-rollout-0")
     wait_for(lambda: "rf-rollout-0" in shared.pods("rf"))
+    assert _uids(shared, "rf")["rf-trainer-0"] == before["rf-trainer-0"]
+    assert (
+        shared.wait_event(
+            "rf", "RolloutPreempted", "rf-rollout-0 is gone: it was deleted, not by lorarl"
+        )[0]
+        == "Normal"
+    )
+    wait_for(lambda: shared.status("rf").get("rolloutPreemptions") == 1)
+    # Evicted by its node: recreated alone with a Normal event, counted once.
+    evicted = _uids(shared, "rf")["rf-rollout-1"]
+    shared.kube.set_pod_phase("default", "rf-rollout-1", "Failed", exit_code=143, reason="Evicted")
+    wait_for(lambda: _uids(shared, "rf").get("rf-rollout-1") not in (None, evicted))
+    shared.wait_event("rf", "RolloutPreempted", "rf-rollout-1 was preempted (Evicted)")
+    wait_for(lambda: shared.status("rf").get("rolloutPreemptions") == 2)
+    status = shared.status("rf")
+    assert (status["restarts"], status["rolloutRestarts"]) == (0, 1)
     assert _uids(shared, "rf")["rf-trainer-0"] == before["rf-trainer-0"]
 
 

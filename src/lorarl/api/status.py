@@ -158,6 +158,19 @@ class LoRARLJobStatus(ReportModel):
         default=None, description="The eval before training (training.evalBeforeTrain)."
     )
     restarts: int = Field(default=0, ge=0, description="Trainer group restarts so far.")
+    rollout_restarts: int = Field(
+        default=0,
+        ge=0,
+        description="Rollout pods recreated after they failed or ended (not preempted); never "
+        "counted against runPolicy.backoffLimit.",
+    )
+    rollout_preemptions: int = Field(
+        default=0,
+        ge=0,
+        description="Rollout pods recreated after their node took them away (spot preemption, "
+        "node shutdown or loss, eviction, or a deletion the operator did not make); never "
+        "counted against runPolicy.backoffLimit.",
+    )
     start_time: str | None = Field(
         default=None, description="When the job was first admitted (not suspended or queued)."
     )

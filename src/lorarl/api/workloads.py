@@ -308,6 +308,13 @@ class RolloutSpec(PodTemplateFields):
         "model, served name, logprob mode, LoRA serving, and those mirroring spec fields such as "
         "--dtype or --seed) cannot be overridden, nor abbreviated, and --config is refused.",
     )
+    preemptible: bool = Field(
+        default=False,
+        description="Rollout pods may run on spot/preemptible nodes: they tolerate the GKE and "
+        "AKS spot taints (added to tolerations) and carry the label lorarl.dev/preemptible; "
+        "nodeSelector picks the pool. A preempted pod is recreated alone (the trainer keeps "
+        "going) and counted in status.rolloutPreemptions, never against backoffLimit.",
+    )
 
     _rules = enforce(*_ROLLOUT_RULES)
 

@@ -26,6 +26,7 @@ CLUSTER_ONLY: tuple[str, ...] = (
     "rollout.resources",
     "rollout.nodeSelector",
     "rollout.tolerations",
+    "rollout.preemptible",
     "reward.service.resources",
     "model.volume",
     "data.volume",

@@ -177,6 +177,7 @@ def pod(plan: JobPlan, job: LoRARLJob, role: str, index: int, *, attempt: int = 
     replica = role_plan.replicas[index]
     labels = {
         **plan.labels,
+        **role_plan.labels,
         ROLE_LABEL: role,
         INDEX_LABEL: str(index),
         ATTEMPT_LABEL: str(attempt),

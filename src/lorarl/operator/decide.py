@@ -28,6 +28,13 @@ from lorarl.operator.status import (
 TERMINAL = ("Succeeded", "Failed")
 FINISHED_POD = ("Succeeded", "Failed")
 RECREATED_ALONE = ("rollout", "reward")  # a dead one is replaced; the trainer keeps going
+# Pod status reasons of a pod its node ended rather than its own process: spot/preemptible
+# capacity reclaimed (a graceful node shutdown leaves Terminated, older kubelets Shutdown; a pod
+# refused by a node shutting down NodeShutdown), kubelet and API evictions (Evicted), kubelet
+# preemption for a critical pod (Preempting), an unreachable node (NodeLost).
+PREEMPTED_REASONS = frozenset(
+    ("Preempted", "Preempting", "Shutdown", "Terminated", "NodeShutdown", "NodeLost", "Evicted")
+)
 
 
 @dataclass(frozen=True)
@@ -39,6 +46,9 @@ class Observed:
     pods: Sequence[PodView]
     now: dt.datetime
     progress: Progress | None = None
+    # Pods that vanished since the last pass without the operator deleting them (a node that
+    # went away, a spot preemption, `kubectl delete`): the pod watch's DELETED events.
+    lost: Sequence[PodView] = ()
 
 
 @dataclass(frozen=True)
@@ -242,10 +252,32 @@ def decide(obs: Observed) -> Decision:
             p.delete([x])  # scaled down
         elif x.phase in FINISHED_POD:
             p.delete([x])
+            if x.role == "rollout" and preempted(x):
+                st.rollout_preemptions += 1
+                p.event(
+                    "Normal",
+                    "RolloutPreempted",
+                    f"rollout pod {x.name} was preempted ({_preemption(x)}); recreating it "
+                    "alone, the trainer keeps going",
+                )
+                continue
+            st.rollout_restarts += x.role == "rollout"
             p.event(
                 "Warning",
                 "RolloutRestart",
                 f"{_failure_detail(x, 'ended')}; recreating it alone, the trainer keeps going",
+            )
+    # Never counted against backoffLimit: that budget is the trainer group's.
+    for x in obs.lost:
+        if x.role == "rollout" and x.index < obs.replicas.get("rollout", 0):
+            st.rollout_preemptions += 1
+            why = _preemption(x)
+            how = f"its node took it away ({why})" if why else "it was deleted, not by lorarl"
+            p.event(
+                "Normal",
+                "RolloutPreempted",
+                f"rollout pod {x.name} is gone: {how}; recreating it alone, the trainer keeps "
+                "going",
             )
 
     occupied = {x.name for x in obs.pods if x.name not in p.d.delete}
@@ -302,6 +334,18 @@ def decide(obs: Observed) -> Decision:
     p.set_phase(phase, messages[phase])
     p.count_rollouts(extra=sum(r == "rollout" for r, _ in p.d.create))
     return p.d
+
+
+def preempted(pod: PodView) -> bool:
+    """Whether a finished pod was ended by its node (spot reclaim, shutdown, eviction) rather
+    than by its own containers failing."""
+    return bool(pod.disruption) or bool({pod.pod_reason, pod.reason} & PREEMPTED_REASONS)
+
+
+def _preemption(pod: PodView) -> str:
+    """Why the node ended it, in Kubernetes' words ("" when nothing says)."""
+    named = [r for r in (pod.pod_reason, pod.reason) if r in PREEMPTED_REASONS]
+    return ", ".join(dict.fromkeys([*([pod.disruption] if pod.disruption else []), *named]))
 
 
 def _admitted(obs: Observed, live: Sequence[PodView]) -> bool:

@@ -38,6 +38,9 @@ from lorarl.plan import JobPlan
 log = logging.getLogger("lorarl.operator")
 Key = tuple[str, str]
 LAG = 30.0  # seconds after which the pod index is trusted over our own memory
+# How long a pod this operator deleted is remembered as its own: its DELETED event (after a
+# grace period of up to terminationGracePeriodSeconds) must not read as a preemption.
+OWN_DELETES = 600.0
 # A burst of pod events for one job (three pods created, then scheduled, then running) becomes
 # one pass: the first event waits this long, later ones join it.
 DEBOUNCE = 0.2
@@ -62,6 +65,17 @@ class JobState:
     # Pod events not yet reconciled: the newest pod list, and whether a pass is already waiting.
     pending: list[PodView] | None = None
     poking: bool = False
+    # Pods this operator deleted (uid -> when), and rollout pods that vanished without it (uid
+    # -> last view): the next pass recreates and counts those (status.rolloutPreemptions).
+    own_deletes: dict[str, float] = field(default_factory=dict)
+    lost: dict[str, PodView] = field(default_factory=dict)
+
+    def pod_gone(self, view: PodView, now: float) -> None:
+        """A pod of the job was deleted: remember it as lost unless this operator deleted it
+        (or it was counted already: a watch may repeat a DELETED event)."""
+        self.own_deletes = {u: t for u, t in self.own_deletes.items() if now - t < OWN_DELETES}
+        if view.uid and view.uid not in self.own_deletes:
+            self.lost[view.uid] = view
 
     def observe(self, pods: list[PodView], now: float) -> list[PodView]:
         """The index, corrected for writes it has not caught up with: a pass right after a
@@ -111,6 +125,12 @@ class Reconciler:
         if state.phase is None:
             state.phase = (body.get("status") or {}).get("phase")
         return state
+
+    def pod_gone(self, namespace: str, name: str, view: PodView) -> None:
+        """The pod watch saw one of the job's pods deleted (see `JobState.pod_gone`)."""
+        state = self.jobs.get((namespace, name))
+        if state is not None:
+            state.pod_gone(view, time.monotonic())
 
     def forget(self, namespace: str, name: str) -> None:
         self.jobs.pop((namespace, name), None)
@@ -200,8 +220,10 @@ class Reconciler:
                 pods=pods,
                 now=dt.datetime.now(dt.timezone.utc),
                 progress=state.progress,
+                lost=list(state.lost.values()),
             )
         )
+        counted = set(state.lost)
         try:
             await self._act(state, job, job_plan, decision, pods)
         except KubeError as exc:
@@ -210,6 +232,10 @@ class Reconciler:
             return None
         if decision.status != previous:
             await self._write_status(state, decision.status)
+        now = time.monotonic()
+        for uid in counted:  # counted once: a repeated DELETED event finds it here
+            state.lost.pop(uid, None)
+            state.own_deletes[uid] = now
         for ev in decision.events:
             kopf.event(body, type=ev.type, reason=ev.reason, message=ev.message)
         if decision.restarted and self.metrics:
@@ -277,6 +303,8 @@ class Reconciler:
     ) -> None:
         uids = {p.name: p.uid for p in pods}
         for name in decision.delete:
+            if uids.get(name):  # before the call: its DELETED event may come before the reply
+                state.own_deletes[uids[name]] = time.monotonic()
             await self.kube.delete(path("v1", "pods", job.namespace, name), what=f"pod {name}")
             if uids.get(name):
                 state.deleted[uids[name]] = time.monotonic()

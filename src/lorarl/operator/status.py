@@ -35,6 +35,11 @@ class PodView:
     exit_code: int | None = None
     uid: str = ""
     gated: bool = False  # held by a scheduling gate (e.g. Kueue's, until the job is admitted)
+    # The pod's own status.reason (Evicted, Terminated at a node shutdown...), which `reason`
+    # hides behind a failed container's, and the reason of a True DisruptionTarget condition
+    # (PreemptionByScheduler, DeletionByTaintManager, TerminationByKubelet, DeletionByPodGC...).
+    pod_reason: str = ""
+    disruption: str = ""
 
     @property
     def running(self) -> bool:
@@ -65,7 +70,22 @@ def pod_view(pod: Mapping[str, Any]) -> PodView | None:
         exit_code=exit_code,
         uid=meta.get("uid", ""),
         gated=bool((pod.get("spec") or {}).get("schedulingGates")),
+        pod_reason=str(status.get("reason") or ""),
+        disruption=_disruption(status),
     )
+
+
+def _disruption(status: Mapping[str, Any]) -> str:
+    """The reason of the pod's True DisruptionTarget condition (Kubernetes 1.26+ sets it when a
+    node, the scheduler or an eviction is about to end the pod), else ""."""
+    for cond in status.get("conditions") or []:
+        if (
+            isinstance(cond, Mapping)
+            and cond.get("type") == "DisruptionTarget"
+            and cond.get("status") == "True"
+        ):
+            return str(cond.get("reason") or "DisruptionTarget")
+    return ""
 
 
 def termination(status: Mapping[str, Any]) -> tuple[str, str, int | None]:

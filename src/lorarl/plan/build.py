@@ -19,6 +19,7 @@ from lorarl.plan.model import (
     SyncPlan,
     VolumePlan,
 )
+from lorarl.plan.preemptible import rollout_labels, rollout_tolerations
 
 CONFIG_DIR = "/etc/lorarl"
 CONFIG_FILE = "job.yaml"
@@ -239,7 +240,8 @@ def _rollout_role(job, addressing, common, sync_env):
         replicas=replicas,
         volumes=_volumes(job, "rollout"),
         node_selector=r.node_selector,
-        tolerations=r.tolerations,
+        tolerations=rollout_tolerations(r),  # spec.rollout.preemptible adds the spot ones
+        labels=rollout_labels(r),
         gpus_per_replica=r.gpus_per_replica,
     )
 

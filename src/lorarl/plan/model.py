@@ -50,6 +50,9 @@ class RolePlan(ApiModel):
     volumes: list[VolumePlan] = Field(default_factory=list)
     node_selector: dict[str, str] = Field(default_factory=dict)
     tolerations: list[Toleration] = Field(default_factory=list)
+    labels: dict[str, str] = Field(
+        default_factory=dict, description="Pod labels of this role beyond the job's own."
+    )
     gpus_per_replica: int = 0
 
 

@@ -31,9 +31,15 @@ async def pod_changed(
     memo: kopf.Memo,
     job_pods: Any,
     logger: logging.Logger,
+    type: str | None = None,  # kopf's name for the watch event type
+    body: kopf.Body | None = None,
     **_: Any,
 ) -> None:
     job = labels[JOB_LABEL]
+    if type == "DELETED" and body is not None:  # a preemption unless the operator deleted it
+        view = pod_view(body)
+        if view is not None:
+            reconciler(memo).pod_gone(namespace, job, view)
     try:
         await reconciler(memo).poke(namespace, job, pods_of(job_pods, namespace, job), "pod")
     except KubeError as exc:  # events are not retried; the timer's next pass is

@@ -1,0 +1,65 @@
+"""spec.rollout.preemptible: what lets rollout pods run on spot/preemptible nodes.
+
+Only rollout pods: an engine that disappears costs its in-flight requests (retried on another
+engine) and a fresh pod, while a lost trainer rank restarts the whole group from its last
+checkpoint. The tolerations let a pod onto a spot pool; they do not send it there: the user's
+rollout.nodeSelector picks the pool (docs/spec-fields.md lists one selector per cloud).
+"""
+
+from __future__ import annotations
+
+from lorarl.api.k8s import Toleration
+from lorarl.api.workloads import RolloutSpec
+
+PREEMPTIBLE_LABEL = "lorarl.dev/preemptible"
+
+# The taints the managed clouds put on their spot nodes, each matched exactly (key, value,
+# effect), so a pod tolerates nothing else on those nodes:
+SPOT_TOLERATIONS = (
+    # GKE Standard spot node pools ("Spot VMs" how-to, Taints and tolerations): the node taint
+    # cloud.google.com/gke-spot="true":NoSchedule, with the node label of the same name.
+    Toleration(
+        key="cloud.google.com/gke-spot", operator="Equal", value="true", effect="NoSchedule"
+    ),
+    # GKE preemptible VMs (the predecessor of Spot VMs, "Preemptible VMs" how-to):
+    # cloud.google.com/gke-preemptible="true":NoSchedule.
+    Toleration(
+        key="cloud.google.com/gke-preemptible", operator="Equal", value="true", effect="NoSchedule"
+    ),
+    # AKS spot node pools ("Add an Azure Spot node pool"): every node of a `--priority Spot`
+    # pool has the taint kubernetes.azure.com/scalesetpriority=spot:NoSchedule and the label
+    # kubernetes.azure.com/scalesetpriority=spot.
+    Toleration(
+        key="kubernetes.azure.com/scalesetpriority",
+        operator="Equal",
+        value="spot",
+        effect="NoSchedule",
+    ),
+)
+# EKS managed spot node groups and Karpenter taint nothing by default (their nodes carry the
+# labels eks.amazonaws.com/capacityType=SPOT and karpenter.sh/capacity-type=spot): a
+# nodeSelector alone places the pods there, and a custom taint goes in rollout.tolerations.
+
+
+def _key(t: Toleration) -> tuple:
+    """Two tolerations that tolerate the same taints (Equal is the default operator)."""
+    return (t.key, t.operator or "Equal", t.value, t.effect, t.toleration_seconds)
+
+
+def rollout_tolerations(rollout: RolloutSpec) -> list[Toleration]:
+    """The user's tolerations, then (with preemptible) the spot ones not already among them."""
+    out = list(rollout.tolerations)
+    if not rollout.preemptible:
+        return out
+    seen = {_key(t) for t in out}
+    for t in SPOT_TOLERATIONS:
+        if _key(t) not in seen:
+            out.append(t)
+            seen.add(_key(t))
+    return out
+
+
+def rollout_labels(rollout: RolloutSpec) -> dict[str, str]:
+    """Pod labels of a rollout pod: the preemptible mark, so users and the chaos tooling can
+    select the pods that may vanish (`kubectl get pods -l lorarl.dev/preemptible=true`)."""
+    return {PREEMPTIBLE_LABEL: "true"} if rollout.preemptible else {}
