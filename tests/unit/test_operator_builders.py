@@ -93,6 +93,8 @@ def test_pods_are_hardened_and_addressable() -> None:
         "seccompProfile": {"type": "RuntimeDefault"},
     }
     assert spec["restartPolicy"] == "Never" and spec["automountServiceAccountToken"] is False
+    rollout = builders.pod(p, j, "rollout", 1)["spec"]
+    assert rollout["restartPolicy"] == "Always"  # a crashed engine or sidecar restarts in place
     for c in [*spec["containers"], *builders.pod(p, j, "rollout", 1)["spec"]["containers"]]:
         assert c["securityContext"] == {
             "allowPrivilegeEscalation": False,

@@ -187,7 +187,12 @@ def pod(plan: JobPlan, job: LoRARLJob, role: str, index: int, *, attempt: int = 
     spec: Obj = {
         "hostname": replica.name,
         "subdomain": plan.service_name,
-        "restartPolicy": "Never",  # the operator decides: recreate a rollout, restart the group
+        # A trainer rank that dies takes its group down and the operator restarts the group
+        # from a checkpoint: Never. A rollout pod holds two processes that outlive each other's
+        # crashes (the sidecar re-applies the weights to a restarted engine, a restarted sidecar
+        # re-registers), so the kubelet restarts a crashed one in place: Always. With Never the
+        # pod would stay Running with a dead engine or sidecar, and nothing would replace it.
+        "restartPolicy": "Always" if role == "rollout" else "Never",
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
         "securityContext": {
