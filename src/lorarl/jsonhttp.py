@@ -17,10 +17,11 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-Route = Callable[[], tuple[int, Any]]  # () -> (status code, JSON body)
+Route = Callable[[], tuple[int, Any]]  # () -> (status code, JSON body or a RawBody)
 REQUEST_TIMEOUT_S = 5.0
 MAX_REQUEST_BYTES = 16 * 1024
 MAX_CONNECTIONS = 64
@@ -28,6 +29,14 @@ MAX_CONNECTIONS = 64
 
 class _RequestTooLarge(Exception):
     pass
+
+
+@dataclass(frozen=True)
+class RawBody:
+    """A reply that is not JSON (the trainer's Prometheus /metrics text), sent as is."""
+
+    data: bytes
+    content_type: str
 
 
 class _DeadlineReader(io.RawIOBase):
@@ -107,10 +116,11 @@ class JsonHttpServer:
             def do_GET(self) -> None:
                 route = routes.get(self.path.split("?", 1)[0])
                 code, body = route() if route else (404, {"detail": "unknown path"})
-                data = json.dumps(body).encode()
+                raw = isinstance(body, RawBody)
+                data = body.data if raw else json.dumps(body).encode()
                 self.connection.settimeout(request_timeout)  # total, for the whole sendall
                 self.send_response(code)
-                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Type", body.content_type if raw else "application/json")
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)

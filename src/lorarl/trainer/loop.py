@@ -184,6 +184,7 @@ class Trainer:
         client = RolloutClient(
             ep.rollout, spec.rollout.engine, model_name=SERVED_MODEL_NAME, api_key=ep.engine_api_key
         )
+        self.tracker.watch_engines(client.endpoint_stats)  # the backlog gauges of GET /metrics
         episodes = build_episode_runner(self.job, self.tokenizer, client)  # spec.environment
         self.worker = RolloutWorker(
             dataset=self.dataset,

@@ -1,9 +1,10 @@
-"""Rank 0's progress: `GET /progress`, `GET /progress/history`, one JSON log line per step, and
-the same on disk (`progress.json`, `history.jsonl` in the output dir) so a finished run can still
-be shown. Every step's record also goes to the job's experiment trackers (`tracking.Fanout`), and
+"""Rank 0's progress: `GET /progress`, `GET /progress/history`, `GET /metrics` (Prometheus,
+`trainer/metrics.py`), one JSON log line per step, and the same on disk (`progress.json`,
+`history.jsonl` in the output dir) so a finished run can still be shown. Every step's record
+also goes to the job's experiment trackers (`tracking.Fanout`), and
 sample completions to `samples.jsonl` and the trackers.
 
-A stdlib HTTP server on purpose: the trainer image should not need a web framework for four
+A stdlib HTTP server on purpose: the trainer image should not need a web framework for a few
 read-only routes.
 """
 
@@ -33,7 +34,8 @@ from lorarl.api.samples import (
     trim_samples,
 )
 from lorarl.api.status import CheckpointStatus, EvalRecord, SyncStatus
-from lorarl.jsonhttp import JsonHttpServer
+from lorarl.jsonhttp import JsonHttpServer, RawBody
+from lorarl.trainer import metrics
 from lorarl.trainer.tracking import Fanout, flatten
 
 log = logging.getLogger(__name__)
@@ -53,6 +55,8 @@ class ProgressTracker:
         self.history: list[StepRecord] = []
         self.tracking: Fanout | None = None  # rank 0's experiment trackers (spec.logging)
         self.samples: list[dict[str, Any]] = []  # the newest sample completions, served
+        self.load: metrics.EngineLoad | None = None  # the rollout backlog, once watched
+        self.last: metrics.LastStep | None = None  # the newest step, as the gauges show it
         self.progress = Progress(
             job=job, phase="Starting", total_steps=total_steps, started_at=time.time()
         )
@@ -74,10 +78,23 @@ class ProgressTracker:
             self.progress.latest = kept[-1] if kept else None
             self.progress.baseline_eval = baseline
             self.progress.eval = evals[-1] if evals else baseline
+            self.last = metrics.last_step(kept[-1], None) if kept else None
         self._write_files(rewrite_history=True)
 
-    def record(self, record: StepRecord, sync: SyncStatus | None) -> None:
+    def watch_engines(self, stats: metrics.EngineStats) -> None:
+        """Sample the rollout client's backlog for /metrics (`RolloutClient.endpoint_stats`)."""
+        if self.load is None:
+            self.load = metrics.EngineLoad(stats).start()
+
+    def metrics_text(self) -> bytes:
         with self._lock:
+            step, last = self.progress.step, self.last
+        return metrics.render(self.progress.job, step, last, self.load)
+
+    def record(self, record: StepRecord, sync: SyncStatus | None) -> None:
+        last = metrics.last_step(record, self.load)  # closes the step's backlog window
+        with self._lock:
+            self.last = last
             self.history.append(record)
             self.progress.phase = "Running"
             self.progress.step = record.step
@@ -120,6 +137,8 @@ class ProgressTracker:
         self._write_files()
 
     def finish(self, phase: str, message: str = "", adapter_path: str | None = None) -> None:
+        if self.load is not None:
+            self.load.stop()
         with self._lock:
             self.progress.phase = phase
             self.progress.message = message
@@ -182,6 +201,9 @@ class ProgressServer(JsonHttpServer):
             "/progress/history": lambda: (200, tracker.snapshot()[1]),
             "/progress/samples": lambda: (200, tracker.samples_wire()),
             "/healthz": lambda: (200, {"ok": True}),
+            # Unauthenticated like the routes above: the job's NetworkPolicy admits the progress
+            # port from the job's own pods and the operator's only (docs: autoscaling).
+            "/metrics": lambda: (200, RawBody(tracker.metrics_text(), metrics.CONTENT_TYPE)),
         }
         super().__init__(routes, port, host)
 
