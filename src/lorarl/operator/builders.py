@@ -37,6 +37,10 @@ COSCHEDULING_GROUP = "scheduling.x-k8s.io/pod-group"
 VOLCANO_GROUP = "scheduling.k8s.io/group-name"
 VOLCANO_SCHEDULER = "volcano"
 PROGRESS_PORT = "progress"
+# The common Prometheus pod-annotation convention (the community chart's kubernetes-pods job):
+# set on the pod that serves the trainer's GET /metrics (rank 0). A scraper still needs the
+# NetworkPolicy to admit it (examples/autoscaling/prometheus.yaml).
+SCRAPE_ANNOTATIONS = ("prometheus.io/scrape", "prometheus.io/port", "prometheus.io/path")
 OPERATOR_COMPONENTS = ("operator", "status-api")
 
 
@@ -183,6 +187,13 @@ def pod(plan: JobPlan, job: LoRARLJob, role: str, index: int, *, attempt: int = 
         ATTEMPT_LABEL: str(attempt),
     }
     annotations: dict[str, str] = {}
+    progress = next(
+        (c.ports[PROGRESS_PORT] for c in replica.containers if PROGRESS_PORT in c.ports), None
+    )
+    if progress is not None:
+        annotations |= dict(
+            zip(SCRAPE_ANNOTATIONS, ("true", str(progress), "/metrics"), strict=True)
+        )
     sched = job.spec.scheduling
     spec: Obj = {
         "hostname": replica.name,
