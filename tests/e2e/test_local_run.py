@@ -107,15 +107,31 @@ def test_quickstart_merged_survives_an_engine_kill(tmp_path: Path, engine_python
             time.sleep(0.5)
         first_pid = engine.pid
         os.killpg(first_pid, signal.SIGKILL)
+        # The other replica's sidecar is killed outright too: it restarts, re-registers and the
+        # trainer brings it to the latest version, without a trainer restart.
+        sidecar = next(c for c in run.children if c.name == "quickstart-rollout-1-sidecar")
+        while (p := run.progress()) is None or p.step < 6:
+            assert run.trainer.poll() is None, run.trainer.tail()
+            assert time.monotonic() < deadline
+            time.sleep(0.5)
+        os.killpg(sidecar.pid, signal.SIGKILL)
         result = run.wait(timeout_s=900)
         children = [c.pid for c in run.children]
     assert engine.restarts == 1 and engine.pid != first_pid
+    assert sidecar.restarts == 1
     sidecar_log = (run.run_dir / "logs" / "quickstart-rollout-0-sidecar.log").read_text()
     assert "engine down: v" in sidecar_log  # updates while it was down were kept...
     assert "engine restarted; re-applied" in sidecar_log  # ...and delivered when it came back
     trainer_log = (run.run_dir / "logs" / "quickstart-trainer-0-trainer.log").read_text()
     assert "generating on 1 of 2 engines" in trainer_log
+    assert "re-sent version" in trainer_log  # the restarted sidecar was caught up
     check_finished_run(run, result, steps=60)
+    history = [
+        json.loads(line) for line in (run.run_dir / "history.jsonl").read_text().splitlines()
+    ]
+    last = history[-1]
+    assert set(last["engineRequests"]) == {"rollout-0", "rollout-1"}, last["engineRequests"]
+    assert all(n > 0 for n in last["engineRequests"].values()) and last["syncMembers"] == 2
     assert all(gone(pid) for pid in [*children, first_pid]), "a child outlived the run"
 
 

@@ -2,8 +2,10 @@
 
 The same JobPlan the operator turns into pods, with loopback addressing: every engine, sidecar,
 trainer rank (under torchrun) and reward server is a child process with its own log under the run
-directory. Engines that die are restarted (their sidecar re-applies the latest version); any other
-child that dies fails the run with its last log lines. Every child is stopped when the run ends.
+directory. Engines and sidecars that die are restarted, like a rollout pod's containers (the
+sidecar re-applies the latest version to a restarted engine; a restarted sidecar re-registers and
+the trainer brings it up to date); any other child that dies fails the run with its last log
+lines. Every child is stopped when the run ends.
 """
 
 from __future__ import annotations
@@ -170,7 +172,7 @@ class LocalRun:
             argv=argv,
             env=env,
             log_path=self.run_dir / "logs" / f"{name}.log",
-            restartable=container.name == "engine",
+            restartable=container.name in ("engine", "sidecar"),
         )
 
     def _no_gpus(self, replica: ReplicaPlan) -> bool:

@@ -162,8 +162,8 @@ class Fleet:
             }
             if ready:
                 if len(ready) < len(members):
-                    log.info("generating on %d of %d rollout replicas (others catching up)",
-                             len(ready), len(members))  # fmt: skip
+                    log.warning("generating on %d of %d engines (others catching up)",
+                                len(ready), len(members))  # fmt: skip
                 return ready
             if time.monotonic() > deadline:
                 raise NoEngineReady(

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .api import Api
+from .api import Api, NotFound
 from .dns import ClusterDns
 from .gc import collect_garbage
 from .network import (
@@ -240,7 +240,10 @@ class Kubelet:
             return
         meta = run_.pod["metadata"]
         path = f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}/status"
-        live = self.api.get(f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}")
+        try:
+            live = self.api.get(f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}")
+        except NotFound:
+            return  # deleted since this pass listed it: the watch tears it down
         if live["metadata"]["uid"] != run_.uid:
             return  # a newer pod of the same name; ours is gone
         if self.api.patch(path, {"status": status}) is not None:
