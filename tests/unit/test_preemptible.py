@@ -74,6 +74,16 @@ def test_spot_tolerations_merge_with_the_users_without_duplicates() -> None:
     assert spec["tolerations"] == mine + SPOT[1:]  # the user's first, each taint once
     assert spec["nodeSelector"] == selector  # the user's selector picks the spot pool
     assert _pods({"tolerations": mine}, reward=False)["rollout-0"]["spec"]["tolerations"] == mine
+    # a toleration that already covers a spot taint (Exists on its key, any effect) counts too
+    exists = [{"key": "kubernetes.azure.com/scalesetpriority", "operator": "Exists"}]
+    spec = _pods({"preemptible": True, "tolerations": exists}, reward=False)["rollout-0"]["spec"]
+    assert spec["tolerations"] == exists + SPOT[:2]
+    other_effect = [{**SPOT[0], "effect": "NoExecute"}]  # tolerates a different taint
+    spec = _pods({"preemptible": True, "tolerations": other_effect})["rollout-0"]["spec"]
+    assert spec["tolerations"] == other_effect + SPOT
+    everything = [{"operator": "Exists"}]  # tolerates every taint: nothing to add
+    spec = _pods({"preemptible": True, "tolerations": everything})["rollout-0"]["spec"]
+    assert spec["tolerations"] == everything
 
 
 def test_preemptible_must_be_a_boolean() -> None:

@@ -41,21 +41,21 @@ SPOT_TOLERATIONS = (
 # nodeSelector alone places the pods there, and a custom taint goes in rollout.tolerations.
 
 
-def _key(t: Toleration) -> tuple:
-    """Two tolerations that tolerate the same taints (Equal is the default operator)."""
-    return (t.key, t.operator or "Equal", t.value, t.effect, t.toleration_seconds)
+def _covers(mine: Toleration, spot: Toleration) -> bool:
+    """Whether the user's toleration already tolerates that spot taint (Kubernetes' matching:
+    Exists with no key tolerates every taint, no effect matches every effect)."""
+    if mine.effect is not None and mine.effect != spot.effect:
+        return False
+    if (mine.operator or "Equal") == "Exists":
+        return mine.key is None or mine.key == spot.key
+    return mine.key == spot.key and (mine.value or "") == spot.value
 
 
 def rollout_tolerations(rollout: RolloutSpec) -> list[Toleration]:
-    """The user's tolerations, then (with preemptible) the spot ones not already among them."""
+    """The user's tolerations, then (with preemptible) each spot one none of them covers."""
     out = list(rollout.tolerations)
-    if not rollout.preemptible:
-        return out
-    seen = {_key(t) for t in out}
-    for t in SPOT_TOLERATIONS:
-        if _key(t) not in seen:
-            out.append(t)
-            seen.add(_key(t))
+    if rollout.preemptible:
+        out += [t for t in SPOT_TOLERATIONS if not any(_covers(m, t) for m in rollout.tolerations)]
     return out
 
 
