@@ -171,7 +171,31 @@ def render_vs_trl(doc: dict[str, Any]) -> str:
                         *(["Notes:\n\n" + "\n".join(extra)] if extra else [])])  # fmt: skip
 
 
-RENDERERS = {"vs_trl": render_vs_trl}
+CHAOS_COLUMNS = (
+    "fault", "runs", "succeeded", "steps_lost_max", "trainer_restarts", "checkpoints_bad",
+    "duplicate_children", "engines_on_latest", "reward_continues", "seconds_to_recover_p50",
+    "seconds_to_recover_p95", "seconds_to_next_step_p50", "seconds_to_next_step_p95", "passed",
+)  # fmt: skip
+
+
+def render_chaos(doc: dict[str, Any]) -> str:
+    """One row per fault with issue #17's figures; what each fault was, and what failed."""
+    faults = doc["faults"]
+    rows = table(list(CHAOS_COLUMNS), ([f.get(c) for c in CHAOS_COLUMNS] for f in faults))
+    what = "\n".join(f"- `{f['fault']}`: {f['what']}" for f in faults)
+    problems = "\n".join(
+        f"- `{f['fault']}`: {'; '.join(f['acceptance_problems'])}"
+        for f in faults
+        if f.get("acceptance_problems")
+    )
+    parts = [f"{doc['injections_per_fault']} injections per fault, seed {doc['seed']}, "
+             f"{fmt(doc['seconds'])} s in all. {doc['job']}.", rows, what]  # fmt: skip
+    if problems:
+        parts.append("Acceptance problems:\n\n" + problems)
+    return "\n\n".join([*parts, doc["notes"]])
+
+
+RENDERERS = {"vs_trl": render_vs_trl, "chaos": render_chaos}
 
 
 def render_file(path: Path) -> str:

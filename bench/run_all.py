@@ -26,8 +26,10 @@ BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
 BENCHMARKS = (
     "trainer_step", "sync", "reward_service", "operator_scale", "operator_steady", "vs_trl", "demo",
-    "quickstart", "cluster_e2e", "sandbox", "mismatch", "ppo_memory", "tools",
+    "quickstart", "cluster_e2e", "sandbox", "mismatch", "ppo_memory", "tools", "chaos",
 )  # fmt: skip
+# Longer than --timeout by design: the chaos matrix is 7 jobs x 10 injections (~75 min here).
+MIN_TIMEOUT_S = {"chaos": 7200.0}
 
 
 @dataclass
@@ -64,7 +66,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--skip", nargs="+", metavar="NAME", default=[])
     p.add_argument("--timeout", type=float, default=3600, help="seconds per benchmark")
     args = p.parse_args(argv)
-    outcomes = [run_one(name, args.timeout) for name in selected(args.only, args.skip)]
+    outcomes = [
+        run_one(name, max(args.timeout, MIN_TIMEOUT_S.get(name, 0.0)))
+        for name in selected(args.only, args.skip)
+    ]
     render_main([])
     print("\nbenchmark        status")
     for o in outcomes:

@@ -1,0 +1,330 @@
+"""One fault of the matrix, injected N times at seeded random steps into one tiny job on the
+process-kubelet cluster, and the figures issue #17 asks for (bench/chaos.py writes them for all
+seven faults; tests/e2e/test_cluster_chaos.py runs a short mix).
+
+Each injection waits for the fleet to be whole again (every expected pod running once with all
+its containers, every rollout sidecar in sync, a new step recorded) before the next one, so
+`seconds_to_recover` is fault -> all of that; `seconds_to_next_step` is fault -> the first step
+recorded after it that is past every step recorded before it.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import yaml
+
+from tests.support import chaos
+from tests.support.cluster import Cluster
+from tests.support.cluster_jobs import cluster_job, job_pods, trainer_log
+
+Obj = dict[str, Any]
+TRAINER_FAULTS = ("trainer_rank_kill",)
+# Loose "the reward curve continues": the 5 steps after recovery average no lower than the 5
+# before the fault minus this (a step's mean over 128 samples moves ~0.05 on its own).
+REWARD_SLACK = 0.2
+
+
+@dataclass
+class Fault:
+    name: str
+    what: str
+    inject: Callable[[Cluster, str, random.Random, int], str] | None  # None: scale's own
+    steps_per_injection: int  # how many steps a recovery spans, to size totalSteps
+    job: dict[str, Any] = field(default_factory=dict)  # cluster_job keyword overrides
+    replicas: int = 2  # rollout replicas of the job
+    reward_pod: bool = False
+
+
+def _engine_kill(c: Cluster, name: str, rng: random.Random, i: int) -> str:
+    return chaos.kill_container(c, f"{name}-rollout-{rng.randrange(2)}", "engine")
+
+
+def _sidecar_kill(c: Cluster, name: str, rng: random.Random, i: int) -> str:
+    return chaos.kill_container(c, f"{name}-rollout-{rng.randrange(2)}", "sidecar")
+
+
+def _rollout_delete(c: Cluster, name: str, rng: random.Random, i: int) -> str:
+    return chaos.delete_pod(c, f"{name}-rollout-{rng.randrange(2)}", preempt=i % 2 == 1)
+
+
+def _trainer_kill(c: Cluster, name: str, rng: random.Random, i: int) -> str:
+    return chaos.kill_trainer_rank(c, name, rng.randrange(2))
+
+
+def _operator_kill(c: Cluster, name: str, rng: random.Random, i: int) -> str:
+    """Mid-reconcile: a rollout pod is deleted and the operator dies 0-0.5 s later, while it
+    recreates it; its Deployment starts it again 1-3 s after."""
+    deleted = chaos.delete_pod(c, f"{name}-rollout-{rng.randrange(2)}")
+    time.sleep(rng.uniform(0, 0.5))
+    killed = chaos.kill_operator(c)
+    time.sleep(rng.uniform(1, 3))
+    chaos.start_operator(c)
+    return f"{deleted}; {killed}; restarted"
+
+
+def _reward_kill(c: Cluster, name: str, rng: random.Random, i: int) -> str:
+    return chaos.kill_container(c, f"{name}-reward-0", "reward")
+
+
+_DELETE = "kubectl delete a rollout pod; every other one preempted (SIGKILL, grace-0 delete)"
+_OPERATOR = "SIGKILL the operator 0-0.5 s after a rollout pod is deleted, restarted 1-3 s later"
+FAULTS = {
+    f.name: f
+    for f in (
+        Fault("engine_kill", "SIGKILL a rollout pod's engine (its main process)", _engine_kill, 40),
+        Fault("rollout_delete", _DELETE, _rollout_delete, 50),
+        Fault("sidecar_kill", "SIGKILL a rollout pod's sync sidecar", _sidecar_kill, 40),
+        Fault("trainer_rank_kill", "SIGKILL one torchrun worker", _trainer_kill, 6),
+        Fault("operator_kill", _OPERATOR, _operator_kill, 50),
+        Fault("scale", "kubectl scale lrj --replicas=3, then 1, then back to 2", None, 110),
+        Fault("reward_kill", "SIGKILL the reward pod's process", _reward_kill, 25, {}, 1, True),
+    )
+}
+
+
+@dataclass
+class Injection:
+    index: int
+    step: int  # last step recorded before it
+    at: float  # wall time
+    detail: str
+    recovered: bool = False
+    seconds_to_recover: float | None = None
+    seconds_to_next_step: float | None = None
+    steps_lost: int = 0
+    reward_before: float | None = None
+    reward_after: float | None = None
+    note: str = ""
+    scale_up_lag_steps: int | None = None  # scale: first step with requests - step in sync
+
+
+def job_for(fault: Fault, name: str, steps: int, checkpoint_interval: int) -> Obj:
+    job = cluster_job(name, training__totalSteps=steps,
+                      training__checkpointInterval=checkpoint_interval)  # fmt: skip
+    job["spec"]["runPolicy"] = {"backoffLimit": 100}  # every trainer kill is one restart
+    job["spec"]["rollout"]["replicas"] = fault.replicas
+    if fault.reward_pod:
+        job["spec"]["rollout"]["syncMode"] = "adapter"
+        job["spec"]["reward"]["service"] = {"replicas": 1}
+    return job
+
+
+def expected_pods(fault: Fault, replicas: int | None = None) -> dict[str, int]:
+    out = {"trainer": 1, "rollout": fault.replicas if replicas is None else replicas}
+    return out | ({"reward": 1} if fault.reward_pod else {})
+
+
+def wait_recovered(
+    c: Cluster, name: str, w: chaos.Watcher, inj: Injection, want: dict[str, int], timeout: float
+) -> None:
+    """Until the fleet is whole and a step past `inj.step` is recorded (or the job ends)."""
+    deadline = time.monotonic() + timeout
+    why = ""
+    while time.monotonic() < deadline:
+        c.kubelet.raise_errors()
+        if inj.seconds_to_next_step is None and w.step() > inj.step:
+            first = min(t for s, t in w.first_times().items() if s > inj.step)
+            inj.seconds_to_next_step = round(first - inj.at, 1)
+        phase = ((c.job(name) or {}).get("status") or {}).get("phase")
+        if phase in ("Succeeded", "Failed"):
+            inj.note = f"job {phase} before recovery ({why})"
+            return
+        why = chaos.fleet_healthy(c, name, want) or ""
+        if not why and w.step() > inj.step:
+            inj.recovered = True
+            inj.seconds_to_recover = round(time.time() - inj.at, 1)
+            return
+        time.sleep(0.5)
+    inj.note = f"not recovered in {timeout:.0f} s: {why}"
+
+
+def scale_injection(c: Cluster, name: str, w: chaos.Watcher, inj: Injection, fault: Fault,
+                    timeout: float) -> None:  # fmt: skip
+    """2 -> 3: the third engine must serve generation within one step of its sidecar being in
+    sync (step history `engineRequests`); then 3 -> 1 and back to 2, each waited for."""
+    in_sync_step = None
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and in_sync_step is None:
+        status = chaos.sidecar_status(c, f"{name}-rollout-2")
+        if status and status.get("inSync"):
+            in_sync_step = w.step()
+        time.sleep(0.3)
+    wait_recovered(c, name, w, inj, expected_pods(fault, 3), timeout)
+    w.poll_history()
+    served = [s for s, times in sorted(w.records.items())
+              if (times[max(times)].get("engineRequests") or {}).get("rollout-2")]  # fmt: skip
+    if in_sync_step is not None and served:
+        inj.scale_up_lag_steps = served[0] - in_sync_step
+    if not inj.recovered:
+        return
+    for replicas in (1, 2):
+        inj.detail += f"; {chaos.scale(c, name, replicas)}"
+        step = w.step()
+        part = Injection(inj.index, step, time.time(), "")
+        wait_recovered(c, name, w, part, expected_pods(fault, replicas), timeout)
+        if not part.recovered:
+            inj.recovered, inj.note = False, f"--replicas={replicas}: {part.note}"
+            return
+
+
+def run_fault(c: Cluster, fault: Fault, injections: int, *, seed: int = 17, name: str | None = None,
+              checkpoint_interval: int = 3, recover_timeout: float = 400) -> Obj:  # fmt: skip
+    """Apply the fault's job, inject `injections` times, follow it to its end; the figures."""
+    name = name or f"chaos-{fault.name.replace('_', '-')}"
+    rng = random.Random(f"{seed}-{fault.name}")
+    first_at = rng.randint(3, 6)
+    steps = first_at + injections * (fault.steps_per_injection + 4) + 10
+    job = job_for(fault, name, steps, checkpoint_interval)
+    applied = time.monotonic()
+    c.apply(yaml.safe_dump(job))
+    done: list[Injection] = []
+    with chaos.Watcher(c, name) as w:
+        next_step = first_at
+        for i in range(injections):
+            if not _wait_step(c, name, w, next_step, timeout=600):
+                break
+            w.poll_history()
+            inj = Injection(i, w.step(), time.time(), "")
+            if fault.name == "scale":
+                inj.detail = chaos.scale(c, name, 3)
+                scale_injection(c, name, w, inj, fault, recover_timeout)
+            else:
+                assert fault.inject is not None
+                inj.detail = fault.inject(c, name, rng, i)
+                wait_recovered(c, name, w, inj, expected_pods(fault), recover_timeout)
+            done.append(inj)
+            if not inj.recovered:
+                break
+            next_step = w.step() + rng.randint(1, 4)
+        latest = _final_engines_check(c, name, w, steps)
+        phase = _wait_end(c, name, timeout=max(300, 6 * (steps - w.step())))
+    _per_injection(done, w)
+    status = (c.job(name) or {}).get("status") or {}
+    result = summary(fault, done, phase, w, status, latest, chaos.checkpoints_bad(c, name))
+    result["seconds"] = round(time.monotonic() - applied, 1)
+    result["total_steps"] = steps
+    if phase != "Succeeded":
+        result["trainer_log_tail"] = trainer_log(c, name)[-1500:]
+    c.kubectl("delete", "lrj", name, "--wait=false")
+    c.kubelet.wait(lambda: not job_pods(c, name), 120, f"{name}'s pods collected")
+    return result
+
+
+def _wait_step(c: Cluster, name: str, w: chaos.Watcher, step: int, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        c.kubelet.raise_errors()
+        w.poll_history()
+        if w.step() >= step:
+            return True
+        if ((c.job(name) or {}).get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+            return False
+        time.sleep(0.3)
+    return False
+
+
+def _final_engines_check(c: Cluster, name: str, w: chaos.Watcher, steps: int) -> str:
+    """Every running engine on the trainer's newest version, read while the job still runs."""
+    deadline = time.monotonic() + 120
+    detail = "the job ended before a consistent read"
+    while time.monotonic() < deadline and w.step() < steps:
+        ok, detail = chaos.engines_on_latest(c, name)
+        if ok:
+            return "ok: " + detail
+        time.sleep(0.5)
+    return "NO: " + detail
+
+
+def _wait_end(c: Cluster, name: str, timeout: float) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        c.kubelet.raise_errors()
+        phase = ((c.job(name) or {}).get("status") or {}).get("phase")
+        if phase in ("Succeeded", "Failed"):
+            return phase
+        time.sleep(1)
+    return f"not finished in {timeout:.0f} s"
+
+
+def _per_injection(done: list[Injection], w: chaos.Watcher) -> None:
+    rewards = w.rewards()
+    for k, inj in enumerate(done):
+        until = done[k + 1].at if k + 1 < len(done) else float("inf")
+        inj.steps_lost = sum(1 for times in w.records.values()
+                             if min(times) < inj.at and any(inj.at < t < until for t in times)
+                             and len(times) > 1)  # fmt: skip
+        before = [r for s, t, r in rewards if t < inj.at][-5:]
+        after = [r for s, t, r in rewards if t > inj.at + (inj.seconds_to_recover or 0)][:5]
+        if before and after:
+            inj.reward_before = round(statistics.mean(before), 3)
+            inj.reward_after = round(statistics.mean(after), 3)
+
+
+def _pct(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    values = sorted(values)
+    return values[min(len(values) - 1, round(q * (len(values) - 1)))]
+
+
+def summary(fault: Fault, done: list[Injection], phase: str, w: chaos.Watcher, status: Obj,
+            latest: str, bad: list[str]) -> Obj:  # fmt: skip
+    recover = [i.seconds_to_recover for i in done if i.seconds_to_recover is not None]
+    next_step = [i.seconds_to_next_step for i in done if i.seconds_to_next_step is not None]
+    compared = [i for i in done if i.reward_before is not None and i.reward_after is not None]
+    lags = [i.scale_up_lag_steps for i in done if i.scale_up_lag_steps is not None]
+    dups = [d for d in w.duplicates if "watcher error" not in d]
+    return {
+        "fault": fault.name,
+        "what": fault.what,
+        "runs": len(done),
+        "succeeded": sum(i.recovered for i in done) if phase == "Succeeded" else 0,
+        "phase": phase,
+        "steps_lost_max": max((i.steps_lost for i in done), default=0),
+        "trainer_restarts": max(w.max_restarts, status.get("restarts", 0)),
+        "rollout_restarts": status.get("rolloutRestarts"),
+        "rollout_preemptions": status.get("rolloutPreemptions"),
+        "checkpoints_bad": len(bad),
+        "checkpoints_bad_detail": bad,
+        "duplicate_children": len(dups),
+        "duplicate_detail": dups[:5],
+        "engines_on_latest": latest.startswith("ok"),
+        "engines_on_latest_detail": latest,
+        "reward_continues": bool(compared)
+        and all(i.reward_after >= i.reward_before - REWARD_SLACK for i in compared),  # type: ignore[operator]
+        "seconds_to_recover_p50": _pct(recover, 0.5),
+        "seconds_to_recover_p95": _pct(recover, 0.95),
+        "seconds_to_next_step_p50": _pct(next_step, 0.5),
+        "seconds_to_next_step_p95": _pct(next_step, 0.95),
+        **(
+            {"scale_up_lag_steps_max": max(lags) if lags else None} if fault.name == "scale" else {}
+        ),
+        "injections": [asdict(i) for i in done],
+    }
+
+
+def acceptance(result: Obj, checkpoint_interval: int) -> list[str]:
+    """What issue #17 requires of one fault's figures; empty when all hold."""
+    trainer_side = result["fault"] in TRAINER_FAULTS
+    problems = []
+    if result["phase"] != "Succeeded" or result["succeeded"] != result["runs"]:
+        problems.append(f"succeeded {result['succeeded']}/{result['runs']}, job {result['phase']}")
+    allowed = checkpoint_interval if trainer_side else 0
+    if result["steps_lost_max"] > allowed:
+        problems.append(f"steps lost {result['steps_lost_max']} > {allowed}")
+    if not trainer_side and result["trainer_restarts"]:
+        problems.append(f"{result['trainer_restarts']} trainer restarts")
+    for key in ("checkpoints_bad", "duplicate_children"):
+        if result[key]:
+            problems.append(f"{key} {result[key]}: {result[f'{key}_detail']}")
+    if not result["engines_on_latest"]:
+        problems.append(f"engines not on latest: {result['engines_on_latest_detail']}")
+    if result.get("scale_up_lag_steps_max") is not None and result["scale_up_lag_steps_max"] > 1:
+        problems.append(f"third engine served {result['scale_up_lag_steps_max']} steps late")
+    return problems
