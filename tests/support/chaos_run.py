@@ -77,12 +77,12 @@ _OPERATOR = "SIGKILL the operator 0-0.5 s after a rollout pod is deleted, restar
 FAULTS = {
     f.name: f
     for f in (
-        Fault("engine_kill", "SIGKILL a rollout pod's engine (its main process)", _engine_kill, 40),
-        Fault("rollout_delete", _DELETE, _rollout_delete, 50),
-        Fault("sidecar_kill", "SIGKILL a rollout pod's sync sidecar", _sidecar_kill, 40),
-        Fault("trainer_rank_kill", "SIGKILL one torchrun worker", _trainer_kill, 6),
-        Fault("operator_kill", _OPERATOR, _operator_kill, 50),
-        Fault("scale", "kubectl scale lrj --replicas=3, then 1, then back to 2", None, 110),
+        Fault("engine_kill", "SIGKILL a rollout pod's engine (its main process)", _engine_kill, 25),
+        Fault("rollout_delete", _DELETE, _rollout_delete, 45),
+        Fault("sidecar_kill", "SIGKILL a rollout pod's sync sidecar", _sidecar_kill, 35),
+        Fault("trainer_rank_kill", "SIGKILL one torchrun worker", _trainer_kill, 8),
+        Fault("operator_kill", _OPERATOR, _operator_kill, 45),
+        Fault("scale", "kubectl scale lrj --replicas=3, then 1, then back to 2", None, 80),
         Fault("reward_kill", "SIGKILL the reward pod's process", _reward_kill, 25, {}, 1, True),
     )
 }
@@ -111,7 +111,9 @@ def job_for(fault: Fault, name: str, steps: int, checkpoint_interval: int) -> Ob
     job["spec"]["rollout"]["replicas"] = fault.replicas
     if fault.reward_pod:
         job["spec"]["rollout"]["syncMode"] = "adapter"
-        job["spec"]["reward"]["service"] = {"replicas": 1}
+        # The most retries the API allows (~165 s of back-off): the reward pod takes ~60-80 s
+        # to come back here, and with the default 3 (~11 s) its loss fails the trainer's step.
+        job["spec"]["reward"]["service"] = {"replicas": 1, "maxRetries": 20}
     return job
 
 
@@ -156,13 +158,15 @@ def scale_injection(c: Cluster, name: str, w: chaos.Watcher, inj: Injection, fau
             in_sync_step = w.step()
         time.sleep(0.3)
     wait_recovered(c, name, w, inj, expected_pods(fault, 3), timeout)
-    w.poll_history()
-    served = [s for s, times in sorted(w.records.items())
-              if (times[max(times)].get("engineRequests") or {}).get("rollout-2")]  # fmt: skip
-    if in_sync_step is not None and served:
-        inj.scale_up_lag_steps = served[0] - in_sync_step
     if not inj.recovered:
         return
+    # The steps right after it joined, before scaling down, to see whom they asked.
+    if not _wait_step(c, name, w, w.step() + 3, timeout):
+        inj.recovered, inj.note = False, "no steps after the third engine joined"
+        return
+    served = engine_served_steps(w, "rollout-2")
+    if in_sync_step is not None and served:
+        inj.scale_up_lag_steps = served[0] - in_sync_step
     for replicas in (1, 2):
         inj.detail += f"; {chaos.scale(c, name, replicas)}"
         step = w.step()
@@ -171,6 +175,12 @@ def scale_injection(c: Cluster, name: str, w: chaos.Watcher, inj: Injection, fau
         if not part.recovered:
             inj.recovered, inj.note = False, f"--replicas={replicas}: {part.note}"
             return
+
+
+def engine_served_steps(w: chaos.Watcher, replica: str) -> list[int]:
+    """Steps whose `engineRequests` sent `replica` at least one generation request."""
+    return [s for s, times in sorted(w.records.items())
+            if (times[max(times)].get("engineRequests") or {}).get(replica)]  # fmt: skip
 
 
 def run_fault(c: Cluster, fault: Fault, injections: int, *, seed: int = 17, name: str | None = None,
