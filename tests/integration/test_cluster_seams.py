@@ -157,7 +157,7 @@ print("sent version 1 to", len(result.acks), "receivers")
 """
 
 RECEIVE = """
-import os
+import os, time
 from lorarl.sync.transport import SyncReceiver
 e = os.environ
 receiver = SyncReceiver(
@@ -165,7 +165,8 @@ receiver = SyncReceiver(
     backend=e["LORARL_SYNC_BACKEND"], timeout=20)
 got = receiver.recv(timeout=60)
 receiver.ack(got.header.version)
-print("received", sorted(got.tensors))
+print("received", sorted(got.tensors), flush=True)
+time.sleep(3600)  # a rollout pod restarts exited containers (restartPolicy Always): stay up
 """
 
 IDLE_ENGINE = "import time; time.sleep(3600)"
