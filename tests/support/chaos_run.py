@@ -28,6 +28,9 @@ TRAINER_FAULTS = ("trainer_rank_kill",)
 # Loose "the reward curve continues": the 5 steps after recovery average no lower than the 5
 # before the fault minus this (a step's mean over 128 samples moves ~0.05 on its own).
 REWARD_SLACK = 0.2
+# A rollout-side fault may cost the trainer a slower step, never a stall: the issue's "a removed
+# engine is dropped without failing the step, its requests retried elsewhere".
+STALL_LIMIT_S = 60.0
 
 
 @dataclass
@@ -102,6 +105,7 @@ class Injection:
     reward_after: float | None = None
     note: str = ""
     scale_up_lag_steps: int | None = None  # scale: first step with requests - step in sync
+    scale_down_next_step_s: float | None = None  # scale: 3 -> 1 -> the next new step
 
 
 def job_for(fault: Fault, name: str, steps: int, checkpoint_interval: int) -> Obj:
@@ -172,6 +176,8 @@ def scale_injection(c: Cluster, name: str, w: chaos.Watcher, inj: Injection, fau
         step = w.step()
         part = Injection(inj.index, step, time.time(), "")
         wait_recovered(c, name, w, part, expected_pods(fault, replicas), timeout)
+        if replicas == 1:
+            inj.scale_down_next_step_s = part.seconds_to_next_step
         if not part.recovered:
             inj.recovered, inj.note = False, f"--replicas={replicas}: {part.note}"
             return
@@ -335,6 +341,14 @@ def acceptance(result: Obj, checkpoint_interval: int) -> list[str]:
             problems.append(f"{key} {result[key]}: {result[f'{key}_detail']}")
     if not result["engines_on_latest"]:
         problems.append(f"engines not on latest: {result['engines_on_latest_detail']}")
+    stalls = [
+        s
+        for i in result["injections"]
+        for s in (i["seconds_to_next_step"], i.get("scale_down_next_step_s"))
+        if s is not None and s > STALL_LIMIT_S
+    ]
+    if not trainer_side and result["fault"] != "reward_kill" and stalls:
+        problems.append(f"the trainer recorded no step for {max(stalls):.0f} s after a fault")
     if result.get("scale_up_lag_steps_max") is not None and result["scale_up_lag_steps_max"] > 1:
         problems.append(f"third engine served {result['scale_up_lag_steps_max']} steps late")
     return problems
