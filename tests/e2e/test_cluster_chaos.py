@@ -1,0 +1,83 @@
+"""Faults on a running job on the cluster path (issue #17's matrix, short: `python -m
+bench.chaos` injects each of the seven faults 10 times).
+
+One job (the quickstart on claims, 2 vLLM rollout pods, checkpointInterval 3) on the process
+kubelet takes, while it trains: a rollout pod preempted (processes SIGKILLed, deleted with grace
+0), `kubectl scale lrj --replicas=3`, and one torchrun worker of the trainer SIGKILLed. Then:
+the job Succeeds; the trainer restarted once (the rank kill; the rollout faults cost none) and
+redid no more steps than checkpointInterval; every checkpoint on the claim verifies; no role and
+index ever had two live pods (polled every 0.2 s); the third engine got generation requests
+within one step of its sidecar being in sync (step history `engineRequests`); every engine
+served the trainer's newest version, read back from the sidecars while the job ran.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+
+import pytest
+import yaml
+
+from tests.support import chaos
+from tests.support.chaos_run import (
+    FAULTS,
+    Injection,
+    engine_served_steps,
+    job_for,
+    wait_recovered,
+)
+from tests.support.cluster import cluster, wait_phase
+from tests.support.cluster_jobs import prepare_assets, provision
+
+pytestmark = pytest.mark.slow
+NAME, INTERVAL = "chaos-short", 3
+
+
+def test_preemption_scale_up_and_a_trainer_kill_on_one_running_job(tmp_path) -> None:
+    prepare_assets()
+    with cluster(tmp_path) as c:
+        provision(c)
+        job = job_for(FAULTS["rollout_delete"], NAME, steps=45, checkpoint_interval=INTERVAL)
+        c.apply(yaml.safe_dump(job))
+        with chaos.Watcher(c, NAME) as w:
+            c.kubelet.wait(lambda: w.step() >= 2, 600, "step 2")
+            w.poll_history()
+            inj = Injection(0, w.step(), time.time(), "")
+            inj.detail = chaos.delete_pod(c, f"{NAME}-rollout-1", preempt=True)
+            inj.detail += "; " + chaos.scale(c, NAME, 3)
+            c.kubelet.wait(lambda: w.step() >= 4, 120, "step 4")
+            w.poll_history()
+            kill_at = time.time()
+            inj.detail += "; " + chaos.kill_trainer_rank(c, NAME, random.Random(17).randrange(2))
+            in_sync_step = c.kubelet.wait(
+                lambda: (
+                    (s := chaos.sidecar_status(c, f"{NAME}-rollout-2"))
+                    and s.get("inSync")
+                    and w.step()
+                ),
+                300,
+                "rollout-2 in sync",
+            )
+            wait_recovered(c, NAME, w, inj, {"trainer": 1, "rollout": 3}, timeout=300)
+            assert inj.recovered, inj
+            reads = []
+            for _ in range(120):  # a read is consistent unless a sync lands during it
+                reads.append(chaos.engines_on_latest(c, NAME))
+                if reads[-1][0]:
+                    break
+                time.sleep(0.5)
+            assert reads[-1][0], reads[-5:]
+            final = wait_phase(c, NAME, ("Succeeded", "Failed"), 600)
+        assert final["status"]["phase"] == "Succeeded", final["status"]
+        assert final["status"]["restarts"] == 1  # the rank kill; the rollout faults cost none
+        # Steps done twice: only those after the last checkpoint before the rank kill, redone
+        # after it; the rollout faults made the trainer redo none.
+        redone = {s: sorted(t) for s, t in w.records.items() if len(t) > 1}
+        assert len(redone) <= INTERVAL and all(t[1] > kill_at for t in redone.values()), redone
+        assert final["status"]["rolloutPreemptions"] == 1
+        assert not chaos.checkpoints_bad(c, NAME)
+        assert not [d for d in w.duplicates if "watcher error" not in d], w.duplicates
+        served = engine_served_steps(w, "rollout-2")
+        assert served and served[0] <= in_sync_step + 1, (served, in_sync_step)
+        assert list(w.records) and max(w.records) == 45
