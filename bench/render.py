@@ -188,8 +188,10 @@ def render_chaos(doc: dict[str, Any]) -> str:
         for f in faults
         if f.get("acceptance_problems")
     )
-    parts = [f"{doc['injections_per_fault']} injections per fault, seed {doc['seed']}, "
+    parts = [f"Injections per fault: {doc['injections_per_fault']}; seed {doc['seed']}, "
              f"{fmt(doc['seconds'])} s in all. {doc['job']}.", rows, what]  # fmt: skip
+    if doc.get("partial"):
+        parts.append(f"Partial: {doc['partial']}")
     if problems:
         parts.append("Acceptance problems:\n\n" + problems)
     return "\n\n".join([*parts, doc["notes"]])
