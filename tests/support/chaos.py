@@ -60,8 +60,11 @@ def get_in_pod(c: Cluster, pod: str, port_name: str, path: str) -> Obj | None:
     if run is None or run.net is None or run.stopping:
         return None
     url = f"http://127.0.0.1:{port_of(run, port_name)}{path}"
-    done = subprocess.run(["ip", "netns", "exec", run.net.netns, "curl", "-sf", "-m", "3", url],
-                          capture_output=True, text=True, timeout=10)  # fmt: skip
+    try:
+        done = subprocess.run(["ip", "netns", "exec", run.net.netns, "curl", "-sf", "-m", "3",
+                               url], capture_output=True, text=True, timeout=30)  # fmt: skip
+    except subprocess.TimeoutExpired:  # a box so loaded a process start takes that long
+        return None
     if done.returncode != 0:
         return None
     try:
