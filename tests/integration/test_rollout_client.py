@@ -275,3 +275,14 @@ def test_async_context_shares_one_connection_pool(servers) -> None:
     first, second, health = asyncio.run(run())
     assert len(first[0]) == len(second[0]) == 1
     assert health == dict.fromkeys(urls, True)
+
+
+def test_a_vanished_replica_costs_a_connect_timeout_not_the_request_timeout() -> None:
+    """A deleted pod's address drops SYNs without a reset: connects give up in seconds and
+    the request moves to another replica, while generation keeps the long read timeout."""
+    from lorarl.trainer.rollout_client import CONNECT_TIMEOUT_S
+
+    c = RolloutClient(["http://127.0.0.1:1"], "vllm", model_name="m", timeout_s=300)
+    timeout = c._new_http().timeout
+    assert timeout.connect == CONNECT_TIMEOUT_S <= 5.0
+    assert timeout.read == timeout.pool == 300

@@ -24,7 +24,14 @@ _RETRY_STATUS = frozenset({500, 502, 503, 504})
 
 
 class RewardServiceError(RuntimeError):
-    """The reward service could not score a batch; the message says where and why."""
+    """The reward service could not score a batch; the message says where and why.
+
+    `unavailable`: it could not be reached or answered 5xx (a pod restarting), as opposed to
+    refusing the request (4xx) or answering something unreadable."""
+
+    def __init__(self, message: str, *, unavailable: bool = False) -> None:
+        super().__init__(message)
+        self.unavailable = unavailable
 
 
 @dataclass(frozen=True)
@@ -147,7 +154,8 @@ class RewardServiceClient:
         attempts = self.max_retries + 1
         raise RewardServiceError(
             f"reward service {self.url} failed after {attempts} attempt(s) in "
-            f"{time.monotonic() - started:.1f} s; last error: {last}"
+            f"{time.monotonic() - started:.1f} s; last error: {last}",
+            unavailable=True,
         )
 
 

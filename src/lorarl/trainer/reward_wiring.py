@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import logging
 import time
 
 from lorarl.rewards.client import RewardServiceClient, RewardServiceError, ScoreSample
 
 REWARD_READY_TIMEOUT_S = 600.0
+OUTAGE_ROUNDS = 3  # waits for a reward service that went away, per batch
+
+log = logging.getLogger(__name__)
 
 
 def wait_for_reward_service(
@@ -22,10 +26,31 @@ def wait_for_reward_service(
         time.sleep(poll_s)
 
 
-def _score_remote(client: RewardServiceClient, prompts, completions, truths, metadatas):
-    """The in-process scorer's signature over the reward service."""
+def _score_remote(
+    client: RewardServiceClient,
+    prompts,
+    completions,
+    truths,
+    metadatas,
+    *,
+    outage_timeout_s: float = REWARD_READY_TIMEOUT_S,
+):
+    """The in-process scorer's signature over the reward service.
+
+    A service that is down (its pod restarting: connect errors or 5xx after the client's own
+    retries) is waited for, like at start-up, and the batch scored again: a reward pod that
+    comes back within `outage_timeout_s` costs the step time, not a trainer restart. A refusal
+    (4xx) or an outage longer than that still fails the step."""
     samples = [
         ScoreSample(prompt=p, completion=c, ground_truth=t, metadata=m or {})
         for p, c, t, m in zip(prompts, completions, truths, metadatas, strict=True)
     ]
-    return client.score(samples)
+    for attempt in range(OUTAGE_ROUNDS):
+        try:
+            return client.score(samples)
+        except RewardServiceError as exc:
+            if not exc.unavailable or attempt == OUTAGE_ROUNDS - 1:
+                raise
+            log.warning("reward service unavailable (%s); waiting for it to come back", exc)
+            wait_for_reward_service(client, outage_timeout_s)
+    raise AssertionError("unreachable")

@@ -37,6 +37,7 @@ __all__ = ["RolloutClient", "RolloutError", "Sample", "SamplingParams", "pick_en
 
 T = TypeVar("T")
 _MAX_COOLDOWN_S = 30.0
+CONNECT_TIMEOUT_S = 5.0
 
 
 class RolloutError(RuntimeError):
@@ -199,7 +200,10 @@ class RolloutClient:
         conns = self.max_concurrency * len(self._states) + len(self._states)
         return httpx.AsyncClient(
             headers=self._headers,
-            timeout=httpx.Timeout(self.timeout_s),
+            # A replica that vanished (pod deleted, node gone) drops SYNs without a reset: a
+            # connect must fail in seconds so the request moves on, while a long generation may
+            # take the whole timeout.
+            timeout=httpx.Timeout(self.timeout_s, connect=min(self.timeout_s, CONNECT_TIMEOUT_S)),
             limits=httpx.Limits(max_connections=conns, max_keepalive_connections=conns),
         )
 
