@@ -134,20 +134,28 @@ def wait_recovered(
     why = ""
     while time.monotonic() < deadline:
         c.kubelet.raise_errors()
-        if inj.seconds_to_next_step is None and w.step() > inj.step:
-            first = min(t for s, t in w.first_times().items() if s > inj.step)
-            inj.seconds_to_next_step = round(first - inj.at, 1)
+        _next_step_time(w, inj)
         phase = ((c.job(name) or {}).get("status") or {}).get("phase")
         if phase in ("Succeeded", "Failed"):
             inj.note = f"job {phase} before recovery ({why})"
             return
         why = chaos.fleet_healthy(c, name, want) or ""
-        if not why and w.step() > inj.step:
+        if not why and _next_step_time(w, inj):
             inj.recovered = True
             inj.seconds_to_recover = round(time.time() - inj.at, 1)
             return
         time.sleep(0.5)
     inj.note = f"not recovered in {timeout:.0f} s: {why}"
+
+
+def _next_step_time(w: chaos.Watcher, inj: Injection) -> bool:
+    """Whether a step past `inj.step` is recorded; notes when the first one was."""
+    if w.step() <= inj.step:
+        return False
+    if inj.seconds_to_next_step is None:
+        first = min(t for s, t in w.first_times().items() if s > inj.step)
+        inj.seconds_to_next_step = round(first - inj.at, 1)
+    return True
 
 
 def scale_injection(c: Cluster, name: str, w: chaos.Watcher, inj: Injection, fault: Fault,
