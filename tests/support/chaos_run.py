@@ -115,9 +115,8 @@ def job_for(fault: Fault, name: str, steps: int, checkpoint_interval: int) -> Ob
     job["spec"]["rollout"]["replicas"] = fault.replicas
     if fault.reward_pod:
         job["spec"]["rollout"]["syncMode"] = "adapter"
-        # The most retries the API allows (~165 s of back-off): the reward pod takes ~60-80 s
-        # to come back here, and with the default 3 (~11 s) its loss fails the trainer's step.
-        job["spec"]["reward"]["service"] = {"replicas": 1, "maxRetries": 20}
+        # Default retries: when they run out the trainer waits for the pod to come back.
+        job["spec"]["reward"]["service"] = {"replicas": 1}
     return job
 
 
