@@ -18,7 +18,7 @@ import pytest
 from lorarl.local import LocalRun, RunFailed
 from lorarl.local.ports import free_port
 from lorarl.local.runner import ray_temp_fits
-from lorarl.rewards.client import RewardServiceClient, RewardServiceError
+from lorarl.rewards.client import RewardServiceClient, RewardServiceError, ScoreSample
 from lorarl.trainer.loop import _score_remote, wait_for_reward_service
 from tests.support.local_jobs import hf_engine, letter_job, read_history
 
@@ -121,11 +121,17 @@ def test_a_dead_reward_service_fails_scoring_instead_of_scoring_zero(unused_port
     url = f"http://127.0.0.1:{unused_port}"
     with RewardServiceClient(url, max_retries=1, backoff_s=0.01) as client:
         with pytest.raises(RewardServiceError, match=rf"{url} failed after 2 attempt\(s\)"):
-            _score_remote(client, ["after a"], ["b"], [None], [{"pattern": "b"}])
+            client.score([ScoreSample("after a", "b", None, {"pattern": "b"})])
+        # The trainer's scorer waits for a service that went away (a pod restarting), and when
+        # it does not come back the step fails: it never scores zero.
         start = time.monotonic()
         with pytest.raises(RewardServiceError, match=rf"{url} was not healthy .* within 0.3 s"):
-            wait_for_reward_service(client, timeout_s=0.3, poll_s=0.05)
+            _score_remote(
+                client, ["after a"], ["b"], [None], [{"pattern": "b"}], outage_timeout_s=0.3
+            )
         assert 0.3 <= time.monotonic() - start < 5
+        with pytest.raises(RewardServiceError, match=rf"{url} was not healthy .* within 0.3 s"):
+            wait_for_reward_service(client, timeout_s=0.3, poll_s=0.05)
 
 
 @pytest.fixture()

@@ -77,31 +77,52 @@ def _check_events(text: str) -> None:
     sizes: list[int] = [0]  # values counted so far in each open collection
     anchored: dict[str, int] = {}  # anchor -> expanded size of its node
     anchors: list[str | None] = [None]
-    for event in yaml.parse(text, Loader=_Parser):
-        if isinstance(event, yaml.CollectionStartEvent):
-            depth += 1
-            if depth > MAX_DEPTH:
-                line = event.start_mark.line + 1
-                raise InputLimitError(f"nesting deeper than {MAX_DEPTH} levels (line {line})")
-            sizes.append(1)
-            anchors.append(event.anchor)
-        elif isinstance(event, yaml.CollectionEndEvent):
-            depth -= 1
-            size, anchor = sizes.pop(), anchors.pop()
-            if anchor:
-                anchored[anchor] = size
-            sizes[-1] += size
-        elif isinstance(event, yaml.ScalarEvent):
-            sizes[-1] += 1
-            if event.anchor:
-                anchored[event.anchor] = 1
-        elif isinstance(event, yaml.AliasEvent):
-            sizes[-1] += anchored.get(event.anchor, 1)
-        if sum(sizes) > MAX_NODES:
-            raise InputLimitError(
-                f"more than {MAX_NODES} values once YAML aliases are expanded (a job spec has "
-                "about a hundred; keep large data in files)"
-            )
+    try:
+        for event in yaml.parse(text, Loader=_Parser):
+            depth = _count(event, depth, sizes, anchored, anchors)
+    except yaml.YAMLError as exc:
+        # libyaml (PyYAML >= 6.0.4) has a nesting limit of its own, hit while scanning ahead of
+        # the events counted here: the same refusal, with the same message.
+        if "nesting depth" not in str(exc):
+            raise
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1})" if mark else ""
+        raise InputLimitError(f"nesting deeper than {MAX_DEPTH} levels{where}") from None
+
+
+def _count(
+    event: yaml.Event,
+    depth: int,
+    sizes: list[int],
+    anchored: dict[str, int],
+    anchors: list[str | None],
+) -> int:
+    """One event of `_check_events`: the new depth; raises at the first excess."""
+    if isinstance(event, yaml.CollectionStartEvent):
+        depth += 1
+        if depth > MAX_DEPTH:
+            line = event.start_mark.line + 1
+            raise InputLimitError(f"nesting deeper than {MAX_DEPTH} levels (line {line})")
+        sizes.append(1)
+        anchors.append(event.anchor)
+    elif isinstance(event, yaml.CollectionEndEvent):
+        depth -= 1
+        size, anchor = sizes.pop(), anchors.pop()
+        if anchor:
+            anchored[anchor] = size
+        sizes[-1] += size
+    elif isinstance(event, yaml.ScalarEvent):
+        sizes[-1] += 1
+        if event.anchor:
+            anchored[event.anchor] = 1
+    elif isinstance(event, yaml.AliasEvent):
+        sizes[-1] += anchored.get(event.anchor, 1)
+    if sum(sizes) > MAX_NODES:
+        raise InputLimitError(
+            f"more than {MAX_NODES} values once YAML aliases are expanded (a job spec has "
+            "about a hundred; keep large data in files)"
+        )
+    return depth
 
 
 def load_all(text: str) -> list[Any]:
