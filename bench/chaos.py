@@ -17,6 +17,7 @@ Needs root (network and mount namespaces), like the cluster tests.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import tempfile
 import time
@@ -24,7 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import machine, write_results
-from tests.support.chaos_run import FAULTS, acceptance, run_fault
+from tests.support.chaos_figures import acceptance
+from tests.support.chaos_run import FAULTS, run_fault
 from tests.support.cluster import cluster
 from tests.support.cluster_jobs import prepare_assets, provision
 
@@ -39,11 +41,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=17)
     parser.add_argument("--recover-timeout", type=float, default=400)
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--merge", action="store_true",
+                        help="keep the other faults' figures already in --out (a matrix run in "
+                        "parts); their injection counts must match --injections")  # fmt: skip
     args = parser.parse_args(argv)
     prepare_assets()
     info = machine()
+    kept = kept_faults(args.out, args.faults, args.injections) if args.merge else []
     faults: list[dict[str, Any]] = []
     t0 = time.monotonic()
+    spent = sum(f.get("seconds", 0) for f in kept)
     with tempfile.TemporaryDirectory(prefix="bench-chaos-") as tmp, cluster(Path(tmp)) as c:
         provision(c)
         for name in args.faults:
@@ -56,7 +63,20 @@ def main(argv: list[str] | None = None) -> None:
             print(f"{name}: runs {result['runs']} succeeded {result['succeeded']} "
                   f"{'PASS' if result['passed'] else result['acceptance_problems']}",
                   flush=True)  # fmt: skip
-            write_results(args.out, report(faults, info, args, time.monotonic() - t0))
+            order = {n: k for k, n in enumerate(FAULTS)}
+            merged = sorted(kept + faults, key=lambda f: order[f["fault"]])
+            write_results(args.out, report(merged, info, args, time.monotonic() - t0 + spent))
+
+
+def kept_faults(path: Path, running: list[str], injections: int) -> list[dict[str, Any]]:
+    """The figures of faults this run does not redo, from an earlier run at the same count."""
+    if not path.exists():
+        return []
+    earlier = json.loads(path.read_text())
+    if earlier.get("injections_per_fault") != injections:
+        raise SystemExit(f"--merge: {path} has injections_per_fault "
+                         f"{earlier.get('injections_per_fault')!r}, not {injections}")  # fmt: skip
+    return [f for f in earlier["faults"] if f["fault"] not in running]
 
 
 def report(faults: list[dict[str, Any]], info: dict[str, Any], args: Any, seconds: float) -> dict:

@@ -1,0 +1,65 @@
+"""The chaos matrix's verdict: what counts as a pass for issue #17, and how a fault that took
+several jobs (one ended before all its injections) is reported."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tests.support.chaos_figures import acceptance, combine
+
+
+def _run(injections: list[dict[str, Any]], **over: Any) -> dict[str, Any]:
+    base = {
+        "fault": "engine_kill", "what": "kill", "runs": len(injections),
+        "succeeded": len(injections), "phase": "Succeeded", "steps_lost_max": 0,
+        "trainer_restarts": 0, "rollout_restarts": 1, "rollout_preemptions": None,
+        "checkpoints_bad": 0, "checkpoints_bad_detail": [], "duplicate_children": 0,
+        "duplicate_detail": [], "engines_on_latest": True, "engines_on_latest_detail": "ok: v9",
+        "reward_continues": True, "injections": injections, "seconds": 100.0, "total_steps": 40,
+    }  # fmt: skip
+    return base | over
+
+
+def _inj(recover: float, next_step: float) -> dict[str, Any]:
+    return {"index": 0, "seconds_to_recover": recover, "seconds_to_next_step": next_step}
+
+
+def test_a_fault_over_two_jobs_counts_every_injection_and_keeps_the_worst_case() -> None:
+    first = _run([_inj(50, 2), _inj(60, 3)], steps_lost_max=0, rollout_restarts=2)
+    second = _run([_inj(90, 4)], steps_lost_max=1, engines_on_latest=False,
+                  engines_on_latest_detail="NO: v3", checkpoints_bad=1,
+                  checkpoints_bad_detail=["step-3: digest"])  # fmt: skip
+    out = combine([first, second])
+    assert (out["runs"], out["succeeded"], out["job_runs"]) == (3, 3, 2)
+    assert [i["index"] for i in out["injections"]] == [0, 1, 2]
+    assert out["steps_lost_max"] == 1 and out["rollout_restarts"] == 3
+    assert out["engines_on_latest"] is False and "NO: v3" in out["engines_on_latest_detail"]
+    assert out["checkpoints_bad"] == 1 and out["checkpoints_bad_detail"] == ["step-3: digest"]
+    assert out["seconds_to_recover_p50"] == 60 and out["seconds_to_recover_p95"] == 90
+    assert out["seconds"] == 200.0 and out["total_steps"] == 80
+
+
+def test_a_failed_job_among_several_fails_the_fault() -> None:
+    out = combine([_run([_inj(50, 2)]), _run([_inj(50, 2)], phase="Failed", succeeded=0)])
+    out["injections_requested"] = 2
+    assert out["phase"] == "Failed"
+    assert any("succeeded 1/2" in p for p in acceptance(out, 3))
+
+
+def test_fewer_injections_than_asked_is_not_a_pass() -> None:
+    out = combine([_run([_inj(50, 2)] * 7)])
+    out["injections_requested"] = 10
+    assert acceptance(out, 3) == ["7 of 10 injections made"]
+    out["injections_requested"] = 7
+    assert acceptance(out, 3) == []
+
+
+def test_a_rollout_fault_may_not_restart_the_trainer_nor_stall_it() -> None:
+    out = combine([_run([_inj(50, 75)], trainer_restarts=1)])
+    problems = acceptance(out, 3)
+    assert "1 trainer restarts" in problems
+    assert any("no step for 75 s" in p for p in problems)
+    trainer = combine([_run([_inj(50, 75)], fault="trainer_rank_kill", trainer_restarts=1,
+                            steps_lost_max=3)])  # fmt: skip
+    assert acceptance(trainer, 3) == []
+    assert acceptance(trainer | {"steps_lost_max": 4}, 3) == ["steps lost 4 > 3"]
