@@ -3,8 +3,10 @@
     python -m bench.sync [--reps 5] [--ranks 8 32 64]
 
 Both paths use the same transport (SyncSender -> one SyncReceiver process, gloo on loopback,
-default buckets), so the difference is only what travels: the adapter's A/B tensors (fp32, as
-PEFT keeps them) or every targeted module's merged weight in the engine dtype (bf16). `merge_s` is
+default buckets), so the difference is only what travels: the adapter's A/B tensors, in the
+trainer's wire dtype (fp32 where it computes in fp32, as on CPU; bf16 under FSDP2 mixed precision
+on GPU), or every weight of the model with the adapter merged in, in the engine dtype (bf16), as
+a full-weights sync ships them (embeddings and norms included, a tied head once). `merge_s` is
 the sidecar's cost for the adapter path in merged mode: W_base + s·B@A for every module, from the
 pristine base, cast to bf16. Seconds are wall time of one `send()` (pack, broadcast, every ack),
 median of `--reps` after one warm-up. Writes bench/results/sync.json and prints a table.
@@ -37,6 +39,9 @@ HOST = "127.0.0.1"
 SYNC_KEY = "bench-sync-key"  # the channel is signed; both ends only need to agree
 ALL_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 ENGINE_DTYPE = torch.bfloat16
+# The adapter's wire dtype: the trainer's compute dtype (trainer/parallel.py compute_dtype),
+# fp32 on CPU, bf16 under FSDP2 mixed precision on GPU.
+WIRE_DTYPES = (torch.float32, torch.bfloat16)
 
 
 def smollm2_config() -> LlamaConfig:
@@ -48,25 +53,32 @@ def smollm2_config() -> LlamaConfig:
     )  # fmt: skip
 
 
-def base_projections(config: LlamaConfig) -> dict[str, torch.Tensor]:
-    """A randomly initialised model's all-linear projection weights, in the engine dtype."""
+def base_weights(config: LlamaConfig) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """A randomly initialised model's weights in the engine dtype: the all-linear projections
+    (LoRA targets) and the rest (a tied head counted once)."""
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config).to(ENGINE_DTYPE)
-    return {
-        name: t.detach().clone()
-        for name, t in model.state_dict().items()
-        if name.endswith(".weight") and name.split(".")[-2] in ALL_LINEAR
-    }
+    projections, rest, seen = {}, {}, set()
+    for name, t in model.state_dict().items():
+        if t.data_ptr() in seen:
+            continue
+        seen.add(t.data_ptr())
+        is_target = name.endswith(".weight") and name.split(".")[-2] in ALL_LINEAR
+        (projections if is_target else rest)[name] = t.detach().clone()
+    return projections, rest
 
 
-def lora_for(base: dict[str, torch.Tensor], rank: int) -> dict[str, torch.Tensor]:
+def lora_for(
+    base: dict[str, torch.Tensor], rank: int, dtype: torch.dtype
+) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(rank)
     out = {}
     for name, w in base.items():
         module = name.removesuffix(".weight")
         out_f, in_f = w.shape
-        out[f"base_model.model.{module}.lora_A.weight"] = torch.randn(rank, in_f, generator=g)
-        out[f"base_model.model.{module}.lora_B.weight"] = torch.randn(out_f, rank, generator=g)
+        A, B = torch.randn(rank, in_f, generator=g), torch.randn(out_f, rank, generator=g)
+        out[f"base_model.model.{module}.lora_A.weight"] = A.to(dtype)
+        out[f"base_model.model.{module}.lora_B.weight"] = B.to(dtype)
     return out
 
 
@@ -119,28 +131,31 @@ class Bench:
 
         return timed(once, self.reps)
 
-    def record(self, model: str, weights: str, base: dict[str, torch.Tensor], rank: int) -> dict:
-        lora = lora_for(base, rank)
+    def record(self, model: str, weights: str, base: tuple[dict, dict], rank: int,
+               lora_dtype: torch.dtype = torch.float32) -> dict:  # fmt: skip
+        projections, rest = base
+        lora = lora_for(projections, rank, lora_dtype)
         pairs = group_lora_pairs(lora)
         scaling = lora_scaling(2.0 * rank, rank)
-        base_weights = BaseWeights(base)
+        base_weights = BaseWeights(projections)
 
         def merge_all() -> dict[str, torch.Tensor]:
             return dict(merge_adapter(base_weights, pairs, scaling, ENGINE_DTYPE))
 
         merge_s, merge_min, merged = timed(merge_all, self.reps)
         adapter_s, adapter_min, adapter_bytes = self.sync_seconds(lora, rank)
-        full_s, full_min, full_bytes = self.sync_seconds(merged, rank)
+        full_s, full_min, full_bytes = self.sync_seconds(merged | rest, rank)
         return {
             "model": model,
             "weights": weights,
             "rank": rank,
             "targets": "all-linear",
             "modules": len(pairs),
-            "lora_dtype": "float32",
+            "lora_dtype": str(lora_dtype).removeprefix("torch."),
             "engine_dtype": "bfloat16",
             "adapter_bytes": adapter_bytes,
             "full_bytes": full_bytes,
+            "adapter_fraction": round(adapter_bytes / full_bytes, 4),
             "adapter_s": round(adapter_s, 5),
             "full_s": round(full_s, 5),
             "merge_s": round(merge_s, 5),
@@ -154,12 +169,12 @@ class Bench:
 
 
 def table(records: list[dict]) -> str:
-    lines = ["| model | r | adapter MB | full MB | bytes x | adapter s | full s | time x | "
-             "merge s |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = ["| model | r | adapter dtype | adapter MB | full MB | adapter/full | adapter s | "
+             "full s | time x | merge s |", "|---" * 10 + "|"]  # fmt: skip
     for r in records:
         lines.append(
-            f"| {r['model']} | {r['rank']} | {r['adapter_bytes'] / 1e6:.2f} | "
-            f"{r['full_bytes'] / 1e6:.2f} | {r['bytes_ratio']} | {r['adapter_s']:.4f} | "
+            f"| {r['model']} | {r['rank']} | {r['lora_dtype']} | {r['adapter_bytes'] / 1e6:.2f} | "
+            f"{r['full_bytes'] / 1e6:.2f} | {r['adapter_fraction']} | {r['adapter_s']:.4f} | "
             f"{r['full_s']:.4f} | {r['time_ratio']} | {r['merge_s']:.4f} |"
         )
     return "\n".join(lines)
@@ -182,13 +197,14 @@ def main() -> None:
     bench = Bench(sender, args.reps)
     records = []
     try:
-        tiny = base_projections(tiny_config("llama"))
+        tiny = base_weights(tiny_config("llama"))
         records.append(bench.record("tiny-llama", "random (tests.support tiny_config)", tiny, 8))
-        smol = base_projections(smollm2_config())
+        smol = base_weights(smollm2_config())
         for rank in args.ranks:
-            records.append(bench.record("SmolLM2-135M", "random (SmolLM2-135M config)", smol,
-                                        rank))  # fmt: skip
-            print(table(records[-1:]).splitlines()[-1], flush=True)
+            for dtype in WIRE_DTYPES:
+                records.append(bench.record("SmolLM2-135M", "random (SmolLM2-135M config)", smol,
+                                            rank, dtype))  # fmt: skip
+                print(table(records[-1:]).splitlines()[-1], flush=True)
     finally:
         sender.close()
         proc.join(timeout=30)

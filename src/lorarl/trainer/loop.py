@@ -41,7 +41,7 @@ from lorarl.trainer.fleet import Fleet
 from lorarl.trainer.logprobs import snapshot_lora
 from lorarl.trainer.model import apply_lora, load_base_model
 from lorarl.trainer.overlong import OverlongConfig
-from lorarl.trainer.parallel import DistContext, shard_model
+from lorarl.trainer.parallel import DistContext, compute_dtype, shard_model
 from lorarl.trainer.ppo import PPOUpdate, ppo_config
 from lorarl.trainer.progress import ProgressServer, ProgressTracker
 from lorarl.trainer.reward_wiring import (
@@ -174,8 +174,9 @@ class Trainer:
                     "sidecars"
                 )
             self.publisher = WeightPublisher(
-                ep.sync_addr, ep.sync_port, spec.rollout.sync_mode, backend=ep.sync_backend
-            )
+                ep.sync_addr, ep.sync_port, spec.rollout.sync_mode, backend=ep.sync_backend,
+                wire_dtype=compute_dtype(self.ctx, spec.trainer.fsdp.mixed_precision),
+            )  # fmt: skip
             # Who receives each sync and who generates: the replicas registered now, not the
             # ones in this env (docs/architecture.md#live-membership).
             self.fleet = Fleet(self.publisher, self._http, initial_members=len(ep.rollout))

@@ -125,6 +125,15 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
     )
 
 
+def compute_dtype(ctx: DistContext, mixed_precision: bool) -> torch.dtype | None:
+    """The dtype the trainer computes in when it is not the parameters' own (None): bf16 under
+    FSDP2 mixed precision, which `shard_model` applies on GPU only. The weight sync ships the
+    adapter in it too (`trainer/weight_sync.py`)."""
+    if mixed_precision and ctx.distributed and ctx.device.type == "cuda":
+        return torch.bfloat16
+    return None
+
+
 def shard_model(model: nn.Module, ctx: DistContext, mixed_precision: bool = True) -> nn.Module:
     """Apply FSDP2 per decoder layer (and PPO's value head), then at the root; a no-op for a
     single plain process.
@@ -139,7 +148,7 @@ def shard_model(model: nn.Module, ctx: DistContext, mixed_precision: bool = True
         return model.to(ctx.device)
     mesh = init_device_mesh(ctx.device.type, (ctx.world_size,), mesh_dim_names=("dp",))
     mp = MixedPrecisionPolicy()
-    if mixed_precision and ctx.device.type == "cuda":
+    if compute_dtype(ctx, mixed_precision) == torch.bfloat16:
         mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     for layer in decoder_layers(model):
         fully_shard(layer, mesh=mesh, mp_policy=mp, reshard_after_forward=True)

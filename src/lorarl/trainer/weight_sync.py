@@ -36,9 +36,14 @@ class WeightPublisher:
         backend: str,
         timeout_s: float = 600.0,
         key: str | bytes | None = None,
+        wire_dtype: torch.dtype | None = None,
     ):
-        """`key`: the job's sync key; None reads LORARL_SYNC_KEY (missing: SyncKeyMissing)."""
+        """`key`: the job's sync key; None reads LORARL_SYNC_KEY (missing: SyncKeyMissing).
+        `wire_dtype`: what the adapter travels in (the trainer's compute dtype, bf16 on GPU:
+        half the bytes of PEFT's fp32 master copy, and the engine computes in bf16 anyway);
+        None ships the tensors as they are."""
         self.mode = mode
+        self.wire_dtype = wire_dtype
         self._sender = SyncSender(host, port, backend=backend, timeout=timeout_s, key=key)
 
     @property
@@ -63,7 +68,7 @@ class WeightPublisher:
             target_modules=tuple(sorted(group_lora_pairs(tensors))),
         )
         start = time.perf_counter()
-        result = self._sender.send(tensors, header, members)
+        result = self._sender.send(for_the_wire(tensors, self.wire_dtype), header, members)
         self._check(result)
         return SyncStatus(
             version=version,
@@ -104,6 +109,15 @@ class WeightPublisher:
         if len(result.failed) == len(result.acks):
             raise SyncFailed(f"weight sync of version {result.version} failed: {details}")
         log.warning("weight sync of version %d: %s", result.version, details)
+
+
+def for_the_wire(
+    tensors: dict[str, torch.Tensor], dtype: torch.dtype | None
+) -> dict[str, torch.Tensor]:
+    """Floating tensors cast to `dtype` (None: unchanged); the caller's dict is left as is."""
+    if dtype is None:
+        return tensors
+    return {n: t.to(dtype) if t.is_floating_point() else t for n, t in tensors.items()}
 
 
 def gather_adapter(model: PeftModel) -> dict[str, torch.Tensor]:
