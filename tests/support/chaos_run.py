@@ -74,7 +74,7 @@ _OPERATOR = "SIGKILL the operator 0-0.5 s after a rollout pod is deleted, restar
 FAULTS = {
     f.name: f
     for f in (
-        Fault("engine_kill", "SIGKILL a rollout pod's engine (its main process)", _engine_kill, 25),
+        Fault("engine_kill", "SIGKILL a rollout pod's engine (its main process)", _engine_kill, 30),
         Fault("rollout_delete", _DELETE, _rollout_delete, 45),
         Fault("sidecar_kill", "SIGKILL a rollout pod's sync sidecar", _sidecar_kill, 35),
         Fault("trainer_rank_kill", "SIGKILL one torchrun worker", _trainer_kill, 8),
@@ -224,11 +224,13 @@ def _run_job(c: Cluster, fault: Fault, name: str, injections: int, rng: random.R
     c.apply(yaml.safe_dump(job))
     done: list[Injection] = []
     with chaos.Watcher(c, name) as w:
-        next_step = first_at
+        next_step, recovery_steps = first_at, 0
         for i in range(injections):
             if not _wait_step(c, name, w, next_step, timeout=600):
                 break
             w.poll_history()
+            if steps - w.step() < room_needed(fault, recovery_steps):
+                break  # too close to the job's end to see a recovery: the next job goes on
             inj = Injection(i, w.step(), time.time(), "")
             if fault.name == "scale":
                 inj.detail = chaos.scale(c, name, 3)
@@ -240,6 +242,7 @@ def _run_job(c: Cluster, fault: Fault, name: str, injections: int, rng: random.R
             done.append(inj)
             if not inj.recovered:
                 break
+            recovery_steps = max(recovery_steps, w.step() - inj.step)
             next_step = w.step() + rng.randint(1, 4)
         latest = _final_engines_check(c, name, w, steps)
         phase = _wait_end(c, name, timeout=max(300, 6 * (steps - w.step())))
@@ -253,6 +256,15 @@ def _run_job(c: Cluster, fault: Fault, name: str, injections: int, rng: random.R
     c.kubectl("delete", "lrj", name, "--wait=false")
     c.kubelet.wait(lambda: not job_pods(c, name), 120, f"{name}'s pods collected")
     return result
+
+
+FINAL_READ_STEPS = 5  # steps left after the last recovery to read every engine's version
+
+
+def room_needed(fault: Fault, recovery_steps: int) -> int:
+    """Steps a job must have left for one more injection: twice the longest recovery seen in
+    it so far (the first: the fault's estimate), and the final read."""
+    return max(fault.steps_per_injection, 2 * recovery_steps) + FINAL_READ_STEPS
 
 
 def _wait_step(c: Cluster, name: str, w: chaos.Watcher, step: int, timeout: float) -> bool:

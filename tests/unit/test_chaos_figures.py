@@ -63,3 +63,12 @@ def test_a_rollout_fault_may_not_restart_the_trainer_nor_stall_it() -> None:
                             steps_lost_max=3)])  # fmt: skip
     assert acceptance(trainer, 3) == []
     assert acceptance(trainer | {"steps_lost_max": 4}, 3) == ["steps lost 4 > 3"]
+
+
+def test_no_injection_is_made_too_close_to_the_jobs_end_to_see_it_recover() -> None:
+    from tests.support.chaos_run import FAULTS, FINAL_READ_STEPS, room_needed
+
+    fault = FAULTS["engine_kill"]
+    assert room_needed(fault, 0) == fault.steps_per_injection + FINAL_READ_STEPS
+    slow = fault.steps_per_injection  # a recovery that took as many steps as estimated
+    assert room_needed(fault, slow) == 2 * slow + FINAL_READ_STEPS
