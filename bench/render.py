@@ -172,9 +172,10 @@ def render_vs_trl(doc: dict[str, Any]) -> str:
 
 
 CHAOS_COLUMNS = (
-    "fault", "runs", "succeeded", "steps_lost_max", "trainer_restarts", "checkpoints_bad",
-    "duplicate_children", "engines_on_latest", "reward_continues", "seconds_to_recover_p50",
-    "seconds_to_recover_p95", "seconds_to_next_step_p50", "seconds_to_next_step_p95", "passed",
+    "fault", "runs", "job_runs", "succeeded", "steps_lost_max", "trainer_restarts",
+    "checkpoints_bad", "duplicate_children", "engines_on_latest", "reward_continues",
+    "seconds_to_recover_p50", "seconds_to_recover_p95", "seconds_to_next_step_p50",
+    "seconds_to_next_step_p95", "passed",
 )  # fmt: skip
 
 

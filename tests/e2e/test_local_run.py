@@ -24,7 +24,14 @@ from lorarl.api.validation import load_job_file
 from lorarl.local import LocalRun
 from lorarl.server.app import create_app
 from lorarl.server.stores.local import LocalStore
-from tests.support.browser import ARGS, CHROMIUM, SCREENSHOT, point_steps, wait_for_step
+from tests.support.browser import (
+    ARGS,
+    CHROMIUM,
+    REFRESH_README_PICTURE,
+    SCREENSHOT,
+    point_steps,
+    wait_for_step,
+)
 from tests.support.cluster_jobs import prepare_assets
 from tests.support.server_live import live_server
 
@@ -137,7 +144,8 @@ def test_quickstart_merged_survives_an_engine_kill(tmp_path: Path, engine_python
 
 def check_dashboard_of_finished_run(job, run_dir: Path, steps: int) -> None:
     """Headless Chromium on the finished run's dashboard: every step on the reward, response
-    length, tokens/s and sync-time charts; the README's picture (bench/results/dashboard.png)."""
+    length, tokens/s and sync-time charts; a screenshot, which becomes the README's picture
+    (bench/results/dashboard.png) with LORARL_README_PICTURE=1."""
     sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright")
     if not Path(CHROMIUM).exists():
         pytest.skip("chromium not installed: apt-get install -y chromium")
@@ -155,8 +163,10 @@ def check_dashboard_of_finished_run(job, run_dir: Path, steps: int) -> None:
         page.mouse.move(box["x"] + x, box["y"] + box["height"] / 2)
         shown = page.locator("#chart-reward .u-legend .u-series .u-value").all_text_contents()
         assert shown[0] == str(steps - 5) and shown[1] != "–", shown
-        page.screenshot(path=str(SCREENSHOT), full_page=True)
+        shot = SCREENSHOT if REFRESH_README_PICTURE else run_dir / "dashboard.png"
+        page.screenshot(path=str(shot), full_page=True)
         browser.close()
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", shot
 
 
 INTERVAL = 20  # evals and samples: after step 20 (and evals after the last step, 30)
