@@ -24,6 +24,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from lorarl.operator.kube import Kube, KubeError, load_credentials, path
 
 TOKEN = "s3cret-token"
+NAMED = "kubernetes.default.svc"  # the only name the `named` server certificate carries
 CM = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "a", "namespace": "ns"}}
 
 
@@ -50,6 +51,10 @@ def _cert(
     if kw.get("ip"):
         builder = builder.add_extension(
             x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address(kw["ip"]))]), False
+        )
+    if kw.get("dns"):
+        builder = builder.add_extension(
+            x509.SubjectAlternativeName([x509.DNSName(kw["dns"])]), False
         )
     if kw.get("usage"):
         builder = builder.add_extension(x509.ExtendedKeyUsage([kw["usage"]]), critical=False)
@@ -91,6 +96,8 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     out["other_ca"] = _write(tmp, "other", _cert("o", other_key, None))[0]
     out["srv_crt"], out["srv_key"] = _write(tmp, "srv", srv, srv_key)
     out["cli_crt"], out["cli_key"] = _write(tmp, "cli", cli, cli_key)
+    named = _cert("kube-api", srv_key, issuer, dns=NAMED, usage=ExtendedKeyUsageOID.SERVER_AUTH)
+    out["named_crt"], out["named_key"] = _write(tmp, "named", named, srv_key)
     out["dir"] = str(tmp)
     return out
 
@@ -98,9 +105,9 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 class Server:
     """HTTPS with a required client certificate; answers like an API server for one object."""
 
-    def __init__(self, pki: dict[str, str], *, client_cert: bool) -> None:
+    def __init__(self, pki: dict[str, str], *, client_cert: bool, cert: str = "srv") -> None:
         self.ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        self.ctx.load_cert_chain(pki["srv_crt"], pki["srv_key"])
+        self.ctx.load_cert_chain(pki[f"{cert}_crt"], pki[f"{cert}_key"])
         if client_cert:
             self.ctx.load_verify_locations(pki["ca"])
             self.ctx.verify_mode = ssl.CERT_REQUIRED
@@ -152,11 +159,15 @@ def _use(monkeypatch: pytest.MonkeyPatch, kubeconfig: Path) -> None:
     monkeypatch.setattr(kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(kubeconfig))
 
 
-def _kubeconfig(tmp: Path, server: str, pki: dict[str, str], *, ca: str, token: str) -> Path:
+def _kubeconfig(
+    tmp: Path, server: str, pki: dict[str, str], *, ca: str, token: str, **cluster: str
+) -> Path:
     doc = {
         "apiVersion": "v1",
         "kind": "Config",
-        "clusters": [{"name": "c", "cluster": {"server": server, "certificate-authority": ca}}],
+        "clusters": [
+            {"name": "c", "cluster": {"server": server, "certificate-authority": ca, **cluster}}
+        ],
         "users": [
             {
                 "name": "u",
@@ -225,6 +236,35 @@ def test_kubeconfig_with_ca_client_cert_and_token(
     ok = [s for s in server.seen if s[2] == f"bearer {TOKEN}"]
     assert len(ok) == 7 and {s[3] for s in ok} == {"operator"}
     assert ok[0][:2] == ("POST", "/api/v1/namespaces/ns/configmaps")
+
+
+def test_tls_server_name_is_what_the_certificate_is_checked_against(
+    pki: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A kubeconfig that reaches the API server by address and names it with `tls-server-name`
+    (kubeadm, tunnels, private endpoints): the certificate names only that name."""
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+
+    async def scenario() -> dict[str, str]:
+        server = Server(pki, client_cert=True, cert="named")
+        url = await server.start()
+        out = {}
+        for what, extra in (("named", {"tls-server-name": NAMED}), ("by address", {})):
+            _use(monkeypatch, _kubeconfig(tmp_path, url, pki, ca=pki["ca"], token=TOKEN, **extra))
+            kube = Kube(load_credentials(), timeout=5)
+            try:
+                out[what] = "created" if await kube.create(CM) == CM else "?"
+            except KubeError as exc:
+                out[what] = f"{exc.status} {exc.reason}: {exc}"
+            finally:
+                await kube.close()
+        await server.runner.cleanup()
+        return out
+
+    out = asyncio.run(scenario())
+    assert out["named"] == "created"
+    assert out["by address"].startswith("None Unreachable")
+    assert "CERTIFICATE_VERIFY_FAILED" in out["by address"]  # 127.0.0.1 is not in the cert
 
 
 def test_a_missing_client_certificate_is_refused(

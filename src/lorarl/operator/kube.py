@@ -80,6 +80,9 @@ class Credentials:
     cert: tuple[str, str] | None = None
     token: str | None = None
     refresh: Any = None  # kubernetes Configuration (token refresh), if loaded through it
+    # kubeconfig `tls-server-name`: the name the server's certificate is checked against (and
+    # sent as SNI) when `server` is an address the certificate does not name.
+    tls_server_name: str | None = None
 
     def headers(self) -> dict[str, str]:
         if self.refresh is not None:
@@ -103,7 +106,8 @@ def load_credentials() -> Credentials:
         config.load_kube_config(client_configuration=cfg)
     verify: bool | str = cfg.ssl_ca_cert or bool(cfg.verify_ssl)
     cert = (cfg.cert_file, cfg.key_file) if cfg.cert_file and cfg.key_file else None
-    return Credentials(server=cfg.host.rstrip("/"), verify=verify, cert=cert, refresh=cfg)
+    return Credentials(server=cfg.host.rstrip("/"), verify=verify, cert=cert, refresh=cfg,
+                       tls_server_name=getattr(cfg, "tls_server_name", None) or None)  # fmt: skip
 
 
 def ssl_context(creds: Credentials) -> ssl.SSLContext | bool:
@@ -193,7 +197,10 @@ class Kube:
         try:
             async with self._slots:
                 session = self._open()
-                async with session.request(method, target, data=data, headers=headers) as reply:
+                async with session.request(
+                    method, target, data=data, headers=headers,
+                    server_hostname=self._creds.tls_server_name,
+                ) as reply:  # fmt: skip
                     return Reply(reply.status, await reply.text())
         except TimeoutError as exc:
             late = f"{method} {url}: no answer within {self._timeout.total:g} s"
