@@ -98,6 +98,11 @@ class StepRecord(ReportModel):
         "(concurrent episodes counted once).",
     )
     step_seconds: float | None = None
+    cpu_util: float | None = Field(
+        default=None,
+        description="Busy fraction of the machine's cores over the step (/proc/stat, 0..1): on "
+        "a local run, the run's; in a pod, the node's.",
+    )
     generate_seconds: float | None = None
     reward_seconds: float | None = None
     train_seconds: float | None = None

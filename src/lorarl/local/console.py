@@ -57,6 +57,8 @@ class LiveView:
                 parts.append(f"{r.tokens_per_second:.0f} tok/s")
             if r.sync_seconds is not None:
                 parts.append(f"sync {r.sync_seconds * 1000:.0f} ms")
+            if r.cpu_util is not None:  # does any core idle while the step runs?
+                parts.append(f"cpu {r.cpu_util:.0%}")
             metrics = " · ".join(parts)
         self.progress.update(self.task, completed=p.step, metrics=metrics)
 

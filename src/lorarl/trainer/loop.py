@@ -27,6 +27,7 @@ from lorarl.sync.adapter_files import adapter_fingerprint
 from lorarl.sync.protocol import adapter_name
 from lorarl.trainer.batch import collate, shard_for_rank
 from lorarl.trainer.checkpoint import CheckpointManager
+from lorarl.trainer.cpu_util import read_cpu_times, utilisation
 from lorarl.trainer.critic import (
     actor_parameters,
     add_critic,
@@ -288,7 +289,7 @@ class Trainer:
     def train_step(self) -> StepRecord | None:
         spec = self.job.spec
         step = self.state.step + 1
-        t_start = time.perf_counter()
+        t_start, cpu_start = time.perf_counter(), read_cpu_times()
         collected = self._collect()
         samples = collected.samples
         for group in self.optimizer.param_groups:
@@ -319,6 +320,7 @@ class Trainer:
             record = step_record(
                 step, collected, metrics, train_s=train_s, sync=sync, t_start=t_start,
                 lr=self.optimizer.param_groups[0]["lr"],
+                cpu_util=utilisation(cpu_start, read_cpu_times()),
             )  # fmt: skip
             if self._eval_due(step):  # after _record: its time is in no step timing
                 record.eval = self._evaluate(step)

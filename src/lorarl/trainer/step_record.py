@@ -31,6 +31,7 @@ def step_record(
     sync: SyncStatus | None,
     t_start: float,
     lr: float,
+    cpu_util: float | None = None,
 ) -> StepRecord:
     rewards = collected.rewards
     samples: list[TrainSample] = collected.samples
@@ -61,6 +62,7 @@ def step_record(
         truncated_fraction=collected.truncated_fraction,
         weight_version=min(s.weight_version for s in samples),
         step_seconds=step_s,
+        cpu_util=cpu_util,
         generate_seconds=collected.generate_seconds,
         reward_seconds=collected.reward_seconds,
         train_seconds=train_s,
