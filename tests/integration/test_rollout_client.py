@@ -286,3 +286,59 @@ def test_a_vanished_replica_costs_a_connect_timeout_not_the_request_timeout() ->
     timeout = c._new_http().timeout
     assert timeout.connect == CONNECT_TIMEOUT_S <= 5.0
     assert timeout.read == timeout.pool == 300
+
+
+class Silent:
+    """A replica that vanished after taking requests: it accepts connections and never answers
+    anything (a deleted pod's address, a node gone: no reset, only silence)."""
+
+    def __init__(self) -> None:
+        import socket
+        import threading
+
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.held: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.held.append(conn)
+
+    def close(self) -> None:
+        self.sock.close()
+        for conn in self.held:
+            conn.close()
+
+
+def test_requests_in_flight_on_a_silent_replica_move_on_long_before_the_request_timeout(
+    servers,
+) -> None:
+    (live, live_controls), _ = servers
+    silent = Silent()
+    try:
+        rc = client([silent.url, live], timeout_s=300, probe_interval_s=0.2,
+                    probe_timeout_s=0.3, probe_misses=2)  # fmt: skip
+        started = time.monotonic()
+        groups = rc.generate(PROMPTS * 2, 1, SamplingParams(max_tokens=2), expected_version=0)
+        took = time.monotonic() - started
+    finally:
+        silent.close()
+    assert took < 10, took  # the probes gave up after ~1 s, not the 300 s request timeout
+    assert {g[0].endpoint for g in groups} == {live}
+    assert rc.requests_by_endpoint()[silent.url] >= 1  # it did get requests, then lost them
+    assert live_controls.requests["/v1/completions"] == len(PROMPTS) * 2
+
+
+def test_a_slow_replica_that_answers_its_probes_keeps_its_requests(servers) -> None:
+    (slow, slow_controls), _ = servers
+    slow_controls.delay_s = 1.5  # each generation takes longer than the probes allow silence
+    rc = client([slow], timeout_s=30, probe_interval_s=0.2, probe_timeout_s=0.3, probe_misses=2)
+    groups = rc.generate([PROMPTS[0]], 1, SamplingParams(max_tokens=2), expected_version=0)
+    assert groups[0][0].endpoint == slow
+    assert slow_controls.requests["/v1/completions"] == 1  # not abandoned, not retried
+    assert slow_controls.requests["/health"] >= 3  # it was probed while it worked

@@ -11,19 +11,33 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import time
-from collections.abc import AsyncIterator, Awaitable, Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Sequence
 from typing import Any, TypeVar
 
 import httpx
 
+from lorarl.trainer.endpoint_pick import EndpointState, RolloutError, pick_endpoint
 from lorarl.trainer.engines_wire import (
     build_sglang_generate_request,
     build_vllm_completion_request,
     parse_sglang_generate_response,
     parse_vllm_completion_response,
+)
+from lorarl.trainer.liveness import (
+    PROBE_INTERVAL_S,
+    PROBE_MISSES,
+    PROBE_TIMEOUT_S,
+    Liveness,
+    ReplicaVanished,
+    unless_gone,
+)
+from lorarl.trainer.rollout_calls import (
+    describe,
+    normalize_url,
+    run_sync,
+    seeded,
+    snippet,
 )
 from lorarl.trainer.rollout_types import (
     ENGINES,
@@ -38,56 +52,6 @@ __all__ = ["RolloutClient", "RolloutError", "Sample", "SamplingParams", "pick_en
 T = TypeVar("T")
 _MAX_COOLDOWN_S = 30.0
 CONNECT_TIMEOUT_S = 5.0
-
-
-class RolloutError(RuntimeError):
-    """A rollout request could not be served; names the endpoint(s) and the last error."""
-
-    def __init__(self, message: str, *, endpoints: Sequence[str], last_error: str = "") -> None:
-        super().__init__(message)
-        self.endpoints = list(endpoints)
-        self.last_error = last_error
-
-
-@dataclass
-class EndpointState:
-    """Per-endpoint bookkeeping; `outstanding` counts requests assigned and not yet finished."""
-
-    url: str
-    outstanding: int = 0
-    consecutive_failures: int = 0
-    cooldown_until: float = 0.0
-    requests: int = 0
-    failures: int = 0
-    serving: bool = True  # False: its engine is not on the current weights; send it nothing
-
-
-def pick_endpoint(states: Sequence[EndpointState], *, tried: set[int], now: float, rr: int) -> int:
-    """Index of the endpoint for the next attempt.
-
-    Untried endpoints first (all, once every one was tried); among those, ones not cooling down,
-    then the fewest outstanding requests, then round-robin order starting at `rr`. When all are
-    cooling down, the one that recovers first.
-    """
-    count = len(states)
-    serving = [i for i in range(count) if states[i].serving]
-    if not serving:
-        raise RolloutError(
-            "no rollout engine is serving the current weights",
-            endpoints=[s.url for s in states],
-        )
-    candidates = [i for i in serving if i not in tried] or serving
-
-    def key(i: int) -> tuple[bool, float, int, int]:
-        cooling = states[i].cooldown_until > now
-        return (
-            cooling,
-            states[i].cooldown_until if cooling else 0.0,
-            states[i].outstanding,
-            (i - rr) % count,
-        )
-
-    return min(candidates, key=key)
 
 
 class RolloutClient:
@@ -108,10 +72,13 @@ class RolloutClient:
         max_retries: int = 3,
         backoff_s: float = 0.5,
         max_concurrency_per_endpoint: int = 16,
+        probe_interval_s: float = PROBE_INTERVAL_S,
+        probe_timeout_s: float = PROBE_TIMEOUT_S,
+        probe_misses: int = PROBE_MISSES,
     ) -> None:
         if isinstance(endpoints, str) or not endpoints:
             raise ValueError("endpoints must be a non-empty list of base URLs (http://host:port)")
-        urls = [_normalize_url(u) for u in endpoints]
+        urls = [normalize_url(u) for u in endpoints]
         if len(set(urls)) != len(urls):
             raise ValueError(f"endpoints contain duplicates: {urls}")
         if engine not in ENGINES:
@@ -138,6 +105,9 @@ class RolloutClient:
         self.max_retries = max_retries
         self.backoff_s = float(backoff_s)
         self.max_concurrency = max_concurrency_per_endpoint
+        # A replica with requests in flight is probed: silence moves them elsewhere (liveness.py)
+        self._probe = {"interval_s": probe_interval_s, "timeout_s": probe_timeout_s,
+                       "misses": probe_misses}  # fmt: skip
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._states = [EndpointState(u) for u in urls]
         self._rr = 0
@@ -161,7 +131,7 @@ class RolloutClient:
         """Route requests to exactly these endpoints from now on (the live replicas on the
         latest weights). New ones are added; dropped ones are kept, not serving, with their
         counts, and serve again (cooldown cleared) if they come back."""
-        wanted = [_normalize_url(u) for u in urls]
+        wanted = [normalize_url(u) for u in urls]
         known = {s.url: s for s in self._states}
         for url in wanted:
             if url not in known:
@@ -256,16 +226,17 @@ class RolloutClient:
             raise ValueError(f"params must be a SamplingParams, got {type(params).__name__}")
         target = model or self.model_name
         async with self._session() as http:
-            return list(
-                await asyncio.gather(
-                    *(
-                        self._sample_prompt(
-                            http, prompt, n, _seeded(params, i), target, expected_version
-                        )
-                        for i, prompt in enumerate(batch)
-                    )
+            liveness = Liveness(http, **self._probe)
+            calls = [
+                self._sample_prompt(
+                    http, liveness, prompt, n, seeded(params, i), target, expected_version
                 )
-            )
+                for i, prompt in enumerate(batch)
+            ]
+            try:
+                return list(await asyncio.gather(*calls))
+            finally:
+                await liveness.close()
 
     def generate(
         self,
@@ -277,7 +248,7 @@ class RolloutClient:
         expected_version: int,
     ) -> list[list[Sample]]:
         """Sync `agenerate` for the trainer loop."""
-        return _run_sync(
+        return run_sync(
             self.agenerate(prompts, n, params, model=model, expected_version=expected_version)
         )
 
@@ -315,6 +286,7 @@ class RolloutClient:
     async def _sample_prompt(
         self,
         http: httpx.AsyncClient,
+        liveness: Liveness,
         prompt: list[int],
         n: int,
         params: SamplingParams,
@@ -340,27 +312,27 @@ class RolloutClient:
                 wait = state.cooldown_until - time.monotonic()
                 if wait > 0:
                     await asyncio.sleep(wait)
-                async with sems[i]:
+                async with sems[i], liveness.watching(state.url) as gone:
                     state.requests += 1
-                    response = await asyncio.wait_for(
-                        http.post(state.url + path, json=payload), self.timeout_s
+                    response = await unless_gone(
+                        http.post(state.url + path, json=payload), gone, self.timeout_s
                     )
-            except (httpx.TransportError, asyncio.TimeoutError) as exc:
-                last_error = f"{state.url}: {_describe(exc, self.timeout_s)}"
+            except (httpx.TransportError, asyncio.TimeoutError, ReplicaVanished) as exc:
+                last_error = f"{state.url}: {describe(exc, self.timeout_s)}"
                 self._failed(state)
                 continue
             finally:
                 state.outstanding -= 1
             if response.status_code == 429 or response.status_code >= 500:
-                last_error = f"{state.url}: HTTP {response.status_code}: {_snippet(response)}"
+                last_error = f"{state.url}: HTTP {response.status_code}: {snippet(response)}"
                 self._failed(state)
                 continue
             if response.status_code != 200:
                 raise RolloutError(
                     f"{state.url} rejected the {self.engine} request: HTTP "
-                    f"{response.status_code}: {_snippet(response)}",
+                    f"{response.status_code}: {snippet(response)}",
                     endpoints=[state.url],
-                    last_error=_snippet(response),
+                    last_error=snippet(response),
                 )
             self._succeeded(state)
             try:
@@ -406,7 +378,7 @@ class RolloutClient:
         return dict(zip(self.endpoints, results, strict=True))
 
     def health(self) -> dict[str, bool]:
-        return _run_sync(self.ahealth())
+        return run_sync(self.ahealth())
 
     async def await_ready(
         self, timeout_s: float, *, require_all: bool = True, poll_s: float = 0.25
@@ -429,41 +401,4 @@ class RolloutClient:
     def wait_ready(
         self, timeout_s: float, *, require_all: bool = True, poll_s: float = 0.25
     ) -> None:
-        _run_sync(self.await_ready(timeout_s, require_all=require_all, poll_s=poll_s))
-
-
-def _seeded(params: SamplingParams, index: int) -> SamplingParams:
-    # A distinct seed per prompt, so a prompt repeated in one batch still gets distinct samples.
-    if params.seed is None:
-        return params
-    return dataclasses.replace(params, seed=params.seed + index)
-
-
-def _normalize_url(url: object) -> str:
-    if not isinstance(url, str) or not url.startswith(("http://", "https://")):
-        raise ValueError(f"endpoint {url!r} must be a base URL like http://host:port")
-    return url.rstrip("/")
-
-
-def _describe(exc: BaseException, timeout_s: float) -> str:
-    if isinstance(exc, (asyncio.TimeoutError, httpx.TimeoutException)):
-        return f"timed out after {timeout_s:g}s ({type(exc).__name__})"
-    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-
-
-def _snippet(response: httpx.Response, limit: int = 300) -> str:
-    text = response.text.strip().replace("\n", " ")
-    return text[:limit] + ("…" if len(text) > limit else "")
-
-
-def _run_sync(coro: Awaitable[T]) -> T:
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(coro)  # type: ignore[arg-type]
-    if hasattr(coro, "close"):
-        coro.close()
-    raise RuntimeError(
-        "RolloutClient's sync methods cannot run inside an event loop; "
-        "await the a-prefixed methods (agenerate, ahealth, await_ready) instead"
-    )
+        run_sync(self.await_ready(timeout_s, require_all=require_all, poll_s=poll_s))
