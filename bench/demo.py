@@ -40,8 +40,21 @@ def run(checkout: Path) -> dict:
         "last5_mean": round(statistics.mean(rewards[-5:]), 4),
         "rewards": [round(r, 4) for r in rewards],
         "median_step_s": round(statistics.median(s["stepSeconds"] for s in steps), 2),
+        "median_phase_s": {
+            phase: round(statistics.median(s[f"{phase}Seconds"] for s in steps), 2)
+            for phase in ("generate", "reward", "train", "sync")
+            if all(s.get(f"{phase}Seconds") is not None for s in steps)
+        },
+        # the machine's busy share over each step (/proc/stat): do the phases leave cores idle?
+        "cpu_util_mean": cpu_mean(steps),
         "adapter": str(checkout / "runs" / "demo" / "adapter"),
     }
+
+
+def cpu_mean(steps: list[dict]) -> float | None:
+    """Mean busy share over the steps after the first (the engines' warm-up)."""
+    values = [s["cpuUtil"] for s in steps[1:] if s.get("cpuUtil") is not None]
+    return round(statistics.mean(values), 3) if values else None
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,6 +1,6 @@
 """Core utilisation over a step: the busy share of the machine's CPU time, from `/proc/stat`.
 
-It answers "did generation and update leave cores idle?" (the local runner's threads per phase,
+It answers "did generation and update leave cores idle?" (how the local runner shares cores:
 docs/architecture.md#local-runs). It is the whole machine's figure: on a local run that is the
 run; in a pod it is the node's, other tenants included. None where `/proc/stat` is unreadable.
 """
