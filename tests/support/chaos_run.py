@@ -79,7 +79,7 @@ FAULTS = {
         Fault("sidecar_kill", "SIGKILL a rollout pod's sync sidecar", _sidecar_kill, 35),
         Fault("trainer_rank_kill", "SIGKILL one torchrun worker", _trainer_kill, 8),
         Fault("operator_kill", _OPERATOR, _operator_kill, 45),
-        Fault("scale", "kubectl scale lrj --replicas=3, then 1, then back to 2", None, 80),
+        Fault("scale", "kubectl scale lrj --replicas=3, then 1, then back to 2", None, 100),
         Fault("reward_kill", "SIGKILL the reward pod's process", _reward_kill, 25, {}, 1, True),
     )
 }
@@ -169,8 +169,12 @@ def scale_injection(c: Cluster, name: str, w: chaos.Watcher, inj: Injection, fau
     if not _wait_step(c, name, w, w.step() + 3, timeout):
         inj.recovered, inj.note = False, "no steps after the third engine joined"
         return
-    served = engine_served_steps(w, "rollout-2")
-    if in_sync_step is not None and served:
+    # This cycle's rollout-2 only: an earlier cycle's pod had the same name.
+    served = [s for s in engine_served_steps(w, "rollout-2") if s > inj.step]
+    if not served:
+        inj.recovered, inj.note = False, "the third engine served no step after joining"
+        return
+    if in_sync_step is not None:
         inj.scale_up_lag_steps = served[0] - in_sync_step
     for replicas in (1, 2):
         inj.detail += f"; {chaos.scale(c, name, replicas)}"
@@ -218,7 +222,8 @@ def _run_job(c: Cluster, fault: Fault, name: str, injections: int, rng: random.R
              checkpoint_interval: int, recover_timeout: float) -> Obj:  # fmt: skip
     """Apply one job of the fault, inject up to `injections` times, follow it to its end."""
     first_at = rng.randint(3, 6)
-    steps = first_at + injections * (fault.steps_per_injection + 4) + 10
+    # one more recovery's worth at the end: the last injection needs room_needed() too
+    steps = first_at + (injections + 1) * (fault.steps_per_injection + 4) + 10
     job = job_for(fault, name, steps, checkpoint_interval)
     applied = time.monotonic()
     c.apply(yaml.safe_dump(job))
@@ -262,9 +267,9 @@ FINAL_READ_STEPS = 5  # steps left after the last recovery to read every engine'
 
 
 def room_needed(fault: Fault, recovery_steps: int) -> int:
-    """Steps a job must have left for one more injection: twice the longest recovery seen in
-    it so far (the first: the fault's estimate), and the final read."""
-    return max(fault.steps_per_injection, 2 * recovery_steps) + FINAL_READ_STEPS
+    """Steps a job must have left for one more injection: 1.5x the longest recovery seen in it
+    so far (the first: the fault's estimate), and the final read."""
+    return max(fault.steps_per_injection, round(1.5 * recovery_steps)) + FINAL_READ_STEPS
 
 
 def _wait_step(c: Cluster, name: str, w: chaos.Watcher, step: int, timeout: float) -> bool:

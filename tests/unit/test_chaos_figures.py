@@ -70,5 +70,5 @@ def test_no_injection_is_made_too_close_to_the_jobs_end_to_see_it_recover() -> N
 
     fault = FAULTS["engine_kill"]
     assert room_needed(fault, 0) == fault.steps_per_injection + FINAL_READ_STEPS
-    slow = fault.steps_per_injection  # a recovery that took as many steps as estimated
-    assert room_needed(fault, slow) == 2 * slow + FINAL_READ_STEPS
+    slow = 2 * fault.steps_per_injection  # a recovery twice as long as estimated
+    assert room_needed(fault, slow) == 3 * fault.steps_per_injection + FINAL_READ_STEPS
