@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Sequence
-from typing import Any, TypeVar
+from typing import Any
 
 import httpx
 
@@ -49,7 +49,6 @@ from lorarl.trainer.rollout_types import (
 
 __all__ = ["RolloutClient", "RolloutError", "Sample", "SamplingParams", "pick_endpoint"]
 
-T = TypeVar("T")
 _MAX_COOLDOWN_S = 30.0
 CONNECT_TIMEOUT_S = 5.0
 
