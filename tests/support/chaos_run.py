@@ -74,13 +74,13 @@ _OPERATOR = "SIGKILL the operator 0-0.5 s after a rollout pod is deleted, restar
 FAULTS = {
     f.name: f
     for f in (
-        Fault("engine_kill", "SIGKILL a rollout pod's engine (its main process)", _engine_kill, 30),
+        Fault("engine_kill", "SIGKILL a rollout pod's engine (its main process)", _engine_kill, 35),
         Fault("rollout_delete", _DELETE, _rollout_delete, 45),
         Fault("sidecar_kill", "SIGKILL a rollout pod's sync sidecar", _sidecar_kill, 35),
         Fault("trainer_rank_kill", "SIGKILL one torchrun worker", _trainer_kill, 8),
-        Fault("operator_kill", _OPERATOR, _operator_kill, 45),
+        Fault("operator_kill", _OPERATOR, _operator_kill, 50),
         Fault("scale", "kubectl scale lrj --replicas=3, then 1, then back to 2", None, 100),
-        Fault("reward_kill", "SIGKILL the reward pod's process", _reward_kill, 25, {}, 1, True),
+        Fault("reward_kill", "SIGKILL the reward pod's process", _reward_kill, 10, {}, 1, True),
     )
 }
 

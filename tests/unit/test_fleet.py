@@ -17,16 +17,19 @@ from lorarl.trainer.weight_sync import SyncFailed
 
 
 class Sidecar:
-    """A /healthz endpoint whose answer the test sets (code, version)."""
+    """A /healthz endpoint whose answer the test sets (code, version, the incarnation it
+    answers for)."""
 
     def __init__(self) -> None:
         self.code, self.version = 503, None
+        self.incarnation: str | None = "aa"
         self.port = free_port()
         self.server = JsonHttpServer(
-            {"/healthz": lambda: (self.code, {"ok": self.code == 200, "version": self.version})},
+            {"/healthz": lambda: (self.code, {"ok": self.code == 200, "version": self.version,
+                                              "incarnation": self.incarnation})},
             self.port,
             "127.0.0.1",
-        )
+        )  # fmt: skip
         self.server.start()
         self.url = f"http://127.0.0.1:{self.port}"
 
@@ -101,6 +104,24 @@ def test_a_sync_goes_to_registered_members_that_answer(sidecars) -> None:
         fleet.publish(None, {}, 1)
     assert publisher.sender.waited == [2]  # the first sync waits for the job's start count
     assert publisher.sent == [(1, [0])]
+
+
+def test_a_restarted_sidecar_joins_only_once_it_answers_as_its_new_registration(sidecars) -> None:
+    """The old registration is still in the store while the new process already answers at the
+    same address: a group formed around the old one would wait for a process that is gone."""
+    publisher = ScriptedPublisher(sidecars)
+    publisher.sender.registrations = [sidecars[0].member(0), sidecars[1].member(1, "old")]
+    sidecars[1].incarnation = None  # the new process is up but has not registered yet
+    with httpx.Client(timeout=1.0) as http:
+        fleet = make_fleet(publisher, http)
+        fleet.publish(None, {}, 1)
+        assert publisher.sent == [(1, [0])]
+        sidecars[1].incarnation = "new"  # registered, but the trainer still reads the old entry
+        assert [m.index for m, _ in fleet.live()] == [0]
+        publisher.sender.registrations[1] = sidecars[1].member(1, "new")
+        assert [m.index for m, _ in fleet.live()] == [0, 1]
+        fleet.serving()
+        assert publisher.sent[-1] == (1, [0, 1])
 
 
 def test_a_member_that_dies_mid_sync_costs_a_retry_not_the_step(sidecars) -> None:

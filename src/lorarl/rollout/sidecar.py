@@ -41,6 +41,7 @@ class SidecarStatus:
     engine_healthy: bool = False
     engine_restarts: int = 0
     reapplied: int = 0
+    incarnation: str | None = None  # the sync registration this process answers for
 
     @property
     def in_sync(self) -> bool:
@@ -176,7 +177,8 @@ class StatusServer(JsonHttpServer):
         status = sidecar.status
 
         def healthz() -> tuple[int, dict]:  # ready to generate from: up and on the newest weights
-            body = {"ok": status.in_sync, "version": status.version}
+            body = {"ok": status.in_sync, "version": status.version,
+                    "incarnation": status.incarnation}  # fmt: skip
             return (200 if status.in_sync else 503), body
 
         routes = {"/status": lambda: (200, status.to_json()), "/healthz": healthz}
@@ -241,7 +243,8 @@ def main(argv: list[str] | None = None) -> int:
     sidecar = Sidecar(applier, None, engine)
     sidecar.status.replica = f"rollout-{index}"
     sidecar.status.engine_healthy = True
-    # Up before registering: the trainer counts a member live only when this answers.
+    # Up before registering, answering for no registration until there is one: the trainer
+    # counts a member live only when this answers as the registration it read.
     server = StatusServer(sidecar, int(env.get("LORARL_SIDECAR_PORT", "8001")))
     receiver = SyncReceiver(
         env["LORARL_SYNC_ADDR"],
@@ -254,6 +257,7 @@ def main(argv: list[str] | None = None) -> int:
         sidecar_url=env.get("LORARL_ADVERTISED_SIDECAR_URL", ""),
     )
     sidecar.receiver = receiver
+    sidecar.status.incarnation = receiver.registration.incarnation
     # Deleted or scaled away (SIGTERM): deregister so the trainer drops this replica at once.
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     threading.Thread(target=sidecar.watch_engine, daemon=True).start()

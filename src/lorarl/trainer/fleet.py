@@ -5,10 +5,13 @@ The trainer's start-up env says how many replicas the job began with, not how ma
 `kubectl scale` adds and removes pods, and a preempted pod comes back as a new process. So each
 sync sidecar registers itself in the sync store (signed with the job key, with its engine's and
 its own URL), and between steps the trainer reads the registrations. A member is *live* when its
-sidecar answers HTTP at all (a deleted pod's does not); the sync group always holds exactly the
-live members, re-formed when that set changes, and a newcomer gets the current adapter before
-anything else. A replica *serves* a step only when its sidecar says its engine is up and on the
-trainer's latest version, so no sample ever comes from weights the trainer did not publish.
+sidecar answers HTTP (a deleted pod's does not) as the incarnation that registered: a restarted
+sidecar answers at its old address before it has registered again, and a group formed around its
+old registration would wait for a process that no longer exists. The sync group always holds
+exactly the live members, re-formed when that set changes, and a newcomer gets the current
+adapter before anything else. A replica *serves* a step only when its sidecar says its engine
+is up and on the trainer's latest version, so no sample ever comes from weights the trainer did
+not publish.
 """
 
 from __future__ import annotations
@@ -44,10 +47,12 @@ def replica_name(index: int) -> str:
 
 @dataclass(frozen=True)
 class Probe:
-    """One sidecar's `/healthz`: None when it did not answer (the pod is gone or restarting)."""
+    """One sidecar's `/healthz`: None when it did not answer (the pod is gone or restarting).
+    `incarnation`: the registration it answers for, None before it has registered."""
 
     code: int | None
     version: int | None = None
+    incarnation: str | None = None
 
     @property
     def live(self) -> bool:
@@ -60,10 +65,15 @@ def probe_sidecar(http: httpx.Client, url: str) -> Probe:
     except httpx.HTTPError:
         return Probe(None)
     try:
-        version = reply.json().get("version")
+        body = reply.json()
+        version, incarnation = body.get("version"), body.get("incarnation")
     except (ValueError, AttributeError):
-        version = None
-    return Probe(reply.status_code, version if isinstance(version, int) else None)
+        version = incarnation = None
+    return Probe(
+        reply.status_code,
+        version if isinstance(version, int) else None,
+        incarnation if isinstance(incarnation, str) else None,
+    )
 
 
 class Fleet:
@@ -90,11 +100,14 @@ class Fleet:
     # ------------------------------------------------------------------ membership
 
     def live(self) -> list[tuple[Registration, Probe]]:
-        """Registered members whose sidecar answers, with what it said."""
+        """Registered members whose sidecar answers as that registration, with what it said."""
         out = []
         for member in self.publisher.sender.registered():
-            found = probe_sidecar(self.http, member.sidecar) if member.sidecar else Probe(200)
-            if found.live:
+            if member.sidecar:
+                found = probe_sidecar(self.http, member.sidecar)
+            else:
+                found = Probe(200, incarnation=member.incarnation)
+            if found.live and found.incarnation == member.incarnation:
                 out.append((member, found))
                 if member.engine:
                     self.names[member.engine] = replica_name(member.index)
