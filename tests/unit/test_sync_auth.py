@@ -3,6 +3,7 @@ it (trainer and sidecar only), what a process without it does, and what its MACs
 
 from __future__ import annotations
 
+import faulthandler
 import importlib
 import json
 from pathlib import Path
@@ -125,7 +126,9 @@ def test_a_sync_process_without_the_key_exits_with_one_line_naming_it(
     monkeypatch.delenv("LORARL_SYNC_KEY", raising=False)
     monkeypatch.setenv("LORARL_SYNC_WORLD_SIZE", "3")  # a trainer with sidecars
     main = importlib.import_module(program).main
+    faulthandler.disable()  # pytest's own; the process must turn it on for a native crash
     assert main(["--config", str(QUICKSTART)]) == 2
+    assert faulthandler.is_enabled()
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and "LORARL_SYNC_KEY is not set" in lines[0], lines
 

@@ -8,6 +8,7 @@ engine restarts. `/healthz` and `/status` report what it did.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import logging
 import os
 import signal
@@ -206,6 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", default=os.environ.get("LORARL_CONFIG"))
     parser.add_argument("--engine-timeout", type=float, default=900.0)
     args = parser.parse_args(argv)
+    faulthandler.enable(sys.__stderr__, all_threads=True)  # a native crash still names its stack
     logging.basicConfig(level=os.environ.get("LORARL_LOG_LEVEL", "INFO"),
                         format="%(asctime)s sidecar %(levelname)s %(message)s")  # fmt: skip
     logging.getLogger("httpx").setLevel(logging.WARNING)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import logging
 import os
 import sys
@@ -29,6 +30,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m lorarl.trainer")
     parser.add_argument("--config", default=os.environ.get("LORARL_CONFIG"), required=False)
     args = parser.parse_args(argv)
+    # A native crash (gloo, NCCL, a CUDA kernel) kills the rank with no Python traceback: print
+    # every thread's stack to the pod log, so the restart event says where it died.
+    faulthandler.enable(sys.__stderr__, all_threads=True)
     logging.basicConfig(
         level=os.environ.get("LORARL_LOG_LEVEL", "INFO"),
         format=f"%(asctime)s rank{os.environ.get('RANK', '0')} %(levelname)s %(name)s: %(message)s",
