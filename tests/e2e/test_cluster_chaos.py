@@ -25,6 +25,7 @@ from tests.support.chaos_run import (
     Injection,
     engine_served_steps,
     job_for,
+    step_in_progress,
     wait_recovered,
 )
 from tests.support.cluster import cluster, wait_phase
@@ -50,11 +51,11 @@ def test_preemption_scale_up_and_a_trainer_kill_on_one_running_job(tmp_path) -> 
             w.poll_history()
             kill_at = time.time()
             inj.detail += "; " + chaos.kill_trainer_rank(c, NAME, random.Random(17).randrange(2))
-            in_sync_step = c.kubelet.wait(
+            in_sync_at = c.kubelet.wait(
                 lambda: (
                     (s := chaos.sidecar_status(c, f"{NAME}-rollout-2"))
                     and s.get("inSync")
-                    and w.step()
+                    and time.time()
                 ),
                 300,
                 "rollout-2 in sync",
@@ -78,6 +79,6 @@ def test_preemption_scale_up_and_a_trainer_kill_on_one_running_job(tmp_path) -> 
         assert final["status"]["rolloutPreemptions"] == 1
         assert not chaos.checkpoints_bad(c, NAME)
         assert not [d for d in w.duplicates if "watcher error" not in d], w.duplicates
-        served = engine_served_steps(w, "rollout-2")
-        assert served and served[0] <= in_sync_step + 1, (served, in_sync_step)
+        served, in_sync_step = engine_served_steps(w, "rollout-2"), step_in_progress(w, in_sync_at)
+        assert served and in_sync_step and served[0] <= in_sync_step + 1, (served, in_sync_step)
         assert list(w.records) and max(w.records) == 45

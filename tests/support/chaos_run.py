@@ -98,7 +98,8 @@ class Injection:
     reward_before: float | None = None
     reward_after: float | None = None
     note: str = ""
-    scale_up_lag_steps: int | None = None  # scale: first step with requests - step in sync
+    scale_up_lag_steps: int | None = None  # scale: first step with requests - step_in_progress()
+    # when its sidecar was seen in sync
     scale_down_next_step_s: float | None = None  # scale: 3 -> 1 -> the next new step
 
 
@@ -155,12 +156,12 @@ def scale_injection(c: Cluster, name: str, w: chaos.Watcher, inj: Injection, fau
                     timeout: float) -> None:  # fmt: skip
     """2 -> 3: the third engine must serve generation within one step of its sidecar being in
     sync (step history `engineRequests`); then 3 -> 1 and back to 2, each waited for."""
-    in_sync_step = None
+    in_sync_at = None
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and in_sync_step is None:
+    while time.monotonic() < deadline and in_sync_at is None:
         status = chaos.sidecar_status(c, f"{name}-rollout-2")
         if status and status.get("inSync"):
-            in_sync_step = w.step()
+            in_sync_at = time.time()
         time.sleep(0.3)
     wait_recovered(c, name, w, inj, expected_pods(fault, 3), timeout)
     if not inj.recovered:
@@ -174,6 +175,7 @@ def scale_injection(c: Cluster, name: str, w: chaos.Watcher, inj: Injection, fau
     if not served:
         inj.recovered, inj.note = False, "the third engine served no step after joining"
         return
+    in_sync_step = step_in_progress(w, in_sync_at) if in_sync_at is not None else None
     if in_sync_step is not None:
         inj.scale_up_lag_steps = served[0] - in_sync_step
     for replicas in (1, 2):
@@ -186,6 +188,14 @@ def scale_injection(c: Cluster, name: str, w: chaos.Watcher, inj: Injection, fau
         if not part.recovered:
             inj.recovered, inj.note = False, f"--replicas={replicas}: {part.note}"
             return
+
+
+def step_in_progress(w: chaos.Watcher, t: float) -> int | None:
+    """The step the trainer was running at wall time `t`: the first one recorded (again) after
+    it. Row times are the trainer's own clock, so this does not depend on how late the history
+    was polled (the step count the harness had read at `t` could be a step behind)."""
+    after = [s for s, times in w.records.items() if max(times) >= t]
+    return min(after) if after else None
 
 
 def engine_served_steps(w: chaos.Watcher, replica: str) -> list[int]:

@@ -3,9 +3,11 @@ several jobs (one ended before all its injections) is reported."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 from tests.support.chaos_figures import acceptance, combine
+from tests.support.chaos_run import step_in_progress
 
 
 def _run(injections: list[dict[str, Any]], **over: Any) -> dict[str, Any]:
@@ -72,3 +74,13 @@ def test_no_injection_is_made_too_close_to_the_jobs_end_to_see_it_recover() -> N
     assert room_needed(fault, 0) == fault.steps_per_injection + FINAL_READ_STEPS
     slow = 2 * fault.steps_per_injection  # a recovery twice as long as estimated
     assert room_needed(fault, slow) == 3 * fault.steps_per_injection + FINAL_READ_STEPS
+
+
+def test_the_step_in_progress_comes_from_the_trainers_row_times_not_the_polled_count() -> None:
+    """Rows of steps 4-6 written at t=10, 11, 12, step 5 redone at 20 after a restart: at t=10.5
+    the trainer ran step 5, at t=15 (between the crash and the redo) step 5 again."""
+    w = SimpleNamespace(records={4: {10.0: {}}, 5: {11.0: {}, 20.0: {}}, 6: {12.0: {}, 21.0: {}}})
+    assert step_in_progress(w, 10.5) == 5
+    assert step_in_progress(w, 15.0) == 5
+    assert step_in_progress(w, 9.0) == 4
+    assert step_in_progress(w, 30.0) is None  # nothing written after it yet
