@@ -135,6 +135,11 @@ def acceptance(result: Obj, checkpoint_interval: int) -> list[str]:
             problems.append(f"{key} {result[key]}: {result[f'{key}_detail']}")
     if not result["engines_on_latest"]:
         problems.append(f"engines not on latest: {result['engines_on_latest_detail']}")
+    if not result["reward_continues"]:
+        fell = [(i.get("reward_before"), i.get("reward_after")) for i in result["injections"]
+                if i.get("reward_before") is not None and i.get("reward_after") is not None
+                and i["reward_after"] < i["reward_before"] - REWARD_SLACK]  # fmt: skip
+        problems.append(f"the reward fell more than {REWARD_SLACK} across a fault: {fell}")
     stalls = [
         s
         for i in result["injections"]

@@ -67,6 +67,12 @@ def test_a_rollout_fault_may_not_restart_the_trainer_nor_stall_it() -> None:
     assert acceptance(trainer | {"steps_lost_max": 4}, 3) == ["steps lost 4 > 3"]
 
 
+def test_a_reward_that_falls_across_a_fault_is_not_a_pass() -> None:
+    fell = _inj(50, 2) | {"reward_before": 0.9, "reward_after": 0.4}
+    out = combine([_run([_inj(50, 2), fell], reward_continues=False)])
+    assert acceptance(out, 3) == ["the reward fell more than 0.2 across a fault: [(0.9, 0.4)]"]
+
+
 def test_no_injection_is_made_too_close_to_the_jobs_end_to_see_it_recover() -> None:
     from tests.support.chaos_run import FAULTS, FINAL_READ_STEPS, room_needed
 
