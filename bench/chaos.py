@@ -41,6 +41,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=17)
     parser.add_argument("--recover-timeout", type=float, default=400)
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument(
+        "--history-dir",
+        type=Path,
+        default=None,
+        help="write each job's step history and injections here (post-mortems)",
+    )
     parser.add_argument("--merge", action="store_true",
                         help="keep the other faults' figures already in --out (a matrix run in "
                         "parts); their injection counts must match --injections")  # fmt: skip
@@ -56,7 +62,8 @@ def main(argv: list[str] | None = None) -> None:
         for name in args.faults:
             result = run_fault(c, FAULTS[name], args.injections, seed=args.seed,
                                checkpoint_interval=CHECKPOINT_INTERVAL,
-                               recover_timeout=args.recover_timeout)  # fmt: skip
+                               recover_timeout=args.recover_timeout,
+                               history_dir=args.history_dir)  # fmt: skip
             result["acceptance_problems"] = acceptance(result, CHECKPOINT_INTERVAL)
             result["passed"] = not result["acceptance_problems"]
             faults.append(result)

@@ -139,6 +139,9 @@ def test_quickstart_merged_survives_an_engine_kill(tmp_path: Path, engine_python
     last = history[-1]
     assert set(last["engineRequests"]) == {"rollout-0", "rollout-1"}, last["engineRequests"]
     assert all(n > 0 for n in last["engineRequests"].values()) and last["syncMembers"] == 2
+    # by replica name like the requests; each serves the trained weights (the task is learned)
+    assert set(last["engineRewards"]) == {"rollout-0", "rollout-1"}, last["engineRewards"]
+    assert all(r > 0.5 for r in last["engineRewards"].values()), last["engineRewards"]
     assert all(0 < r["cpuUtil"] <= 1 for r in history), [r.get("cpuUtil") for r in history]
     assert all(gone(pid) for pid in [*children, first_pid]), "a child outlived the run"
 

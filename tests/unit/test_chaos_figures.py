@@ -82,6 +82,17 @@ def test_no_injection_is_made_too_close_to_the_jobs_end_to_see_it_recover() -> N
     assert room_needed(fault, slow) == 3 * fault.steps_per_injection + FINAL_READ_STEPS
 
 
+def test_a_job_is_sized_for_its_injections_and_the_last_ones_recovery() -> None:
+    from tests.support.chaos_run import FAULTS, MAX_JOB_STEPS, job_steps, room_needed
+
+    fault = FAULTS["sidecar_kill"]
+    steps = job_steps(fault, 10, first_at=4)
+    # injections every steps_per_injection from step 4: the 10th still has room to recover
+    last = 4 + 9 * fault.steps_per_injection
+    assert steps - last == fault.steps_per_injection + room_needed(fault, 0)
+    assert job_steps(FAULTS["scale"], 20, first_at=4) == MAX_JOB_STEPS  # the rest: next job
+
+
 def test_the_step_in_progress_comes_from_the_trainers_row_times_not_the_polled_count() -> None:
     """Rows of steps 4-6 written at t=10, 11, 12, step 5 redone at 20 after a restart: at t=10.5
     the trainer ran step 5, at t=15 (between the crash and the redo) step 5 again."""

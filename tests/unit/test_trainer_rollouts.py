@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -66,3 +68,20 @@ def test_truncated_completions_are_counted_punished_or_masked():
     masked = worker(OverlongConfig(max_tokens=MAX, mask=True)).collect(DataPosition(), 0, "base")
     batch = collate(masked.samples, pad_id=0)
     assert batch.response_mask.sum(1).tolist()[:4] == [2.0, 5.0, 0.0, 0.0]
+
+
+class TwoEngineClient(ScriptedClient):
+    """The short completions come from engine a, the cut ones from engine b."""
+
+    def generate(self, prompts, n, params, *, model=None, expected_version=0):
+        groups = super().generate(prompts, n, params, model=model)
+        return [[replace(s, endpoint="http://b" if len(s.completion_ids) == MAX else "http://a")
+                 for s in group] for group in groups]  # fmt: skip
+
+
+def test_each_engines_mean_reward_is_reported_so_a_replica_on_wrong_weights_stands_out():
+    w = worker(OverlongConfig(max_tokens=MAX, soft_punishment=True, buffer_tokens=5))
+    w.client = TwoEngineClient()
+    collected = w.collect(DataPosition(), 0, "base")
+    # the task's reward, by the engine that generated the sample (not the overlong penalty)
+    assert collected.engine_rewards == {"http://a": 0.0, "http://b": 1.0}

@@ -118,6 +118,11 @@ class StepRecord(ReportModel):
         description="Generation requests sent to each rollout replica this step, by replica "
         "name (rollout-<index>); a replica that joined mid-run shows up here.",
     )
+    engine_rewards: dict[str, float] | None = Field(
+        default=None,
+        description="Mean reward of the samples each rollout replica generated this step, by "
+        "replica name: a replica serving stale or wrong weights stands out here.",
+    )
     eval: EvalRecord | None = Field(
         default=None,
         description="Eval on data.valFiles by this step's weights (every training.evalInterval "

@@ -389,6 +389,9 @@ class Trainer:
             for url, count in sent.items()
             if count > before.get(url, 0) or url in names
         }
+        collected.engine_rewards = {
+            names.get(url, url): mean for url, mean in (collected.engine_rewards or {}).items()
+        }
         return collected
 
     def _engines_ready(self) -> dict[str, str]:

@@ -36,6 +36,7 @@ class Collected:
     truncated_fraction: float = 0.0  # of every sample generated this step
     episode_stats: dict[str, float] | None = None  # multi-turn only (episodes.episode_stats)
     engine_requests: dict[str, int] | None = None  # replica name -> requests (set by the loop)
+    engine_rewards: dict[str, float] | None = None  # endpoint -> mean reward (names: the loop)
 
 
 @dataclass
@@ -61,6 +62,7 @@ class RolloutWorker:
         gen_s = rew_s = 0.0
         tokens = 0
         all_rewards: list[torch.Tensor] = []
+        by_endpoint: dict[str, list[float]] = {}
         n_truncated = n_samples = 0
         episodes: list[Episode] = []
         dynamic = None
@@ -99,6 +101,8 @@ class RolloutWorker:
             flat = [s for g in groups for s in g]
             tokens += sum(sum(s.loss_mask or [1] * len(s.completion_ids)) for s in flat)
             all_rewards.append(rewards)
+            for sample, score in zip(flat, rewards.tolist(), strict=True):
+                by_endpoint.setdefault(sample.endpoint, []).append(score)
             cut = truncated([s.finish_reason for s in flat])
             n_truncated, n_samples = n_truncated + int(cut.sum()), n_samples + len(flat)
             if self.overlong is not None and self.overlong.soft_punishment:
@@ -137,6 +141,7 @@ class RolloutWorker:
             rounds=len(all_rewards),
             truncated_fraction=n_truncated / max(n_samples, 1),
             episode_stats=episode_stats(episodes) if self.episodes is not None else None,
+            engine_rewards={url: sum(rs) / len(rs) for url, rs in by_endpoint.items()},
         )
 
     def _params(self, step: int, round_: int) -> SamplingParams:

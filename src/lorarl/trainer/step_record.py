@@ -70,6 +70,7 @@ def step_record(
         sync_bytes=sync.bytes if sync else None,
         sync_members=sync.members if sync else None,
         engine_requests=collected.engine_requests,
+        engine_rewards=collected.engine_rewards,
         **{k: metrics[k] for k in _OPTIONAL if k in metrics},
         **(collected.episode_stats or {}),
     )
