@@ -112,6 +112,13 @@ def test_cpu_job_uses_gloo_and_vllm_flags():
     engine = p.role("rollout").replicas[0].containers[0]
     assert "--enable-lora" in engine.command and "--enforce-eager" in engine.command
     assert engine.env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
+    # a CPU engine compiles nothing: no Inductor build stalls its first step
+    assert engine.env["TORCHDYNAMO_DISABLE"] == "1"
+
+
+def test_a_gpu_engine_keeps_torch_compile():
+    p = plan(make(rollout={"engine": "vllm", "gpusPerReplica": 1}))
+    assert "TORCHDYNAMO_DISABLE" not in p.role("rollout").replicas[0].containers[0].env
 
 
 def test_user_env_cannot_override_reserved_names():

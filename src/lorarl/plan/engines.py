@@ -201,6 +201,10 @@ def vllm_server_env(*, cpu: bool, kv_cache_gib: int = 1) -> dict[str, str]:
     """Runtime LoRA loading and `/collective_rpc` (dev mode) are how the sidecar updates weights.
 
     On CPU, V1 multiprocessing off starts in ~4.5 s instead of ~20 s and is deterministic.
+    Dynamo off on CPU: the engine runs eager anyway (`--enforce-eager`), but vLLM still wraps
+    one logprobs helper (token ranks) in `torch.compile`, and its Inductor build on the first
+    request with logprobs made every fresh engine's first step take ~21 s instead of ~0.8 s
+    (docs/architecture.md#measured-facts). Every rollout request asks for logprobs.
     """
     env = {
         "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
@@ -211,4 +215,5 @@ def vllm_server_env(*, cpu: bool, kv_cache_gib: int = 1) -> dict[str, str]:
     if cpu:
         env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         env["VLLM_CPU_KVCACHE_SPACE"] = str(kv_cache_gib)
+        env["TORCHDYNAMO_DISABLE"] = "1"
     return env
