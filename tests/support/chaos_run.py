@@ -10,6 +10,7 @@ recorded after it that is past every step recorded before it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import shutil
@@ -348,9 +349,12 @@ def _keep_history(out: Path, c: Cluster, w: chaos.Watcher, done: list[Injection]
                                 "history": sorted(rows, key=lambda r: r["time"])}))  # fmt: skip
     for run in list(c.kubelet.pods.values()):
         if (run.pod["metadata"].get("labels") or {}).get(JOB_LABEL) == out.name:
-            for ctr in run.containers:
-                shutil.copytree(ctr.log_path.parent, out / "logs" / run.key / ctr.name,
-                                dirs_exist_ok=True)  # fmt: skip
+            for ctr in run.containers:  # one log per restart; the folder also holds rootfs
+                dest = out / "logs" / run.key / ctr.name
+                dest.mkdir(parents=True, exist_ok=True)
+                for log in ctr.log_path.parent.glob("*.log"):
+                    with contextlib.suppress(OSError):  # a pod being collected meanwhile
+                        shutil.copy2(log, dest / log.name)
 
 
 def _per_injection(done: list[Injection], w: chaos.Watcher) -> None:
