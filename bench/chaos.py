@@ -91,7 +91,8 @@ def report(faults: list[dict[str, Any]], info: dict[str, Any], args: Any, second
         "benchmark": "chaos",
         "job": "examples/quickstart.yaml on claims: 1 trainer pod x 2 ranks, 2 vLLM rollout "
         f"pods (reward_kill: 1, adapter sync, a reward service pod), checkpointInterval "
-        f"{CHECKPOINT_INTERVAL}, backoffLimit 100",
+        f"{CHECKPOINT_INTERVAL}, backoffLimit 100, cosine lr schedule (the quickstart's "
+        "constant lr swings the KL in jobs this long)",
         "injections_per_fault": args.injections,
         "seed": args.seed,
         "seconds": round(seconds, 1),

@@ -3,6 +3,7 @@ several jobs (one ended before all its injections) is reported."""
 
 from __future__ import annotations
 
+import json
 from types import SimpleNamespace
 from typing import Any
 
@@ -101,3 +102,33 @@ def test_the_step_in_progress_comes_from_the_trainers_row_times_not_the_polled_c
     assert step_in_progress(w, 15.0) == 5
     assert step_in_progress(w, 9.0) == 4
     assert step_in_progress(w, 30.0) is None  # nothing written after it yet
+
+
+def test_a_jobs_post_mortem_keeps_its_rows_in_time_order_and_only_its_pods_logs(tmp_path) -> None:
+    from tests.support.chaos_run import Injection, _keep_history
+    from tests.support.cluster_jobs import JOB_LABEL
+
+    def pod(job: str, key: str) -> SimpleNamespace:
+        folder = tmp_path / "node" / key / "engine"
+        (folder / "0.root").mkdir(parents=True)  # a restart's rootfs sits beside its log
+        (folder / "0.root" / "hostname").write_text("pod\n")
+        (folder / "0.log").write_text(f"{key} first\n")
+        (folder / "1.log").write_text(f"{key} after a restart\n")
+        ctr = SimpleNamespace(name="engine", log_path=folder / "1.log")
+        meta = {"labels": {JOB_LABEL: job}}
+        return SimpleNamespace(key=key, pod={"metadata": meta}, containers=[ctr])
+
+    pods = {1: pod("j", "default/j-r0"), 2: pod("other", "default/o-r0")}
+    c = SimpleNamespace(kubelet=SimpleNamespace(pods=pods))
+
+    def row(step: int, t: float) -> dict[float, dict[str, float]]:
+        return {t: {"step": step, "time": t}}
+
+    w = SimpleNamespace(records={2: row(2, 20.0), 1: row(1, 10.0) | row(1, 30.0)})
+    _keep_history(tmp_path / "out" / "j", c, w, [Injection(0, 1, 15.0, "kill")])
+    kept = json.loads((tmp_path / "out" / "j" / "history.json").read_text())
+    assert [r["time"] for r in kept["history"]] == [10.0, 20.0, 30.0]  # the redone step 1 too
+    assert kept["injections"][0]["detail"] == "kill"
+    logs = tmp_path / "out" / "j" / "logs"
+    assert sorted(p.relative_to(logs).as_posix() for p in logs.rglob("*") if p.is_file()) == [
+        "default/j-r0/engine/0.log", "default/j-r0/engine/1.log"]  # fmt: skip
