@@ -121,7 +121,8 @@ class StepRecord(ReportModel):
     engine_rewards: dict[str, float] | None = Field(
         default=None,
         description="Mean reward of the samples each rollout replica generated this step, by "
-        "replica name: a replica serving stale or wrong weights stands out here.",
+        "replica name. Noisy with few prompts per replica; one serving wrong weights falls "
+        "apart from the others, and logprob_mismatch rises with it.",
     )
     eval: EvalRecord | None = Field(
         default=None,
