@@ -28,7 +28,7 @@ BENCHMARKS = (
     "trainer_step", "sync", "reward_service", "operator_scale", "operator_steady", "vs_trl", "demo",
     "quickstart", "cluster_e2e", "sandbox", "mismatch", "ppo_memory", "tools", "chaos",
 )  # fmt: skip
-# Longer than --timeout by design: the chaos matrix is 7 jobs x 10 injections (~75 min here).
+# Longer than --timeout by design: the chaos matrix is 7 faults x 10 injections (~85 min here).
 MIN_TIMEOUT_S = {"chaos": 7200.0}
 
 
