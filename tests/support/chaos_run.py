@@ -37,7 +37,8 @@ class Fault:
     what: str
     inject: Callable[[Cluster, str, random.Random, int], str] | None  # None: scale's own
     # Steps from one injection to the next (the recovery and the 1-4 steps after it), to size
-    # totalSteps: the spans measured in bench/results/chaos.json, plus ~10%.
+    # totalSteps: session 9's measured spans plus ~10% (the 2026-11-24 matrix measured shorter
+    # ones for sidecar_kill, ~29 steps, and operator_kill, ~46: their jobs ran ~200-step tails).
     steps_per_injection: int
     job: dict[str, Any] = field(default_factory=dict)  # cluster_job keyword overrides
     replicas: int = 2  # rollout replicas of the job
