@@ -43,3 +43,21 @@ def test_a_taken_port_is_never_handed_out(monkeypatch):
         monkeypatch.setattr(ports, "candidate_range", lambda size: (taken, taken + 1))
         with pytest.raises(RuntimeError, match="no block of 1 free loopback ports"):
             ports.free_port_block(1, tries=5)
+
+
+def test_a_port_in_time_wait_is_not_free():
+    """A server (with SO_REUSEADDR, as uvicorn sets it) that closed a connection first leaves its
+    port in TIME_WAIT: a bind with SO_REUSEADDR takes it, a plain bind fails."""
+    with socket.socket() as listener:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+        port = listener.getsockname()[1]
+        client = socket.create_connection(("127.0.0.1", port))
+        served, _ = listener.accept()
+        served.close()
+        client.recv(1)
+        client.close()
+    with socket.socket() as probe, pytest.raises(OSError):
+        probe.bind(("127.0.0.1", port))
+    assert not ports._free(port)

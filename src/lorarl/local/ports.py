@@ -36,8 +36,13 @@ def candidate_range(size: int, ephemeral: tuple[int, int] | None = None) -> tupl
 
 
 def _free(port: int) -> bool:
+    """Whether a plain ``bind`` takes ``port`` now.
+
+    No ``SO_REUSEADDR``: with it a port still in TIME_WAIT from an earlier server looks free, and
+    a child that binds without the option (a gloo store, an ad-hoc socket) then fails with
+    EADDRINUSE.
+    """
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("127.0.0.1", port))
         except OSError:
