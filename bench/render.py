@@ -109,36 +109,54 @@ def _pair(record: dict[str, Any], key: str) -> str:
     return f"{fmt(record['lorarl'].get(key))} / {fmt(record['trl'].get(key))}"
 
 
+def _k(doc: dict[str, Any]) -> int:
+    """The reward window: 5 steps since the library-defaults rework, 3 before it."""
+    return 5 if any("variant" in r for r in doc.get("records", [])) else 3
+
+
 def render_vs_trl(doc: dict[str, Any]) -> str:
     records = doc.get("records", [])
     if not records:
         return "_no records_"
     main = table(
-        ["model", "reps × steps", "s/step lorarl", "s/step TRL", "**speedup**", "per rep",
-         "generate s (l / T)", "update s (l / T)", "gen ×", "update ×",
-         "tokens/s (l / T)", "reward first→last (l)", "reward first→last (T)", "wall s (l / T)"],
-        [[r["model"], f"{r['repetitions']} × {r['workload']['steps']}", r["lorarl_step_s"],
-          r["trl_step_s"], f"×{fmt(r['step_speedup'])}",
+        ["model", "variant", "reps × steps", "s/step lorarl", "s/step TRL", "**lorarl ÷ TRL**",
+         "speedup", "per rep", "generate s (l / T)", "update s (l / T)", "cpu util (l / T)",
+         "tokens/s (l / T)", f"reward first{_k(doc)}→last{_k(doc)} (l)",
+         f"reward first{_k(doc)}→last{_k(doc)} (T)", "wall s (l / T)"],
+        [[r["model"], r.get("variant", "pinned"), f"{r['repetitions']} × {r['workload']['steps']}",
+          r["lorarl_step_s"], r["trl_step_s"],
+          fmt(r.get("step_ratio", round(r["lorarl_step_s"] / r["trl_step_s"], 3))),
+          f"×{fmt(r['step_speedup'])}",
           ", ".join(fmt(x) for x in r.get("step_speedup_per_rep", [])), _pair(r, "generate_s"),
-          _pair(r, "update_s"), r.get("generate_speedup"), r.get("update_speedup"),
-          _pair(r, "tokens_per_s"),
+          _pair(r, "update_s"), _pair(r, "cpu_util"), _pair(r, "tokens_per_s"),
           f"{fmt(r['lorarl']['first_reward'])} → {fmt(r['lorarl_final_reward'])}",
           f"{fmt(r['trl']['first_reward'])} → {fmt(r['trl_final_reward'])}",
           _pair(r, "wall_s")] for r in records],
     )  # fmt: skip
+    seeds = table(
+        ["model", "variant", "seed", "lorarl first → last", "TRL first → last"],
+        [[r["model"], r.get("variant", "pinned"), seed,
+          f"{fmt(a['first'])} → {fmt(a['last'])}", f"{fmt(b['first'])} → {fmt(b['last'])}"]
+         for r in records if r["lorarl"].get("reward_by_seed")
+         for seed, a, b in zip(r.get("seeds", []), r["lorarl"]["reward_by_seed"],
+                               r["trl"]["reward_by_seed"], strict=True)],
+    )  # fmt: skip
     shares = table(
-        ["model", "side", "step s", *[f"{p} %" for p in BREAKDOWN_PARTS]],
-        [[r["model"], side, r[side]["step_s"],
+        ["model", "variant", "side", "step s", *[f"{p} %" for p in BREAKDOWN_PARTS]],
+        [[r["model"], r.get("variant", "pinned"), side, r[side]["step_s"],
           *[round(100 * r[side]["breakdown"].get(p, 0.0), 1) for p in BREAKDOWN_PARTS]]
          for r in records for side in ("lorarl", "trl")],
     )  # fmt: skip
     notes = (
-        "Speedup = TRL median s/step ÷ lorarl median s/step (>1: lorarl faster), medians over "
-        "every step but each run's first; _per rep_ is the same ratio for each A/B pair. Shares "
+        "_lorarl ÷ TRL_ = lorarl median s/step ÷ TRL's (<1: lorarl faster); speedup is its "
+        "inverse; medians over every step but each run's first; _per rep_ is the speedup for "
+        "each A/B pair. _variant_ defaults: each library as installed; pinned: fp32, no "
+        "gradient checkpointing, OMP_NUM_THREADS=1 on both sides. Shares "
         "are of the summed post-warm-up step time. _update_ is lorarl's `trainSeconds` (logprobs "
         "with grad, backward, optimizer) and, for TRL, step time minus `_prepare_inputs` (same "
         "work plus Trainer overhead). _sync_ is lorarl's merged weight push; TRL has none. Reward: "
-        "mean of the first and last 3 steps' training reward, averaged over repetitions."
+        "mean of the first and last steps' training reward (window in the header), averaged "
+        "over repetitions; per seed below. cpu util: the machine's busy share per step."
     )
     overlapped = [r for r in records if r.get("lorarl_async_step_s")]
     async_rows = table(
@@ -165,7 +183,7 @@ def render_vs_trl(doc: dict[str, Any]) -> str:
           r["workload"]["lr"]] for r in records],
     )  # fmt: skip
     extra = [f"- {n}" for n in doc.get("notes", [])]
-    return "\n\n".join([main, "Where a step's time goes:", shares, notes,
+    return "\n\n".join([main, "Reward per seed:", seeds, "Where a step's time goes:", shares, notes,
                         *([async_text] if overlapped else []),
                         "Workloads (identical on both sides):", workloads,
                         *(["Notes:\n\n" + "\n".join(extra)] if extra else [])])  # fmt: skip

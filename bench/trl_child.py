@@ -1,6 +1,9 @@
 """TRL's side of bench.vs_trl, in its own process: GRPOTrainer + peft LoraConfig on a Workload.
 
-    python -m bench.trl_child WORKLOAD_JSON MODEL_DIR DATA_JSONL OUT_DIR    (bench.vs_trl runs it)
+    python -m bench.trl_child WORKLOAD_JSON MODEL_DIR DATA_JSONL OUT_DIR [CONFIG_JSON]
+
+(bench.vs_trl runs it). CONFIG_JSON: GRPOConfig fields set on top of TRL's defaults (the
+variant's; none for the library-defaults row).
 
 Writes OUT_DIR/trl_stats.json (a vs_trl.RunStats). Timing: a TrainerCallback takes the wall time
 from `on_step_begin` to `on_step_end` (one optimizer step: generation, scoring, every
@@ -21,7 +24,9 @@ from typing import Any
 from bench.vs_trl import RunStats, Workload
 
 
-def trl_child(w: Workload, model: Path, data: Path, out_dir: Path) -> None:
+def trl_child(
+    w: Workload, model: Path, data: Path, out_dir: Path, overrides: dict[str, Any] | None = None
+) -> None:
     """Runs inside the child: builds TRL's trainer for `w` and writes its RunStats as JSON."""
     import torch
     from datasets import Dataset
@@ -31,6 +36,7 @@ def trl_child(w: Workload, model: Path, data: Path, out_dir: Path) -> None:
     from trl.extras import profiling
 
     from lorarl.rewards import get_reward
+    from lorarl.trainer.cpu_util import read_cpu_times, utilisation
 
     timings: list[tuple[str, float]] = []
     original = profiling.ProfilingContext._log_metrics
@@ -66,6 +72,7 @@ def trl_child(w: Workload, model: Path, data: Path, out_dir: Path) -> None:
         def on_step_begin(self, args, state, control, **kwargs):
             timings.clear()
             self.t0 = time.perf_counter()
+            self.cpu0 = read_cpu_times()
 
         def on_step_end(self, args, state, control, **kwargs):
             step = time.perf_counter() - self.t0
@@ -77,6 +84,7 @@ def trl_child(w: Workload, model: Path, data: Path, out_dir: Path) -> None:
             stats.generate_s.append(total.get("transformers.generate", 0.0))
             stats.reward_s.append(total.get("_calculate_rewards", 0.0))
             stats.update_s.append(step - prepare)
+            stats.cpu_util.append(utilisation(self.cpu0, read_cpu_times()))
             stats.extra.setdefault("prepare_inputs_s", []).append(prepare)
             stats.extra.setdefault("compute_loss_s", []).append(total.get("compute_loss", 0.0))
 
@@ -104,15 +112,14 @@ def trl_child(w: Workload, model: Path, data: Path, out_dir: Path) -> None:
         scale_rewards="group",
         num_iterations=1,
         shuffle_dataset=False,
-        gradient_checkpointing=False,  # TRL's default is True; lorarl does not checkpoint
-        bf16=False,
-        use_cpu=True,
+        use_cpu=True,  # what TRL picks anyway on a machine without a GPU
         seed=w.seed,
         logging_steps=1,
         save_strategy="no",
         report_to=[],
         disable_tqdm=True,
         dataloader_num_workers=0,
+        **(overrides or {}),
     )
     tokenizer = AutoTokenizer.from_pretrained(model)
     policy = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32)
@@ -127,6 +134,9 @@ def trl_child(w: Workload, model: Path, data: Path, out_dir: Path) -> None:
     )
     trainer.train()
     stats.extra["torch_threads"] = torch.get_num_threads()
+    stats.extra["config"] = {
+        "bf16": config.bf16, "gradient_checkpointing": config.gradient_checkpointing
+    }  # fmt: skip
     (out_dir / "trl_stats.json").write_text(json.dumps(asdict(stats)))
 
 
@@ -136,9 +146,14 @@ def _score(value: Any) -> float:
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
-    if len(argv) != 4:
-        raise SystemExit("usage: python -m bench.trl_child WORKLOAD_JSON MODEL DATA OUT_DIR")
-    trl_child(Workload(**json.loads(argv[0])), Path(argv[1]), Path(argv[2]), Path(argv[3]))
+    if len(argv) not in (4, 5):
+        raise SystemExit(
+            "usage: python -m bench.trl_child WORKLOAD_JSON MODEL DATA OUT_DIR [CONFIG_JSON]"
+        )
+    overrides = json.loads(argv[4]) if len(argv) == 5 else {}
+    trl_child(
+        Workload(**json.loads(argv[0])), Path(argv[1]), Path(argv[2]), Path(argv[3]), overrides
+    )
 
 
 if __name__ == "__main__":

@@ -104,3 +104,32 @@ def test_vs_trl_table_shows_the_overlapped_runs_apart_from_the_headline_ratio():
     row = next(line for line in page.splitlines() if line.startswith(f"| {record['model']} | 9.5"))
     assert "×1.83" in row and "×1.63" in row and "0.2 → 0.4" in row and "40 / 90 / 0" in row
     assert page.index("Where a step's time goes:") < page.index("offPolicySteps: 1")
+
+
+def test_the_defaults_row_leaves_both_libraries_at_their_defaults(tmp_path):
+    """The headline compares each side as installed: no pinned threads, lorarl's own dtype,
+    no GRPOConfig field beyond the shared workload."""
+    from bench.vs_trl import VARIANTS, WORKLOADS, lorarl_job, thread_env
+
+    from lorarl.api.spec import ModelSpec
+
+    defaults = VARIANTS["defaults"]
+    assert thread_env(defaults.threads) == {} and defaults.trl_config == {}
+    job = lorarl_job(WORKLOADS["smollm2"], tmp_path, tmp_path / "d.jsonl", "x")
+    assert job.spec.model.dtype == ModelSpec.model_fields["dtype"].default
+    pinned = VARIANTS["pinned"]
+    assert thread_env(pinned.threads) == {"OMP_NUM_THREADS": "1"}
+    assert (
+        lorarl_job(
+            WORKLOADS["smollm2"], tmp_path, tmp_path / "d.jsonl", "x", "float32"
+        ).spec.model.dtype
+        == "float32"
+    )
+
+
+def test_rewards_per_seed_are_first_and_last_five_step_means():
+    from bench.vs_trl import reward_by_seed
+
+    run = _run("lorarl", [1.0] * 12)
+    run.reward_mean = [0.0] * 5 + [0.5] * 2 + [1.0] * 5
+    assert reward_by_seed([run]) == [{"rep": 0, "first": 0.0, "last": 1.0}]

@@ -11,32 +11,64 @@ from lorarl.plan import LocalAddressing, plan
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def trainer_threads(job_file: str, cpus: int, monkeypatch, tmp_path) -> dict[str, str]:
+def container_threads(
+    job_file: str, cpus: int, monkeypatch, tmp_path, container: str = "trainer", **training
+) -> dict[str, str]:
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.setattr("os.cpu_count", lambda: cpus)
-    run = LocalRun(load_job_file(ROOT / "examples" / job_file), tmp_path)
+    job = load_job_file(ROOT / "examples" / job_file)
+    job.spec.training = job.spec.training.model_copy(update=training)
+    run = LocalRun(job, tmp_path)
     run.plan = plan(run.job, LocalAddressing(30000))
-    return run._threads(run.plan.role("trainer").replicas[0].containers[0])
+    role = "trainer" if container == "trainer" else "rollout"
+    replica = run.plan.role(role).replicas[0]
+    return run._threads(next(c for c in replica.containers if c.name == container))
+
+
+@pytest.mark.parametrize(
+    ("job_file", "cpus", "container", "threads"),
+    [
+        ("demo.yaml", 2, "trainer", "2"),  # 1 rank: the update gets every core
+        ("demo.yaml", 2, "engine", "2"),  # 1 engine: so does generation
+        ("demo.yaml", 8, "trainer", "8"),
+        ("quickstart.yaml", 8, "trainer", "4"),  # 2 ranks share the cores
+        ("quickstart.yaml", 8, "engine", "4"),  # and so do 2 engines
+        ("quickstart.yaml", 2, "trainer", "1"),
+        ("quickstart.yaml", 1, "engine", "1"),  # never zero
+    ],
+)
+def test_on_policy_phases_each_get_every_core(
+    job_file, cpus, container, threads, monkeypatch, tmp_path
+):
+    assert container_threads(job_file, cpus, monkeypatch, tmp_path, container) == {
+        "OMP_NUM_THREADS": threads,
+        "OMP_WAIT_POLICY": "PASSIVE",  # a phase's threads sleep while the other phase runs
+    }
 
 
 @pytest.mark.parametrize(
     ("job_file", "cpus", "threads"),
-    [
-        ("demo.yaml", 2, "1"),  # 1 rank + 1 engine on 2 cores
-        ("demo.yaml", 8, "4"),
-        ("quickstart.yaml", 8, "2"),  # 2 ranks + 2 engines
-        ("quickstart.yaml", 2, "1"),  # never zero
-    ],
+    [("demo.yaml", 2, "1"), ("demo.yaml", 8, "4"), ("quickstart.yaml", 8, "2")],
 )
-def test_trainer_ranks_share_the_cores(job_file, cpus, threads, monkeypatch, tmp_path):
-    assert trainer_threads(job_file, cpus, monkeypatch, tmp_path) == {"OMP_NUM_THREADS": threads}
+@pytest.mark.parametrize("container", ["trainer", "engine"])
+def test_off_policy_phases_overlap_so_they_split_the_cores(
+    job_file, cpus, threads, container, monkeypatch, tmp_path
+):
+    env = container_threads(job_file, cpus, monkeypatch, tmp_path, container, off_policy_steps=1)
+    assert env["OMP_NUM_THREADS"] == threads
+
+
+def test_the_sidecar_keeps_torchs_default(monkeypatch, tmp_path):
+    assert container_threads("demo.yaml", 2, monkeypatch, tmp_path, "sidecar") == {}
 
 
 def test_a_users_thread_setting_wins(monkeypatch, tmp_path):
     monkeypatch.setenv("OMP_NUM_THREADS", "3")
     run = LocalRun(load_job_file(ROOT / "examples" / "demo.yaml"), tmp_path)
     run.plan = plan(run.job, LocalAddressing(30000))
-    assert run._threads(run.plan.role("trainer").replicas[0].containers[0]) == {}
+    for replica in (run.plan.role("trainer").replicas[0], run.plan.role("rollout").replicas[0]):
+        for container in replica.containers:
+            assert run._threads(container) == {}
 
 
 def test_local_outputs_stay_in_the_run_directory(tmp_path):

@@ -7,6 +7,7 @@ import re
 import pytest
 import torch
 from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
+from transformers import AutoModelForCausalLM
 
 from lorarl.local.ports import free_port
 from lorarl.trainer.logprobs import reference_logprobs, sequence_logprobs
@@ -83,6 +84,24 @@ def test_load_base_model_rejects_unknown_dtype(llama_dir):
 def test_load_base_model_dtype(llama_dir):
     model = load_base_model(llama_dir, dtype="bfloat16")
     assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+
+
+def test_the_lm_head_gets_a_contiguous_input_and_the_same_logits(arch_model):
+    """`logits_to_keep` slices a non-contiguous view; the head must see a contiguous copy (else
+    F.linear broadcasts the whole head weight per sample) and score exactly the same."""
+    _, model_dir = arch_model
+    hooked = apply_lora(load_base_model(model_dir), LoraSettings(rank=4, alpha=8))
+    plain = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    seen: list[bool] = []
+    hooked.get_output_embeddings().register_forward_hook(
+        lambda module, args, out: seen.append(args[0].is_contiguous())
+    )
+    ids = torch.randint(3, tiny_config("llama").vocab_size, (3, 9), generator=torch.Generator())
+    with torch.no_grad():
+        got = hooked(input_ids=ids, logits_to_keep=4).logits
+        want = plain(input_ids=ids, logits_to_keep=4).logits
+    assert seen == [True]
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
 
 
 # ------------------------------------------------------------------ LoRA

@@ -57,7 +57,9 @@ class ModelSpec(ApiModel):
         default=None, description="PersistentVolumeClaim the model lives on, mounted read-only."
     )
     dtype: Dtype = Field(
-        default="bfloat16", description="Weights dtype for training and rollout (float32 on CPU)."
+        default="bfloat16",
+        description="Weights dtype for training and rollout. bfloat16 suits GPUs and CPUs with "
+        "AVX512-BF16 or AMX; on other CPUs bfloat16 is emulated and float32 is faster.",
     )
     trust_remote_code: bool = Field(
         default=False,

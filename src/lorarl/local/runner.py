@@ -182,14 +182,28 @@ class LocalRun:
         return replica.role in ("trainer", "rollout") and role.gpus_per_replica == 0
 
     def _threads(self, container: ContainerPlan) -> dict[str, str]:
-        """Share this machine's cores between trainer ranks: torch's default (all cores per
-        process) collapses when ranks and engines compete for a few cores (measured here: an
-        update 5-60x slower with 2 threads per process on 2 busy cores). vLLM sets its own."""
-        if container.name != "trainer" or "OMP_NUM_THREADS" in os.environ:
+        """Threads per process, so that no core idles and none is oversubscribed.
+
+        On-policy, generation and the update never overlap: each phase gets every core (trainer
+        ranks share them, as do engines), and OpenMP's passive wait puts a phase's threads to
+        sleep while the other phase runs instead of spinning on the cores it needs. With
+        ``offPolicySteps: 1`` both phases run at once, so the cores are split between all of
+        them: torch's default of every core per process collapses there (an update 5-60x slower
+        with 2 threads per process on 2 busy cores). See docs/architecture.md, Local runs.
+        """
+        if container.name not in ("trainer", "engine") or "OMP_NUM_THREADS" in os.environ:
             return {}
-        ranks = int(container.env.get("NPROC_PER_NODE", "1"))
+        cores = os.cpu_count() or 1
+        trainer = next(
+            c for c in self.plan.role("trainer").replicas[0].containers if c.name == "trainer"
+        )
+        ranks = int(trainer.env.get("NPROC_PER_NODE", "1"))
         engines = len(self.plan.role("rollout").replicas)
-        return {"OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // (ranks + engines)))}
+        if self.job.spec.training.off_policy_steps:
+            share = ranks + engines
+        else:
+            share = ranks if container.name == "trainer" else engines
+        return {"OMP_NUM_THREADS": str(max(1, cores // share))}
 
     @staticmethod
     def _user_env(container: ContainerPlan) -> dict[str, str]:

@@ -12,6 +12,7 @@ from lorarl.api import run_files
 from lorarl.api.job import LoRARLJob
 from lorarl.local.cluster_fields import local_warning
 from lorarl.local.console import LiveView, summary
+from lorarl.local.cpu_dtype import emulated_bf16_warning, read_cpuinfo
 from lorarl.local.engine_python import find_engine_python
 from lorarl.local.preflight import check_inputs
 from lorarl.local.runner import LocalRun, RunFailed
@@ -38,9 +39,12 @@ def run_local(
     try:
         run.start()
         console.print(f"run directory: {run.run_dir} (logs in {run.run_dir / 'logs'})")
-        warning = local_warning(job)
-        if warning:
-            console.print(f"[yellow]{warning}[/]", highlight=False)
+        for warning in (
+            local_warning(job),
+            emulated_bf16_warning(job.spec.model.dtype, read_cpuinfo()),
+        ):
+            if warning:
+                console.print(f"[yellow]{warning}[/]", highlight=False)
         if status_port >= 0:
             stop_status = _start_status_api(job, run, status_port, console)
         with LiveView(console, job.name, job.spec.training.total_steps) as view:
