@@ -519,10 +519,17 @@ def notes(records: list[dict[str, Any]]) -> list[str]:
         loads = {side: [x for run in r["runs"] if run["side"] == side for x in run["load_avg_1m"]]
                  for side in ("lorarl", "trl")}  # fmt: skip
         spread = ", ".join(f"{side} {min(v):.1f}-{max(v):.1f}" for side, v in loads.items() if v)
+        configs = {
+            json.dumps(run.get("extra", {})["config"], sort_keys=True)
+            for run in r["runs"]
+            if run["side"] == "trl" and run.get("extra", {}).get("config")
+        }
+        dtype = (r.get("settings") or {}).get("lorarl_dtype") or "bfloat16 (its default)"
         out.append(
             f"{r['model']} ({r.get('variant', 'pinned')}): 1-min load average during the runs: "
             f"{spread}; per-pair speedups "
-            f"{r['step_speedup_per_rep']} (seeds {r.get('seeds')})."
+            f"{r['step_speedup_per_rep']} (seeds {r.get('seeds')}); lorarl model.dtype {dtype}; "
+            f"TRL ran with {', '.join(sorted(configs)) or 'an unrecorded config'}."
         )
     return [*out, *STANDING_NOTES]
 
