@@ -40,9 +40,9 @@ def container_threads(
 def test_on_policy_phases_each_get_every_core(
     job_file, cpus, container, threads, monkeypatch, tmp_path
 ):
+    # OpenMP's default wait (spin briefly, then sleep) is kept: PASSIVE measured slower.
     assert container_threads(job_file, cpus, monkeypatch, tmp_path, container) == {
-        "OMP_NUM_THREADS": threads,
-        "OMP_WAIT_POLICY": "PASSIVE",  # a phase's threads sleep while the other phase runs
+        "OMP_NUM_THREADS": threads
     }
 
 

@@ -185,11 +185,11 @@ class LocalRun:
         """Threads per process, so that no core idles and none is oversubscribed.
 
         On-policy, generation and the update never overlap: each phase gets every core (trainer
-        ranks share them, as do engines), and OpenMP's passive wait puts a phase's threads to
-        sleep while the other phase runs instead of spinning on the cores it needs. With
-        ``offPolicySteps: 1`` both phases run at once, so the cores are split between all of
-        them: torch's default of every core per process collapses there (an update 5-60x slower
-        with 2 threads per process on 2 busy cores). See docs/architecture.md, Local runs.
+        ranks share them, as do engines), and OpenMP's default wait (a short spin, then sleep)
+        leaves one phase's threads asleep while the other runs; a passive wait measured slower.
+        With ``offPolicySteps: 1`` both phases run at once, so the cores are split between all
+        of them: torch's default of every core per process collapses there (an update 5-60x
+        slower with 2 threads per process on 2 busy cores). See docs/architecture.md, Local runs.
         """
         if container.name not in ("trainer", "engine") or "OMP_NUM_THREADS" in os.environ:
             return {}
