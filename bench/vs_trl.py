@@ -1,6 +1,6 @@
 """lorarl vs TRL's GRPOTrainer: the same GRPO + LoRA job, run alternately on this machine.
 
-    python -m bench.vs_trl                      # SmolLM2, 3 seeds x 20 steps, A/B B/A (~45 min)
+    python -m bench.vs_trl                      # SmolLM2, 3 seeds x 20 steps, A/B B/A (~35 min)
     python -m bench.vs_trl --variants defaults pinned    # + the thread-pinned row
     python -m bench.vs_trl --models tiny --reps 1 --steps-scale 0.2     # a quick look
 
@@ -196,7 +196,7 @@ def lorarl_job(w: Workload, model: Path, data: Path, name: str, dtype: str | Non
 
 def thread_env(threads: int | None) -> dict[str, str]:
     """The same CPU thread budget for every process of both sides (None: each library's own
-    default). vLLM's CPU engine already drops itself to 1 torch thread for serving."""
+    default: lorarl's local runner then picks per process, TRL gets torch's)."""
     return {} if threads is None else {"OMP_NUM_THREADS": str(threads)}
 
 
