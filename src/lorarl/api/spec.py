@@ -18,6 +18,7 @@ from lorarl.api.environment import (
     EnvironmentSpec,
 )
 from lorarl.api.k8s import VolumeClaim
+from lorarl.api.placement import PLACEMENT_SPEC_RULES
 from lorarl.api.reward import RewardServiceSpec, RewardSpec
 from lorarl.api.rules import Rule, enforce, rules_schema_extra
 from lorarl.api.tracking import TRACKING_SPEC_RULES, LoggingSpec
@@ -315,6 +316,7 @@ _SPEC_RULES = (
     *TRACKING_SPEC_RULES,
     *CRITIC_SPEC_RULES,
     *ENVIRONMENT_SPEC_RULES,
+    *PLACEMENT_SPEC_RULES,
     _OUTPUT_VOLUME_RULE,
     _OUTPUT_ON_VOLUME_RULE,
     _MOUNT_PATHS_RULE,

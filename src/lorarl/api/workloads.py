@@ -19,6 +19,7 @@ from lorarl.api.k8s import (
     ResourceRequirements,
     Toleration,
 )
+from lorarl.api.placement import COLOCATED_MEMORY_FRACTION, Placement
 from lorarl.api.rules import Rule, crd_only, enforce, rules_schema_extra
 
 # The per-job secrets, delivered by reference (a Secret in a cluster, generated per run locally):
@@ -273,7 +274,20 @@ class RolloutSpec(PodTemplateFields):
         default="sglang",
         description="Inference engine: sglang (GPU only) or vllm (GPU and CPU).",
     )
-    replicas: int = Field(default=1, ge=1, le=1024, description="Rollout engine pods.")
+    replicas: int = Field(
+        default=1,
+        ge=1,
+        le=1024,
+        description="Rollout engines: one pod each (separate), or trainer.replicas (colocated).",
+    )
+    placement: Placement = Field(
+        default="separate",
+        description="separate: engines in rollout pods of their own. colocated: each trainer pod "
+        "also runs one engine and its sync sidecar on the same devices, generation and the "
+        "update taking turns (on GPUs the engine releases its memory for the update); "
+        "replicas and gpusPerReplica then equal the trainer's, and the trainer's image, "
+        "resources, nodeSelector, tolerations and env shape the pod.",
+    )
     gpus_per_replica: int = Field(default=1, ge=0, le=16, description="GPUs per rollout pod.")
     tensor_parallel_size: int = Field(
         default=1,
@@ -292,7 +306,9 @@ class RolloutSpec(PodTemplateFields):
         default=DEFAULT_MEMORY_FRACTION,
         gt=0,
         le=1,
-        description="Fraction of GPU memory the engine may take (GPU engines only).",
+        description="Fraction of GPU memory the engine may take (GPU engines only). Left at "
+        f"{DEFAULT_MEMORY_FRACTION} with placement colocated, the engine takes "
+        f"{COLOCATED_MEMORY_FRACTION}: the trainer needs the rest.",
     )
     kv_cache_gib: int | None = Field(
         default=None,

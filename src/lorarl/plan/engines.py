@@ -7,8 +7,9 @@ from collections.abc import Sequence
 
 from lorarl.api.engine_flags import overriding_arg
 from lorarl.api.environment import completion_tokens
+from lorarl.api.placement import COLOCATED_MEMORY_FRACTION, colocated
 from lorarl.api.spec import LoRARLJobSpec
-from lorarl.api.workloads import ENGINE_API_KEY_ENV
+from lorarl.api.workloads import DEFAULT_MEMORY_FRACTION, ENGINE_API_KEY_ENV
 
 SERVED_MODEL_NAME = "base"
 # Importable wherever the engine runs (rollout image, `.venv-engine`); see rollout/vllm_worker_ext.
@@ -65,7 +66,7 @@ def sglang_command(spec: LoRARLJobSpec, model_path: str, host: str, port: int) -
         "--port", str(port),
         "--dtype", spec.model.dtype,
         "--tp-size", str(r.tensor_parallel_size),
-        "--mem-fraction-static", f"{r.memory_fraction:g}",
+        "--mem-fraction-static", f"{engine_memory_fraction(spec):g}",
         "--random-seed", str(spec.training.seed),
         "--api-key", ENGINE_API_KEY_REF,
     ]  # fmt: skip
@@ -95,12 +96,20 @@ def vllm_command(spec: LoRARLJobSpec, model_path: str, host: str, port: int) -> 
         tensor_parallel_size=r.tensor_parallel_size,
         seed=spec.training.seed,
         max_model_len=spec.data.max_prompt_tokens + completion_tokens(spec),
-        gpu_memory_utilization=r.memory_fraction if r.gpus_per_replica > 0 else None,
+        gpu_memory_utilization=engine_memory_fraction(spec) if r.gpus_per_replica > 0 else None,
         trust_remote_code=spec.model.trust_remote_code,
         max_lora_rank=vllm_lora_rank(spec.lora.rank) if r.sync_mode == "adapter" else None,
         extra_args=r.engine_args,
     )
     return ["python", *args]
+
+
+def engine_memory_fraction(spec: LoRARLJobSpec) -> float:
+    """A colocated engine left at the default shares its GPUs with the trainer: it takes less."""
+    fraction = spec.rollout.memory_fraction
+    if colocated(spec) and fraction == DEFAULT_MEMORY_FRACTION:
+        return COLOCATED_MEMORY_FRACTION
+    return fraction
 
 
 def vllm_lora_rank(rank: int) -> int:
