@@ -7,6 +7,8 @@ break the trainer's contract with it. Both engines' parsers accept unambiguous p
 (`--api-k`), and vLLM reads `_` as `-` and `--x.y` as part of `--x`, so a flag is matched after
 the same normalization, and any prefix of a managed name is refused. `--config` is refused too:
 the file it names can set every flag. A test keeps these lists equal to the flags the plan emits.
+The sleep / memory-saver flags are managed because a colocated job's trainer depends on them
+(`--no-enable-sleep-mode` would make every release fail); elsewhere nothing would use them.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ _VLLM = (
     "logprobs-mode", "seed", "max-model-len", "trust-remote-code", "no-trust-remote-code",
     "enable-lora", "no-enable-lora", "max-lora-rank", "max-loras", "worker-extension-cls",
     "api-key", "config", "gpu-memory-utilization", "device-memory-utilization",
+    "enable-sleep-mode", "no-enable-sleep-mode",
 )  # fmt: skip
 # Set only for a CPU engine (its batch budget, eager mode); free to tune on GPUs.
 _VLLM_CPU = ("enforce-eager", "no-enforce-eager", "max-num-seqs", "max-num-batched-tokens")
@@ -27,6 +30,7 @@ _SGLANG = (
     "model-path", "model", "served-model-name", "host", "port", "dtype", "tp-size",
     "tensor-parallel-size", "mem-fraction-static", "random-seed", "api-key", "trust-remote-code",
     "enable-lora", "max-lora-rank", "max-loras-per-batch", "lora-target-modules", "config",
+    "enable-memory-saver", "enable-weights-cpu-backup",
 )  # fmt: skip
 
 

@@ -20,6 +20,9 @@ PLACEMENTS: tuple[Placement, ...] = ("separate", "colocated")
 # (0.9, ~0.88) would leave the trainer too little to start. Used when memoryFraction is unset.
 COLOCATED_MEMORY_FRACTION = 0.5
 
+# The processes of a colocated trainer pod's one container, for `python -m lorarl.colocate`.
+COLOCATED_PROCESSES_ENV = "LORARL_COLOCATED_PROCESSES"
+
 _COLOCATED = (
     "has(self.rollout) && has(self.rollout.placement) && self.rollout.placement == 'colocated'"
 )

@@ -19,7 +19,7 @@ from lorarl.api.k8s import (
     ResourceRequirements,
     Toleration,
 )
-from lorarl.api.placement import COLOCATED_MEMORY_FRACTION, Placement
+from lorarl.api.placement import COLOCATED_MEMORY_FRACTION, COLOCATED_PROCESSES_ENV, Placement
 from lorarl.api.rules import Rule, crd_only, enforce, rules_schema_extra
 
 # The per-job secrets, delivered by reference (a Secret in a cluster, generated per run locally):
@@ -39,6 +39,7 @@ RESERVED_ENV = (
     "NPROC_PER_NODE",
     "LORARL_JOB_NAME",
     "LORARL_CONFIG",
+    COLOCATED_PROCESSES_ENV,
     "LORARL_SYNC_ADDR",
     "LORARL_SYNC_PORT",
     "LORARL_SYNC_WORLD_SIZE",

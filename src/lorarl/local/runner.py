@@ -128,11 +128,12 @@ class LocalRun:
         tmp = config_path.with_suffix(".tmp")
         tmp.write_text(text)
         tmp.replace(config_path)
+        # Engines first (the slowest to start), the trainer ranks last; a colocated trainer
+        # replica's engine and sidecar start with the rollout pods'.
         order = {"rollout": 0, "reward": 1, "trainer": 2}
-        for role in sorted(self.plan.roles, key=lambda r: order[r.role]):
-            for replica in role.replicas:
-                for container in replica.containers:
-                    self.children.append(self._child(replica, container))
+        pairs = [(r, c) for role in self.plan.roles for r in role.replicas for c in r.containers]
+        pairs.sort(key=lambda rc: order[rc[0].role] if rc[1].name == "trainer" else 0)
+        self.children = [self._child(replica, container) for replica, container in pairs]
         for child in self.children:
             child.start()
             log.info("started %s (pid %s): %s", child.name, child.pid, child.log_path)
@@ -198,7 +199,9 @@ class LocalRun:
             c for c in self.plan.role("trainer").replicas[0].containers if c.name == "trainer"
         )
         ranks = int(trainer.env.get("NPROC_PER_NODE", "1"))
-        engines = len(self.plan.role("rollout").replicas)
+        engines = sum(
+            c.name == "engine" for r in self.plan.roles for x in r.replicas for c in x.containers
+        )
         if self.job.spec.training.off_policy_steps:
             share = ranks + engines
         else:

@@ -7,10 +7,12 @@ added by the caller (`kopf.adopt`), which owns the live job body.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from lorarl.api.job import LoRARLJob, config_yaml
 from lorarl.api.k8s import ResourceRequirements
+from lorarl.api.placement import COLOCATED_PROCESSES_ENV
 from lorarl.api.workloads import SYNC_KEY_ENV
 from lorarl.plan.addressing import CLUSTER_PORTS
 from lorarl.plan.build import CONFIG_FILE
@@ -214,9 +216,9 @@ def pod(plan: JobPlan, job: LoRARLJob, role: str, index: int, *, attempt: int = 
             "seccompProfile": {"type": "RuntimeDefault"},
         },
         # The reward service runs untrusted code (python_tests): it never gets the engine key.
-        "containers": [
-            _container(plan, c, engine_key=role != "reward") for c in replica.containers
-        ],
+        "containers": [_colocated_container(plan, replica)]
+        if len(replica.containers) > 1 and role == "trainer"
+        else [_container(plan, c, engine_key=role != "reward") for c in replica.containers],
         "volumes": [_volume(v) for v in role_plan.volumes] + [_tmp_volume()],
     }
     if role_plan.node_selector:
@@ -301,6 +303,27 @@ def _container(plan: JobPlan, c: ContainerPlan, *, engine_key: bool = True) -> O
     if resources:
         container["resources"] = resources
     return container
+
+
+def _colocated_container(plan: JobPlan, replica: ReplicaPlan) -> Obj:
+    """A colocated trainer pod's processes in one container, which alone holds the pod's GPUs:
+    `python -m lorarl.colocate` starts each with its planned command and env (docs/
+    architecture.md, Placement). The trainer's user env, resources and image cover them all."""
+    trainer = next(c for c in replica.containers if c.name == "trainer")
+    others = [c for c in replica.containers if c is not trainer]
+    processes = [{"name": c.name, "command": c.command, "env": c.env} for c in [*others, trainer]]
+    mounts = {m.path: m for c in [*others, trainer] for m in c.mounts}  # the trainer's win
+    one = ContainerPlan(
+        name="trainer",
+        image=trainer.image,
+        command=["python", "-m", "lorarl.colocate"],
+        env={COLOCATED_PROCESSES_ENV: json.dumps(processes, separators=(",", ":"))},
+        user_env=trainer.user_env,
+        ports={name: port for c in [trainer, *others] for name, port in c.ports.items()},
+        resources=trainer.resources,
+        mounts=sorted(mounts.values(), key=lambda m: m.path),
+    )
+    return _container(plan, one)
 
 
 def _resources(r: ResourceRequirements) -> Obj:

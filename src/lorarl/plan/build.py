@@ -6,6 +6,7 @@ from typing import Literal
 
 from lorarl.api.job import LoRARLJob, rendered_config
 from lorarl.api.k8s import ResourceRequirements, VolumeClaim
+from lorarl.api.placement import colocated
 from lorarl.api.spec import RESERVED_ENV, LoRARLJobSpec
 from lorarl.api.tracking import tracking_env
 from lorarl.plan.addressing import Addressing, ClusterAddressing
@@ -15,6 +16,7 @@ from lorarl.plan.model import (
     JobPlan,
     MountPlan,
     ReplicaPlan,
+    Role,
     RolePlan,
     SyncPlan,
     VolumePlan,
@@ -33,6 +35,7 @@ DEFAULT_IMAGES = {
     for name in ("trainer", "rollout-sglang", "rollout-vllm", "reward")
 }
 GPU_RESOURCE = "nvidia.com/gpu"
+EMPTY = ResourceRequirements()
 
 
 def plan(
@@ -58,12 +61,14 @@ def plan(
         backend=sync_backend(spec),
         mode=spec.rollout.sync_mode,
     )
-    rollout_hosts = [(addressing.host(name, "rollout", i), i) for i in range(spec.rollout.replicas)]
+    engine_role = engine_host_role(spec)
+    replicas = range(spec.rollout.replicas)
+    rollout_hosts = [(addressing.host(name, engine_role, i), i) for i in replicas]
     engine_urls = [
-        f"http://{h}:{addressing.port('rollout', i, 'engine')}" for h, i in rollout_hosts
+        f"http://{h}:{addressing.port(engine_role, i, 'engine')}" for h, i in rollout_hosts
     ]
     sidecar_urls = [
-        f"http://{h}:{addressing.port('rollout', i, 'sidecar')}" for h, i in rollout_hosts
+        f"http://{h}:{addressing.port(engine_role, i, 'sidecar')}" for h, i in rollout_hosts
     ]
     reward_url = _reward_url(job, addressing)
     common = {"LORARL_JOB_NAME": name, "LORARL_CONFIG": config_path}
@@ -75,16 +80,17 @@ def plan(
         "LORARL_SYNC_PORT": str(sync.port),
         "LORARL_SYNC_BACKEND": sync.backend,  # both ends use the plan's choice, never their own
     }
-    roles = [
-        _trainer_role(job, addressing, common, sync_env, engine_urls, sidecar_urls, reward_url),
-        _rollout_role(job, addressing, common, sync_env),
-    ]
+    urls = (engine_urls, sidecar_urls, reward_url)
+    roles = [_trainer_role(job, addressing, common, sync_env, *urls)]
+    if not colocated(spec):
+        roles.append(_rollout_role(job, addressing, common, sync_env))
     if spec.reward.service is not None and spec.reward.service.url is None:
         roles.append(_reward_role(job, addressing, common))
     return JobPlan(
         name=name,
         namespace=job.namespace,
         service_name=name,
+        placement=spec.rollout.placement,
         config_path=config_path,
         labels=labels,
         sync=sync,
@@ -104,6 +110,11 @@ def sync_backend(spec: LoRARLJobSpec) -> Literal["gloo"]:
     processes), against RL steps of tens of seconds."""
     del spec  # one answer today; the signature keeps the choice in one place
     return "gloo"
+
+
+def engine_host_role(spec: LoRARLJobSpec) -> Role:
+    """Whose pods run the engines: rollout pods, or the trainer's own when colocated."""
+    return "trainer" if colocated(spec) else "rollout"
 
 
 def rollout_image(engine: str) -> str:
@@ -158,12 +169,17 @@ def _trainer_role(job, addressing, common, sync_env, engine_urls, sidecar_urls, 
             "-m", "lorarl.trainer",
             "--config", common["LORARL_CONFIG"],
         ]  # fmt: skip
+        colocated_engine = (
+            _engine_containers(job, addressing, common, sync_env, "trainer", i)
+            if colocated(spec)
+            else []
+        )
         ports = {"master": master_port}
         if i == 0:
             ports |= {"sync": addressing.port("trainer", 0, "sync"), "progress": progress_port}
         container = ContainerPlan(
             name="trainer",
-            image=spec.trainer.image or DEFAULT_IMAGES["trainer"],
+            image=trainer_image(spec),
             command=command,
             env=env,
             user_env=[*spec.trainer.env, *tracking_env(spec)],  # tracker keys: trainer only
@@ -177,7 +193,7 @@ def _trainer_role(job, addressing, common, sync_env, engine_urls, sidecar_urls, 
                 index=i,
                 name=f"{name}-trainer-{i}",
                 host=addressing.host(name, "trainer", i),
-                containers=[container],
+                containers=[container, *colocated_engine],
             )
         )
     return RolePlan(
@@ -195,44 +211,13 @@ def _rollout_role(job, addressing, common, sync_env):
     r = spec.rollout
     replicas = []
     for i in range(r.replicas):
-        engine_port = addressing.port("rollout", i, "engine")
-        sidecar_port = addressing.port("rollout", i, "sidecar")
-        host = addressing.host(name, "rollout", i)
-        bind = "127.0.0.1" if host == "127.0.0.1" else "0.0.0.0"
-        engine = ContainerPlan(
-            name="engine",
-            image=r.image or rollout_image(r.engine),
-            command=engine_command(spec, spec.model.path, bind, engine_port),
-            env=engine_env(spec),
-            user_env=r.env,
-            ports={"engine": engine_port},
-            resources=_with_gpus(r.resources, r.gpus_per_replica),
-            mounts=_mounts(spec, "rollout", _config_dir(common)),
-        )
-        sidecar = ContainerPlan(
-            name="sidecar",
-            image=r.image or rollout_image(r.engine),
-            command=["python", "-m", "lorarl.rollout.sidecar", "--config", common["LORARL_CONFIG"]],
-            env={
-                **common,
-                **sync_env,
-                "LORARL_ROLLOUT_INDEX": str(i),
-                # where the trainer reaches this replica, published with its registration
-                "LORARL_ADVERTISED_ENGINE_URL": f"http://{host}:{engine_port}",
-                "LORARL_ADVERTISED_SIDECAR_URL": f"http://{host}:{sidecar_port}",
-                "LORARL_ENGINE_URL": f"http://127.0.0.1:{engine_port}",
-                "LORARL_SIDECAR_PORT": str(sidecar_port),
-            },
-            ports={"sidecar": sidecar_port},
-            mounts=_mounts(spec, "rollout", _config_dir(common)),
-        )
         replicas.append(
             ReplicaPlan(
                 role="rollout",
                 index=i,
                 name=f"{name}-rollout-{i}",
                 host=addressing.host(name, "rollout", i),
-                containers=[engine, sidecar],
+                containers=_engine_containers(job, addressing, common, sync_env, "rollout", i),
             )
         )
     return RolePlan(
@@ -244,6 +229,57 @@ def _rollout_role(job, addressing, common, sync_env):
         labels=rollout_labels(r),
         gpus_per_replica=r.gpus_per_replica,
     )
+
+
+def _engine_containers(job, addressing, common, sync_env, role: Role, i: int) -> list:
+    """The engine and its sync sidecar: a rollout pod's two containers, or the two extra
+    processes of a colocated trainer pod (which inherit the trainer's image and env)."""
+    spec, name = job.spec, job.name
+    r = spec.rollout
+    engine_port = addressing.port(role, i, "engine")
+    sidecar_port = addressing.port(role, i, "sidecar")
+    host = addressing.host(name, role, i)
+    bind = "127.0.0.1" if host == "127.0.0.1" else "0.0.0.0"
+    own_pod = role == "rollout"
+    image = (r.image or rollout_image(r.engine)) if own_pod else trainer_image(spec)
+    engine = ContainerPlan(
+        name="engine",
+        image=image,
+        command=engine_command(spec, spec.model.path, bind, engine_port),
+        env=engine_env(spec),
+        user_env=r.env if own_pod else spec.trainer.env,
+        ports={"engine": engine_port},
+        # a colocated engine uses the trainer container's resources (one container, see builders)
+        resources=_with_gpus(r.resources, r.gpus_per_replica) if own_pod else EMPTY,
+        mounts=_mounts(spec, "rollout", _config_dir(common)),
+    )
+    sidecar = ContainerPlan(
+        name="sidecar",
+        image=image,
+        command=["python", "-m", "lorarl.rollout.sidecar", "--config", common["LORARL_CONFIG"]],
+        env={
+            **common,
+            **sync_env,
+            "LORARL_ROLLOUT_INDEX": str(i),
+            # where the trainer reaches this replica, published with its registration
+            "LORARL_ADVERTISED_ENGINE_URL": f"http://{host}:{engine_port}",
+            "LORARL_ADVERTISED_SIDECAR_URL": f"http://{host}:{sidecar_port}",
+            "LORARL_ENGINE_URL": f"http://127.0.0.1:{engine_port}",
+            "LORARL_SIDECAR_PORT": str(sidecar_port),
+        },
+        user_env=[] if own_pod else spec.trainer.env,
+        ports={"sidecar": sidecar_port},
+        mounts=_mounts(spec, "rollout", _config_dir(common)),
+    )
+    return [engine, sidecar]
+
+
+def trainer_image(spec: LoRARLJobSpec) -> str:
+    """A colocated trainer pod runs the engine too: by default its engine's image, which holds
+    the trainer as well (rollout_image/)."""
+    if spec.trainer.image:
+        return spec.trainer.image
+    return rollout_image(spec.rollout.engine) if colocated(spec) else DEFAULT_IMAGES["trainer"]
 
 
 def _reward_role(job, addressing, common):

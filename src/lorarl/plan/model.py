@@ -68,6 +68,9 @@ class JobPlan(ApiModel):
     name: str
     namespace: str
     service_name: str
+    placement: Literal["separate", "colocated"] = Field(
+        default="separate", description="colocated: the trainer pods run the engines too."
+    )
     config_path: str
     labels: dict[str, str]
     sync: SyncPlan
