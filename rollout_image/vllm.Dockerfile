@@ -33,7 +33,7 @@ COPY --from=wheel /wheels /wheels
 # hadolint ignore=DL3013
 RUN python3 -m pip freeze --exclude-editable | grep -v ' @ ' > /tmp/vllm-constraints.txt \
     && python3 -m pip install --no-cache-dir --constraint /tmp/vllm-constraints.txt \
-        "$(find /wheels -name 'lorarl-*.whl')[rollout]" \
+        "$(find /wheels -name 'lorarl-*.whl')[rollout,trainer]" \
     && rm -rf /wheels /tmp/vllm-constraints.txt \
     && { command -v python >/dev/null || ln -s "$(command -v python3)" /usr/local/bin/python; } \
     && useradd --uid 10001 --user-group --no-log-init --no-create-home --home-dir /tmp \
@@ -49,6 +49,8 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 USER 10001:10001
 EXPOSE 30000 8001
 # The operator sets the command per container (engine or sidecar); this default is the sidecar.
+# The trainer extra is here too: a colocated trainer pod (rollout.placement: colocated) runs the
+# trainer, the engine and the sidecar from this image, under `python -m lorarl.colocate`.
 # The base image's `vllm serve` entrypoint would swallow it, so it is cleared.
 ENTRYPOINT []
 CMD ["python3", "-m", "lorarl.rollout.sidecar"]
