@@ -6,8 +6,8 @@ The job is the quickstart (a tiny Llama learning the next-letter task; settings 
 reshaped for a cluster: model and data on read-only claims, outputs on a claim, 1 trainer pod with
 2 ranks, 2 vLLM rollout pods. Two jobs share one cluster and run one after the other (every
 pod start costs tens of seconds on 2 cores): merged sync with every check (learning, adapter on
-the claim, status API with RBAC, cleanup by the garbage collector); then a shorter one in adapter
-mode scored by the reward service pod.
+the claim, status API with RBAC, cleanup by the garbage collector); then a shorter one, colocated
+(the engine in the trainer pod), in adapter mode, scored by the reward service pod.
 """
 
 from __future__ import annotations
@@ -108,20 +108,29 @@ def test_merged_job_learns_on_the_cluster_path(c: Cluster) -> None:
     c.kubelet.wait(lambda: not job_pods(c, "e2e-merged"), 60, "the job's pods collected")
 
 
-def test_adapter_sync_scored_by_the_reward_service_pod(c: Cluster) -> None:
-    """Shorter: adapter sync, and the reward service pod (Ray Serve) the plan adds for a
-    `reward.service` without a URL, scoring every sample over the pod network."""
+def test_colocated_adapter_sync_scored_by_the_reward_service_pod(c: Cluster) -> None:
+    """Shorter: `rollout.placement: colocated` (the engine and its sidecar run in the trainer
+    pod, under `lorarl.colocate` in its one container), adapter sync, and the reward service pod
+    (Ray Serve) the plan adds for a `reward.service` without a URL, scoring every sample over the
+    pod network."""
     job = cluster_job("e2e-adapter", training__totalSteps=5)
-    job["spec"]["rollout"].update(syncMode="adapter", replicas=1)
+    job["spec"]["rollout"].update(syncMode="adapter", replicas=1, placement="colocated")
     job["spec"]["reward"]["service"] = {"replicas": 1}
     run = run_job(c, job, timeout=900)
     status = run.job["status"]
     assert status["step"] == 5 and status["lastSync"]["mode"] == "adapter"
     assert printed_columns(c, "e2e-adapter")["STEP"] == "5"
-    assert set(run.pods_running_s) == {"e2e-adapter-trainer-0", "e2e-adapter-rollout-0",
-                                       "e2e-adapter-reward-0"}  # fmt: skip
+    # No rollout pod: the trainer pod's own engine generated every step.
+    assert set(run.pods_running_s) == {"e2e-adapter-trainer-0", "e2e-adapter-reward-0"}
+    (container,) = c.kube.emulator.get("v1/pods", "default", "e2e-adapter-trainer-0")["spec"][
+        "containers"
+    ]
+    assert container["command"] == ["python", "-m", "lorarl.colocate"]
     assert len(history(c, "e2e-adapter")) == 5
     check_adapter(c, "e2e-adapter")
+    pod_log = c.kubelet.logs("default", "e2e-adapter-trainer-0", "trainer")
+    assert "Application startup complete" in pod_log, pod_log[-3000:]  # the engine's, in-pod
+    assert "POST /v1/load_lora_adapter" in pod_log, pod_log[-3000:]
     reward_log = c.kubelet.logs("default", "e2e-adapter-reward-0", "reward")
     assert "POST /score 200" in reward_log, reward_log[-3000:]
     c.kubectl("delete", "lrj", "e2e-adapter")

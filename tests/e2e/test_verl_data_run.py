@@ -2,7 +2,8 @@
 
 The whole local loop (2 gloo trainer ranks under torchrun, the test engine behind a real sync
 sidecar) on the letter task written in verl's GSM8K schema: chat-list prompts, the answer at
-reward_model.ground_truth. `training.export: [adapter, merged]`: the merged folder, built from
+reward_model.ground_truth, with the engine colocated in the trainer pod (`rollout.placement`).
+`training.export: [adapter, merged]`: the merged folder, built from
 the LoRA tensors gathered from both FSDP ranks, computes what base + adapter compute.
 """
 
@@ -50,7 +51,8 @@ def test_verl_parquet_trains_without_conversion_and_exports_merged(tmp_path: Pat
         reward={"function": "exact_match"},
         training={"totalSteps": STEPS, "promptsPerStep": 8, "microBatchSize": 16,
                   "checkpointInterval": STEPS, "export": ["adapter", "merged"]},
-        rollout={"engine": "vllm", "replicas": 1, "gpusPerReplica": 0, "syncMode": "merged"},
+        rollout={"engine": "vllm", "replicas": 1, "gpusPerReplica": 0, "syncMode": "merged",
+                 "placement": "colocated"},
     )  # fmt: skip
     engine = functools.partial(hf_engine, model=job.spec.model.path)
     with LocalRun(job, tmp_path / "run", engine_command=engine) as run:
@@ -58,6 +60,10 @@ def test_verl_parquet_trains_without_conversion_and_exports_merged(tmp_path: Pat
         result = run.wait(timeout_s=600)
     assert result.progress is not None and result.progress.phase == "Succeeded", result
     assert [h["step"] for h in read_history(tmp_path / "run")] == list(range(1, STEPS + 1))
+    # Colocated: the engine and its sidecar belong to the trainer pod (no rollout pod).
+    assert sorted(c.name for c in run.children) == [
+        "verl-data-trainer-0-engine", "verl-data-trainer-0-sidecar", "verl-data-trainer-0-trainer"
+    ]  # fmt: skip
 
     base = AutoModelForCausalLM.from_pretrained(tmp_path / "model", dtype=torch.float32)
     peft = PeftModel.from_pretrained(base, tmp_path / "run" / "adapter").eval()

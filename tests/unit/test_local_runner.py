@@ -125,3 +125,21 @@ def test_engine_sockets_fit_the_unix_path_limit_in_a_deep_run_directory(tmp_path
         socket = f"{env['VLLM_RPC_BASE_PATH']}/{'0' * 36}"
         assert len(socket.encode()) <= 107, socket
     assert vllm_rpc_base("/tmp/run/tmp") == "/tmp/run/tmp"  # short: the sockets stay inside
+
+
+@pytest.mark.parametrize(("off_policy", "threads"), [(0, "8"), (1, "4")])
+@pytest.mark.parametrize("container", ["trainer", "engine"])
+def test_a_colocated_engine_counts_like_a_rollout_pods(
+    container, off_policy, threads, monkeypatch, tmp_path
+):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr("os.cpu_count", lambda: 8)
+    job = load_job_file(ROOT / "examples" / "demo.yaml")
+    job.spec.rollout.placement = "colocated"
+    job.spec.training.off_policy_steps = off_policy
+    run = LocalRun(job, tmp_path)
+    run.plan = plan(run.job, LocalAddressing(30000))
+    (replica,) = run.plan.role("trainer").replicas  # no rollout role: the engine is in here
+    assert run.plan.role("rollout") is None
+    got = run._threads(next(c for c in replica.containers if c.name == container))
+    assert got == {"OMP_NUM_THREADS": threads}
