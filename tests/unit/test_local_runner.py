@@ -20,9 +20,10 @@ def container_threads(
     job.spec.training = job.spec.training.model_copy(update=training)
     run = LocalRun(job, tmp_path)
     run.plan = plan(run.job, LocalAddressing(30000))
-    role = "trainer" if container == "trainer" else "rollout"
-    replica = run.plan.role(role).replicas[0]
-    return run._threads(next(c for c in replica.containers if c.name == container))
+    first = next(  # in a rollout pod, or in the trainer's when colocated (the demo)
+        c for r in run.plan.roles for x in r.replicas for c in x.containers if c.name == container
+    )
+    return run._threads(first)
 
 
 @pytest.mark.parametrize(
@@ -66,9 +67,10 @@ def test_a_users_thread_setting_wins(monkeypatch, tmp_path):
     monkeypatch.setenv("OMP_NUM_THREADS", "3")
     run = LocalRun(load_job_file(ROOT / "examples" / "demo.yaml"), tmp_path)
     run.plan = plan(run.job, LocalAddressing(30000))
-    for replica in (run.plan.role("trainer").replicas[0], run.plan.role("rollout").replicas[0]):
-        for container in replica.containers:
-            assert run._threads(container) == {}
+    containers = [c for r in run.plan.roles for x in r.replicas for c in x.containers]
+    assert {c.name for c in containers} >= {"trainer", "engine"}
+    for container in containers:
+        assert run._threads(container) == {}
 
 
 def test_local_outputs_stay_in_the_run_directory(tmp_path):
