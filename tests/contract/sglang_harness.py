@@ -42,6 +42,7 @@ import torch.distributed as dist
 import uvicorn
 from fastapi import Request
 from sglang.api.v1.api_types import SamplingParams as ApiSamplingParams
+from sglang.srt.constants import GPU_MEMORY_ALL_TYPES
 from sglang.srt.entrypoints import http_server as hs
 from sglang.srt.entrypoints.api_contract import generate_contract_error
 from sglang.srt.managers import io_struct as io
@@ -99,6 +100,7 @@ class FakeTokenizerManager:
         self.session_open = False
         self.weight_version = "default"
         self.reply = dict(DEFAULT_REPLY)  # what /generate answers; `/_contract/reply` sets it
+        self.offload_tags: set[str] = set()  # memory released and not yet resumed
         self.updater = types.SimpleNamespace(tp_rank=0, device="cpu", _model_update_group={})
         self.updater._receive_bucketed_weights_from_distributed = functools.partial(
             WeightUpdater._receive_bucketed_weights_from_distributed, self.updater
@@ -191,6 +193,17 @@ class FakeTokenizerManager:
     async def update_weight_version(self, obj) -> None:
         self._record("/update_weight_version", obj)
         self.weight_version = obj.new_version
+
+    async def release_memory_occupation(self, obj, request=None) -> None:
+        """The scheduler's tag bookkeeping (scheduler_components/weight_updater.py): no tags
+        means every memory type; resuming a tag never released raises (the route: 400)."""
+        self._record("/release_memory_occupation", obj)
+        self.offload_tags.update(obj.tags or GPU_MEMORY_ALL_TYPES)
+
+    async def resume_memory_occupation(self, obj, request=None) -> None:
+        self._record("/resume_memory_occupation", obj)
+        for tag in obj.tags or GPU_MEMORY_ALL_TYPES:
+            self.offload_tags.remove(tag)
 
     async def load_lora_adapter(self, obj, request=None) -> io.LoadLoRAAdapterReqOutput:
         self._record("/load_lora_adapter", obj)
@@ -312,7 +325,12 @@ def install_contract_routes(tm: FakeTokenizerManager) -> None:
 
     @hs.app.get("/_contract/calls")
     async def calls_route():
-        return {"calls": tm.calls, "weight_version": tm.weight_version}
+        return {
+            "calls": tm.calls,
+            "weight_version": tm.weight_version,
+            "offload_tags": sorted(tm.offload_tags),
+            "all_memory_types": GPU_MEMORY_ALL_TYPES,
+        }
 
 
 def recording(app: Any, raw: list[dict[str, Any]]) -> Any:

@@ -7,7 +7,11 @@ from collections.abc import Sequence
 
 from lorarl.api.engine_flags import overriding_arg
 from lorarl.api.environment import completion_tokens
-from lorarl.api.placement import COLOCATED_MEMORY_FRACTION, colocated
+from lorarl.api.placement import (
+    COLOCATED_MEMORY_FRACTION,
+    colocated,
+    releases_engine_memory,
+)
 from lorarl.api.spec import LoRARLJobSpec
 from lorarl.api.workloads import DEFAULT_MEMORY_FRACTION, ENGINE_API_KEY_ENV
 
@@ -42,6 +46,12 @@ def vllm_rpc_base(tmp_dir: str) -> str:
 
 
 SGLANG_ORIGINAL_LOGPROB_ENV = "SGLANG_RETURN_ORIGINAL_LOGPROB"
+# A colocated GPU engine gives its memory to each update (lorarl.trainer.engine_memory). SGLang
+# drops released weights unless backed up on CPU: a merged sync rewrites only the LoRA target
+# layers and the adapter mode none, so the rest must come back as it was (vLLM's level-1 sleep
+# always keeps them on CPU).
+VLLM_SLEEP_FLAGS = ("--enable-sleep-mode",)
+SGLANG_MEMORY_SAVER_FLAGS = ("--enable-memory-saver", "--enable-weights-cpu-backup")
 
 
 def engine_command(spec: LoRARLJobSpec, model_path: str, host: str, port: int) -> list[str]:
@@ -83,6 +93,8 @@ def sglang_command(spec: LoRARLJobSpec, model_path: str, host: str, port: int) -
         ]
         argv += ["--lora-target-modules"]
         argv += [_SGLANG_LORA_TARGETS_ALL] if targets == ["all-linear"] else list(targets)
+    if releases_engine_memory(spec):
+        argv += SGLANG_MEMORY_SAVER_FLAGS
     return argv + list(r.engine_args)
 
 
@@ -99,6 +111,7 @@ def vllm_command(spec: LoRARLJobSpec, model_path: str, host: str, port: int) -> 
         gpu_memory_utilization=engine_memory_fraction(spec) if r.gpus_per_replica > 0 else None,
         trust_remote_code=spec.model.trust_remote_code,
         max_lora_rank=vllm_lora_rank(spec.lora.rank) if r.sync_mode == "adapter" else None,
+        sleep_mode=releases_engine_memory(spec),
         extra_args=r.engine_args,
     )
     return ["python", *args]
@@ -139,6 +152,7 @@ def vllm_server_args(
     max_lora_rank: int | None = None,
     max_loras: int = 2,
     worker_extension_cls: str | None = VLLM_WORKER_EXTENSION,
+    sleep_mode: bool = False,
     extra_args: Sequence[str] = (),
 ) -> list[str]:
     """Everything after the interpreter: the one place the vLLM server's flags are decided.
@@ -149,7 +163,8 @@ def vllm_server_args(
     serving on; two slots so the next version loads before the previous one is unloaded. The
     worker extension only adds methods (reading back the weights in use), so it is on everywhere.
     `--logprobs-mode processed_logprobs`: logprobs after temperature (and top-k/top-p), i.e. of
-    the distribution sampled from, not vLLM's default raw model distribution.
+    the distribution sampled from, not vLLM's default raw model distribution. `sleep_mode`: the
+    engine shares its GPUs with the trainer and sleeps through each update (colocated).
     """
     argv = [
         "-m", "vllm.entrypoints.openai.api_server",
@@ -178,6 +193,8 @@ def vllm_server_args(
         argv += ["--max-loras", str(max_loras)]
     if worker_extension_cls:
         argv += ["--worker-extension-cls", worker_extension_cls]
+    if sleep_mode:
+        argv += VLLM_SLEEP_FLAGS
     return argv + list(extra_args)
 
 

@@ -35,6 +35,7 @@ from lorarl.trainer.critic import (
     critic_state_dict,
 )
 from lorarl.trainer.data import DataPosition, PromptDataset, PromptSampler, drop_long_prompts
+from lorarl.trainer.engine_memory import EngineMemory
 from lorarl.trainer.episodes import build_episode_runner
 from lorarl.trainer.eval import Evaluator, build_evaluator
 from lorarl.trainer.export import export_final
@@ -150,6 +151,8 @@ class Trainer:
         self.reward_client: RewardServiceClient | None = None
         self._reward_ready = False
         self._http = httpx.Client(timeout=2.0)
+        # Colocated on GPUs the engines lend their memory to each update (engine_memory.py)
+        self.engine_memory = EngineMemory.for_job(spec, self._http, endpoints, lambda: self.fleet)
         # One-step off-policy: rank 0 generates the next batch on this thread while the step
         # trains; only HTTP and scoring run there, every collective stays on the main thread.
         self._prefetch_pool: ThreadPoolExecutor | None = None
@@ -312,6 +315,7 @@ class Trainer:
                 self.model, self.optimizer, batch, self.update_cfg, reference=self.kl_reference
             )
         train_s = time.perf_counter() - t_train
+        self.engine_memory.after_update(self.ctx.is_main)  # the engines are back before the sync
         self.state = StepState(step, collected.position, step)
         self._finish_prefetch()  # the engines must be idle before their weights change
         sync = self._publish()
@@ -371,6 +375,7 @@ class Trainer:
             else:
                 state = self.state
                 box[0] = self._generate(state.position, state.step + 1, state.version)
+            self.engine_memory.release()  # before the broadcast lets any rank start its update
         if dist.is_initialized():
             dist.broadcast_object_list(box, src=0)
         return box[0]
