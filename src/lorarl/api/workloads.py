@@ -98,7 +98,10 @@ class FsdpSpec(ApiModel):
         "PEFT's disable_adapter misbehaves otherwise.",
     )
     mixed_precision: bool = Field(
-        default=True, description="bf16 parameters with fp32 reductions on GPU."
+        default=True,
+        description="bf16 compute over fp32 LoRA weights: FSDP2's bf16 parameters with fp32 "
+        "reductions on GPU; on CPU, when model.dtype is bfloat16, the LoRA layers run in bf16 "
+        "(autocast) instead of casting their input up to fp32.",
     )
 
     _rules = enforce(_RESHARD_RULE)

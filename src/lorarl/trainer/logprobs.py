@@ -16,6 +16,7 @@ from peft import PeftModel
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from lorarl.trainer.lora_precision import lora_compute
 from lorarl.trainer.model import lora_parameters
 
 
@@ -118,13 +119,14 @@ def sequence_logprobs(
         ids, am = input_ids[sl], attention_mask[sl]
         first = first_scored_position(response_mask[sl])
         extra = {"logits_to_keep": ids.shape[1] - first + 1} if head_on_demand else {}
-        out = model(
-            input_ids=ids,
-            attention_mask=am,
-            position_ids=position_ids_from_mask(am),
-            use_cache=False,
-            **extra,
-        )
+        with lora_compute(model):  # bf16 LoRA compute on CPU when the base is bf16
+            out = model(
+                input_ids=ids,
+                attention_mask=am,
+                position_ids=position_ids_from_mask(am),
+                use_cache=False,
+                **extra,
+            )
         logits = out.logits if head_on_demand else out.logits[:, first - 1 :]
         lp, ent = token_logprobs_from_logits(logits, ids, with_entropy, first, temperature)
         keep = response_mask[sl].bool()  # where(), not multiply: 0 * -inf would be NaN

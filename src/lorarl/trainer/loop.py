@@ -41,6 +41,7 @@ from lorarl.trainer.eval import Evaluator, build_evaluator
 from lorarl.trainer.export import export_final
 from lorarl.trainer.fleet import Fleet
 from lorarl.trainer.logprobs import snapshot_lora
+from lorarl.trainer.lora_precision import cpu_lora_autocast_dtype, set_lora_autocast
 from lorarl.trainer.model import apply_lora, load_base_model
 from lorarl.trainer.overlong import OverlongConfig
 from lorarl.trainer.parallel import DistContext, compute_dtype, shard_model
@@ -107,7 +108,9 @@ class Trainer:
         self.ppo_cfg = ppo_config(job)  # None unless algorithm.name is ppo
         if self.ppo_cfg is not None:  # the critic: a second adapter + value head, same base
             add_critic(self.model, self.ppo_cfg.critic.lora)
-        shard_model(self.model, ctx, mixed_precision=spec.trainer.fsdp.mixed_precision)
+        mixed = spec.trainer.fsdp.mixed_precision
+        shard_model(self.model, ctx, mixed_precision=mixed)
+        set_lora_autocast(self.model, cpu_lora_autocast_dtype(self.model, ctx.device, mixed))
         self.kl_reference = None  # the base model; else the frozen initial adapter
         if spec.algorithm.kl.reference == "initialAdapter":
             self.kl_reference = snapshot_lora(self.model)
