@@ -13,7 +13,6 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
 
 import httpx
-import torch
 import torch.distributed as dist
 from transformers import AutoTokenizer
 
@@ -29,9 +28,6 @@ from lorarl.trainer.batch import collate, shard_for_rank
 from lorarl.trainer.checkpoint import CheckpointManager
 from lorarl.trainer.cpu_util import read_cpu_times, utilisation
 from lorarl.trainer.critic import (
-    actor_parameters,
-    add_critic,
-    critic_parameters,
     critic_state_dict,
 )
 from lorarl.trainer.data import DataPosition, PromptDataset, PromptSampler, drop_long_prompts
@@ -40,12 +36,10 @@ from lorarl.trainer.episodes import build_episode_runner
 from lorarl.trainer.eval import Evaluator, build_evaluator
 from lorarl.trainer.export import export_final
 from lorarl.trainer.fleet import Fleet
-from lorarl.trainer.logprobs import snapshot_lora
-from lorarl.trainer.lora_precision import cpu_lora_autocast_dtype, set_lora_autocast
-from lorarl.trainer.model import apply_lora, load_base_model
+from lorarl.trainer.model import load_base_model
 from lorarl.trainer.overlong import OverlongConfig
-from lorarl.trainer.parallel import DistContext, compute_dtype, shard_model
-from lorarl.trainer.ppo import PPOUpdate, ppo_config
+from lorarl.trainer.parallel import DistContext, compute_dtype
+from lorarl.trainer.policy_setup import build_policy
 from lorarl.trainer.progress import ProgressServer, ProgressTracker
 from lorarl.trainer.reward_wiring import (
     REWARD_READY_TIMEOUT_S,
@@ -62,15 +56,13 @@ from lorarl.trainer.settings import (
     Endpoints,
     advantage_estimator,
     algorithm_choices,
-    lora_settings,
-    loss_config,
     output_dirs,
     reward_service_client,
 )
 from lorarl.trainer.step_record import step_record
 from lorarl.trainer.step_state import StepState, lr_at
 from lorarl.trainer.tracking import build_fanout
-from lorarl.trainer.update import UpdateConfig, update_policy
+from lorarl.trainer.update import update_policy
 from lorarl.trainer.weight_sync import WeightPublisher, gather_adapter
 
 log = logging.getLogger(__name__)
@@ -104,43 +96,14 @@ class Trainer:
         self.sampler = PromptSampler(
             len(self.dataset), spec.training.prompts_per_step, spec.data.seed, spec.data.shuffle
         )
-        self.model = apply_lora(base, lora_settings(job))
-        self.ppo_cfg = ppo_config(job)  # None unless algorithm.name is ppo
-        if self.ppo_cfg is not None:  # the critic: a second adapter + value head, same base
-            add_critic(self.model, self.ppo_cfg.critic.lora)
-        mixed = spec.trainer.fsdp.mixed_precision
-        shard_model(self.model, ctx, mixed_precision=mixed)
-        set_lora_autocast(self.model, cpu_lora_autocast_dtype(self.model, ctx.device, mixed))
-        self.kl_reference = None  # the base model; else the frozen initial adapter
-        if spec.algorithm.kl.reference == "initialAdapter":
-            self.kl_reference = snapshot_lora(self.model)
-        o = spec.optim
-        actor = [p for _, p in actor_parameters(self.model)]
-        self.optimizer = torch.optim.AdamW(
-            actor, lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay
+        policy = build_policy(job, base, ctx)
+        self.model, self.optimizer = policy.model, policy.optimizer
+        self.update_cfg, self.kl_reference = policy.update_cfg, policy.kl_reference
+        self.ppo_cfg, self.ppo, self.critic_optimizer = (
+            policy.ppo_cfg,
+            policy.ppo,
+            policy.critic_optimizer,
         )
-        a = spec.algorithm
-        self.update_cfg = UpdateConfig(
-            loss=loss_config(job),
-            micro_batch_size=spec.training.micro_batch_size,
-            mini_batches=self._mini_batches(),
-            epochs=a.ppo_epochs,
-            grad_clip=o.grad_clip,
-            behavior_from_rollout=spec.training.off_policy_steps > 0,
-            temperature=spec.rollout.sampling.temperature,
-        )
-        self.critic_optimizer: torch.optim.Optimizer | None = None
-        self.ppo: PPOUpdate | None = None
-        if self.ppo_cfg is not None:
-            c = self.ppo_cfg.critic
-            self.critic_optimizer = torch.optim.AdamW(
-                [p for _, p in critic_parameters(self.model)],
-                lr=c.lr, betas=tuple(c.betas), weight_decay=c.weight_decay,
-            )  # fmt: skip
-            self.ppo = PPOUpdate(
-                self.model, self.optimizer, self.critic_optimizer, self.update_cfg, self.ppo_cfg,
-                actor,
-            )  # fmt: skip
         self.pad_id = self.tokenizer.pad_token_id
         if self.pad_id is None:
             self.pad_id = self.tokenizer.eos_token_id or 0
@@ -162,10 +125,6 @@ class Trainer:
         self._prefetched: Future[Collected] | None = None
         if ctx.is_main:
             self._setup_main()
-
-    def _mini_batches(self) -> int:
-        t, g = self.job.spec.training, self.job.spec.algorithm.group_size
-        return 1 if t.mini_batch_size is None else t.prompts_per_step * g // t.mini_batch_size
 
     def _setup_main(self) -> None:
         spec, ep = self.job.spec, self.endpoints
