@@ -305,7 +305,7 @@ def loop_trainer(monkeypatch, events: list, urls: list[str], http, **kw: Any) ->
     t._generate, t._publish, t._evaluate = generate, publish, evaluate
     monkeypatch.setattr(loop, "update_policy", update)
     monkeypatch.setattr(loop, "shard_for_rank", lambda samples, rank, world: samples)
-    monkeypatch.setattr(loop, "collate", lambda samples, pad: None)
+    monkeypatch.setattr(loop, "collate", lambda samples, pad, device=None: None)
     monkeypatch.setattr(loop, "step_record", lambda *a, **kw: SimpleNamespace(eval=None))
     return t
 
@@ -340,3 +340,14 @@ def test_a_failed_resume_fails_the_step_before_the_sync(monkeypatch, engines, ev
     with pytest.raises(EngineMemoryError, match=e.url):
         t.train_step()
     assert [x["route"] for x in events] == ["generate", "/sleep", "update", "/wake_up"]
+
+
+def test_a_step_hands_the_update_a_batch_on_the_trainers_device(monkeypatch, events, http):
+    """On GPU the model lives on ctx.device: a host batch fails in the first logprob gather."""
+    t = loop_trainer(monkeypatch, events, ["http://127.0.0.1:1"], http, placement="separate")
+    t.ctx = DistContext(rank=0, world_size=1, local_rank=0, device=torch.device("meta"),
+                        backend=None)  # fmt: skip
+    seen: list[Any] = []
+    monkeypatch.setattr(loop, "collate", lambda samples, pad, device=None: seen.append(device))
+    t.train_step()
+    assert seen == [torch.device("meta")]

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from dataclasses import fields
+
 import pytest
 import torch
 
@@ -69,3 +71,17 @@ def test_turn_rewards_land_on_their_tokens_and_ppo_puts_the_rest_on_the_last():
     # Without per-turn rewards the whole reward sits on the last token, as before.
     plain = collate([single], pad_id=0)
     assert plain.turn_rewards is None and ppo_token_rewards(plain)[0].tolist() == [0, 1.0]
+
+
+def test_collate_puts_every_tensor_on_the_trainers_device():
+    """A CUDA model scores the batch together with its logits (gather, loss, histogram): a
+    host batch failed in the first logprob gather. `meta` stands in for the GPU here."""
+    turns = TrainSample([9], [5, 6], [-0.1] * 2, 0.0, 1.0, 0, turn_rewards=[(0, 0.5)])
+    batch = collate([sample(3, 2), turns], pad_id=0, device="meta")
+    present = [f.name for f in fields(batch) if getattr(batch, f.name) is not None]
+    assert {"input_ids", "rollout_logprobs", "rewards", "turn_rewards"} <= set(present)
+    assert {getattr(batch, n).device.type for n in present} == {"meta"}
+    assert batch.token_advantages is None  # absent stays absent
+    host = collate([sample(3, 2)], pad_id=0)
+    assert host.to("meta").input_ids.shape == host.input_ids.shape
+    assert host.input_ids.device.type == "cpu"  # `to` returns a new batch

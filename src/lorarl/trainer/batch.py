@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 
@@ -45,6 +45,12 @@ class TensorBatch:
     def __len__(self) -> int:
         return self.input_ids.shape[0]
 
+    def to(self, device: torch.device | str) -> TensorBatch:
+        """Every tensor on `device`, the model's: on GPU the logprob gather, the loss and the
+        mismatch histogram combine the batch with the logits, so both must live there."""
+        moved = {f.name: getattr(self, f.name) for f in fields(self)}
+        return TensorBatch(**{n: None if t is None else t.to(device) for n, t in moved.items()})
+
     def slice(self, sl: slice) -> TensorBatch:
         return TensorBatch(
             self.input_ids[sl],
@@ -58,8 +64,11 @@ class TensorBatch:
         )
 
 
-def collate(samples: list[TrainSample], pad_id: int) -> TensorBatch:
-    """Right-pad prompt+completion; position t of the masks marks completion token t."""
+def collate(
+    samples: list[TrainSample], pad_id: int, device: torch.device | str | None = None
+) -> TensorBatch:
+    """Right-pad prompt+completion; position t of the masks marks completion token t. Built on
+    the host, then moved to `device` (the trainer's) in one copy per tensor."""
     if not samples:
         raise ValueError("cannot collate an empty batch")
     length = max(len(s.prompt_ids) + len(s.completion_ids) for s in samples)
@@ -86,7 +95,8 @@ def collate(samples: list[TrainSample], pad_id: int) -> TensorBatch:
             for index, value in s.turn_rewards or ():
                 turns[i, p + index] += value
         turns = turns * resp  # a sample out of the loss (overlong masking) earns nothing here
-    return TensorBatch(ids, attn, resp, lps, adv, rewards, turn_rewards=turns)
+    batch = TensorBatch(ids, attn, resp, lps, adv, rewards, turn_rewards=turns)
+    return batch if device is None else batch.to(device)
 
 
 def shard_for_rank(samples: list[TrainSample], rank: int, world_size: int) -> list[TrainSample]:

@@ -269,7 +269,7 @@ class Trainer:
             self._start_prefetch(collected.position, step + 1)
         t_train = time.perf_counter()
         mine = shard_for_rank(samples, self.ctx.rank, self.ctx.world_size)
-        batch = collate(mine, self.pad_id)
+        batch = collate(mine, self.pad_id, self.ctx.device)  # the model's device
         if self.ppo is not None:
             metrics = self.ppo.update(batch, step, reference=self.kl_reference)
         else:

@@ -181,7 +181,7 @@ def _accumulate(sums, metrics, lp: torch.Tensor, sub: TensorBatch, tokens: float
     sums["tokens"] += tokens
     gap = (sub.rollout_logprobs - lp.detach()).abs()[mask]
     sums["mismatch"] += gap.sum().item()
-    edges = torch.tensor(MISMATCH_EDGES, dtype=gap.dtype)
+    edges = torch.tensor(MISMATCH_EDGES, dtype=gap.dtype, device=gap.device)
     counts = torch.bincount(torch.bucketize(gap, edges), minlength=len(MISMATCH_EDGES) + 1)
     for i, c in enumerate(counts.tolist()):
         sums[f"hist{i}"] += c
