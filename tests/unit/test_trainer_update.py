@@ -261,3 +261,68 @@ def test_kl_reference_can_be_the_frozen_initial_adapter(policy):
     kl_initial = update_policy(copy.deepcopy(model), opt, b, cfg, reference=initial)["kl"]
     kl_base = update_policy(copy.deepcopy(model), opt, b, cfg)["kl"]
     assert kl_initial != kl_base
+
+
+def _mixed_length_batch(lengths: list[int]):
+    g = torch.Generator().manual_seed(3)
+    samples = []
+    for i, n in enumerate(lengths):
+        ids = torch.randint(4, 100, (n,), generator=g).tolist()
+        c = n - 3
+        lps = [-1.0 - 0.1 * i] * c  # a different engine logprob per sample
+        samples.append(TrainSample(ids[:3], ids[3:], lps, float(i % 3 - 1), 0.0, 0))
+    return collate(samples, pad_id=0)
+
+
+def test_micro_batches_hold_samples_of_one_length_and_run_only_their_width(policy):
+    """Short and long samples alternate; each micro-batch gets one kind and the model sees only
+    its columns: a micro-batch costs its longest sample, so this is the padding not computed."""
+    widths: list[int] = []
+    model = copy.deepcopy(policy)
+    hook = model.get_base_model().model.register_forward_pre_hook(
+        lambda _m, _a, kw: widths.append(kw["input_ids"].shape[1]), with_kwargs=True
+    )
+    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.0)
+    try:
+        update_policy(model, opt, _mixed_length_batch([5, 12, 5, 12]),
+                      UpdateConfig(LossConfig(), micro_batch_size=2))  # fmt: skip
+    finally:
+        hook.remove()
+    assert widths == [5, 12]
+
+
+@pytest.mark.parametrize("kl_coef", [0.0, 0.1])
+def test_reordered_micro_batches_keep_each_samples_own_old_and_reference_logprobs(policy, kl_coef):
+    """The samples are reordered by length inside a mini-batch; their engine logprobs (the
+    ratio's denominator here), reference logprobs and advantages must follow them, or the
+    gradient differs from the one computed in a single micro-batch."""
+    tensors = _mixed_length_batch([9, 4, 7, 5, 8, 6])
+
+    def grads(micro: int) -> dict[str, torch.Tensor]:
+        model = copy.deepcopy(policy)
+        opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.0)
+        cfg = UpdateConfig(LossConfig(kl_coef=kl_coef), micro_batch_size=micro, grad_clip=1e9,
+                           behavior_from_rollout=True)  # fmt: skip
+        update_policy(model, opt, tensors, cfg)
+        return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    whole, split = grads(6), grads(2)
+    assert whole and set(whole) == set(split)
+    for name in whole:
+        torch.testing.assert_close(split[name], whole[name], rtol=1e-4, atol=1e-7)
+
+
+def test_scoring_a_micro_batch_at_its_own_width_changes_no_logprob(policy):
+    from lorarl.trainer.logprobs import used_width
+
+    tensors = _mixed_length_batch([4, 11, 6])
+    assert used_width(tensors.attention_mask[:1], tensors.response_mask[:1]) == 4
+    assert used_width(tensors.attention_mask, tensors.response_mask) == 11
+    with torch.no_grad():
+        together, _ = sequence_logprobs(policy, tensors.input_ids, tensors.attention_mask,
+                                        tensors.response_mask, micro_batch_size=3)  # fmt: skip
+        alone, _ = sequence_logprobs(policy, tensors.input_ids, tensors.attention_mask,
+                                     tensors.response_mask, micro_batch_size=1)  # fmt: skip
+    assert alone.shape == together.shape == tensors.input_ids.shape
+    assert (alone[0, 4:] == 0).all()  # the trimmed columns come back as zeros
+    torch.testing.assert_close(alone, together, rtol=1e-5, atol=1e-6)

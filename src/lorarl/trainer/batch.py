@@ -51,6 +51,11 @@ class TensorBatch:
         moved = {f.name: getattr(self, f.name) for f in fields(self)}
         return TensorBatch(**{n: None if t is None else t.to(device) for n, t in moved.items()})
 
+    def take(self, rows: torch.Tensor) -> TensorBatch:
+        """The samples at `rows` (an index tensor), in that order."""
+        picked = {f.name: getattr(self, f.name) for f in fields(self)}
+        return TensorBatch(**{n: None if t is None else t[rows] for n, t in picked.items()})
+
     def slice(self, sl: slice) -> TensorBatch:
         return TensorBatch(
             self.input_ids[sl],

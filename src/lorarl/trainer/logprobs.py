@@ -12,6 +12,7 @@ from __future__ import annotations
 import inspect
 
 import torch
+import torch.nn.functional as F
 from peft import PeftModel
 from torch import nn
 from torch.distributed.tensor import DTensor
@@ -86,6 +87,18 @@ def first_scored_position(response_mask: torch.Tensor) -> int:
     return max(first, 1)
 
 
+def used_width(attention_mask: torch.Tensor, response_mask: torch.Tensor) -> int:
+    """Columns up to the last one any row attends to or scores (at least 1).
+
+    A batch is padded to its longest sample, so a micro-batch of shorter ones ends in columns
+    that are padding in every row. A causal model's outputs at a position never depend on later
+    ones, so cutting those columns off changes no logprob and saves their compute (the update
+    sorts samples by length so each micro-batch is as short as it can be).
+    """
+    used = (attention_mask.bool() | response_mask.bool()).any(dim=0).nonzero()
+    return int(used[-1]) + 1 if len(used) else 1
+
+
 def _takes_logits_to_keep(model: nn.Module) -> bool:
     """Whether the model computes the LM head only for the last N positions when asked."""
     base = model.get_base_model() if isinstance(model, PeftModel) else model
@@ -114,10 +127,13 @@ def sequence_logprobs(
     head_on_demand = _takes_logits_to_keep(model)
     lps: list[torch.Tensor] = []
     ents: list[torch.Tensor] = []
+    full_width = input_ids.shape[1]
     for start in range(0, input_ids.shape[0], micro_batch_size):
         sl = slice(start, start + micro_batch_size)
-        ids, am = input_ids[sl], attention_mask[sl]
-        first = first_scored_position(response_mask[sl])
+        width = used_width(attention_mask[sl], response_mask[sl])
+        ids, am = input_ids[sl, :width], attention_mask[sl, :width]
+        resp = response_mask[sl, :width]
+        first = first_scored_position(resp)
         extra = {"logits_to_keep": ids.shape[1] - first + 1} if head_on_demand else {}
         with lora_compute(model):  # bf16 LoRA compute on CPU when the base is bf16
             out = model(
@@ -129,10 +145,11 @@ def sequence_logprobs(
             )
         logits = out.logits if head_on_demand else out.logits[:, first - 1 :]
         lp, ent = token_logprobs_from_logits(logits, ids, with_entropy, first, temperature)
-        keep = response_mask[sl].bool()  # where(), not multiply: 0 * -inf would be NaN
-        lps.append(torch.where(keep, lp, 0.0))
+        keep = resp.bool()  # where(), not multiply: 0 * -inf would be NaN
+        pad = (0, full_width - width)  # back to the batch's width: zeros on the trimmed columns
+        lps.append(F.pad(torch.where(keep, lp, 0.0), pad))
         if ent is not None:
-            ents.append(torch.where(keep, ent, 0.0))
+            ents.append(F.pad(torch.where(keep, ent, 0.0), pad))
     logprobs = torch.cat(lps)
     return logprobs, (torch.cat(ents) if with_entropy else None)
 

@@ -77,6 +77,17 @@ def mini_batch_slices(n: int, mini_batches: int) -> list[slice]:
     ]
 
 
+def by_length(attention_mask: torch.Tensor, micro_batch_size: int) -> torch.Tensor:
+    """Row order for a mini-batch: shortest sample first, so each micro-batch holds samples of
+    similar length and `sequence_logprobs` trims its padding (a micro-batch costs as much as its
+    longest sample). The gradient is the same sum over samples in any order; only its rounding
+    differs. One micro-batch, or one row: the order is left alone."""
+    n = attention_mask.shape[0]
+    if n <= micro_batch_size:
+        return torch.arange(n, device=attention_mask.device)
+    return torch.argsort(attention_mask.sum(-1), stable=True)
+
+
 def update_policy(
     model: PeftModel,
     optimizer: torch.optim.Optimizer,
@@ -130,7 +141,8 @@ def update_policy(
     minis = mini_batch_slices(len(batch), cfg.mini_batches)
     for epoch in range(cfg.epochs):
         for mini in minis:
-            part = batch.slice(mini)
+            rows = by_length(batch.attention_mask[mini], mbs) + mini.start
+            part = batch.take(rows)
             g_tokens, g_seqs = all_reduce_sum(list(_counts(part)))
             denominator = max(g_tokens if token_level else g_seqs, 1.0)
             optimizer.zero_grad(set_to_none=True)
@@ -144,8 +156,7 @@ def update_policy(
                 )  # fmt: skip
                 if cfg.loss.entropy_coef == 0:
                     ent = ent.detach()
-                offset = mini.start + mb.start
-                idx = slice(offset, offset + (mb.stop - mb.start))
+                idx = rows[mb]  # these samples' rows in `batch`
                 old_lp = lp.detach() if old is None else old[idx]
                 loss, metrics = rl_loss(
                     lp, old_lp, adv_tok[idx], sub.response_mask, cfg.loss,
