@@ -29,6 +29,17 @@ with open(out + ".json", "w") as f:
 if mode == "crash-once" and not os.path.exists(out + ".crashed"):
     open(out + ".crashed", "w").close()
     sys.exit(3)
+if mode == "fork-crash-once" and not os.path.exists(out + ".crashed"):
+    open(out + ".crashed", "w").close()  # leaves a worker in its process group, as vLLM would
+    worker = __import__("subprocess").Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    open(out + ".worker", "w").write(str(worker.pid))
+    os._exit(3)
+if mode.startswith("listen:"):
+    time.sleep(1.0)
+    s = __import__("socket").create_server(("127.0.0.1", int(mode[7:])))
+    open(out + ".listening", "w").write(repr(time.time()))
+if mode.startswith("kill:"):
+    os.kill(os.getpid(), int(mode[5:]))
 if mode.startswith("exit:"):
     time.sleep(float(os.environ.get("CHILD_DELAY", "0")))
     sys.exit(int(mode[5:]))
@@ -106,6 +117,7 @@ def test_a_crashed_engine_restarts_in_place_while_the_trainer_runs(tmp_path):
 
 def test_an_engine_that_keeps_crashing_fails_the_container(tmp_path, monkeypatch):
     monkeypatch.setattr(colocate, "POLL_S", 0.05)
+    monkeypatch.setattr(colocate, "BACKOFF_S", (0.1, 0.2))
     procs = colocate.processes(spec(tmp_path, engine="exit:3", delay="30"), environ())
     start = time.monotonic()
     assert colocate.supervise(procs, []) == 1
@@ -133,3 +145,66 @@ def test_without_its_processes_the_container_fails_with_a_message():
     out = subprocess.run([sys.executable, "-m", "lorarl.colocate"], env=env,
                          capture_output=True, text=True, timeout=60)  # fmt: skip
     assert out.returncode == 2 and COLOCATED_PROCESSES_ENV in out.stderr
+
+
+def test_the_container_drops_the_variables_a_process_must_not_see(tmp_path):
+    planned = json.loads(spec(tmp_path))
+    planned[0]["unsetEnv"] = ["WANDB_API_KEY"]
+    procs = colocate.processes(json.dumps(planned), {**environ(), "WANDB_API_KEY": "w"})
+    assert "WANDB_API_KEY" not in procs[0].env
+    assert procs[2].env["WANDB_API_KEY"] == "w"  # the trainer's own
+
+
+def test_the_trainer_starts_only_once_the_engine_listens(tmp_path, monkeypatch):
+    from lorarl.local.ports import free_port
+
+    monkeypatch.setattr(colocate, "POLL_S", 0.05)
+    port = free_port()
+    planned = json.loads(spec(tmp_path, engine=f"listen:{port}", delay="0"))
+    planned[2]["waitForPorts"] = [port]
+    procs = colocate.processes(json.dumps(planned), environ())
+    started = time.time()
+    assert colocate.supervise(procs, []) == 0
+    listening = float((tmp_path / "engine.listening").read_text())
+    assert listening - started >= 0.9  # the engine took a second to listen ...
+    assert (tmp_path / "trainer.json").stat().st_mtime >= listening  # ... the trainer waited
+
+
+def test_a_restart_first_kills_what_the_crashed_engine_left_behind(tmp_path, monkeypatch):
+    monkeypatch.setattr(colocate, "BACKOFF_S", (0.1,))
+    procs = colocate.processes(spec(tmp_path, engine="fork-crash-once", delay="3"), environ())
+    assert colocate.supervise(procs, []) == 0
+    worker = int((tmp_path / "engine.worker").read_text())
+    assert procs[0].restarts == 1 and not alive(worker)
+
+
+def test_a_trainer_killed_by_a_signal_ends_the_container_as_a_shell_reports_it(tmp_path):
+    procs = colocate.processes(spec(tmp_path, trainer="kill:9"), environ())
+    assert colocate.supervise(procs, []) == 128 + 9
+    assert colocate.exit_status(-15) == 143 and colocate.exit_status(4) == 4
+
+
+REAPER = """
+import ctypes, os, subprocess, sys, time
+from lorarl import colocate
+ctypes.CDLL(None, use_errno=True).prctl(36, 1)  # PR_SET_CHILD_SUBREAPER: orphans come to us
+tracked = colocate.Process("engine", [sys.executable, "-c", "import time; time.sleep(30)"], {})
+tracked.start()
+# a child that exits at once, leaving its own child (exits in 0.2 s) orphaned to us
+subprocess.run([sys.executable, "-c",
+                "import subprocess, sys; subprocess.Popen([sys.executable, '-c', "
+                "'import time; time.sleep(0.2)'])"], check=True)
+time.sleep(1.0)
+zombies = lambda: [l for l in os.popen(f"ps -o stat= --ppid {os.getpid()}") if "Z" in l]
+before = len(zombies())
+colocate.reap_orphans([tracked])
+print(before, len(zombies()), tracked.poll())
+tracked.signal(9)
+"""
+
+
+def test_orphans_are_reaped_and_tracked_children_are_left_to_their_popen():
+    out = subprocess.run([sys.executable, "-c", REAPER], capture_output=True, text=True,
+                         timeout=60, check=True)  # fmt: skip
+    before, after, tracked = out.stdout.split()
+    assert (before, after, tracked) == ("1", "0", "None")

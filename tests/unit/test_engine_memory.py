@@ -64,7 +64,7 @@ class FakeEngine:
             return self.reply(h, 401, {"error": "Unauthorized"})
         if self.fail > 0:
             self.fail -= 1
-            return self.reply(h, self.fail_status, {"error": "server is not idle"})
+            return self.reply(h, self.fail_status, {"error": "temporarily unavailable"})
         if path in ("/sleep", "/release_memory_occupation"):
             self.asleep = True
         elif path in ("/wake_up", "/resume_memory_occupation"):
@@ -190,8 +190,8 @@ def test_a_live_engine_that_keeps_refusing_fails_the_step_naming_it(engines, eve
     assert mem.released == [good.url]
 
 
-def test_a_refusal_that_clears_is_retried(engines, events, http) -> None:
-    e = engines("sglang", fail=1)  # SGLang refuses while a request is still running
+def test_a_failure_that_clears_is_retried(engines, events, http) -> None:
+    e = engines("sglang", fail=1, fail_status=503)  # e.g. a proxy between us blipped
     mem = memory("sglang", [e.url], http)
     mem.release()
     assert e.asleep and len(events) == 2

@@ -167,3 +167,33 @@ def test_off_policy_overlap_is_refused_on_gpus_only():
     cpu = doc(training={"offPolicySteps": 1}, trainer={"gpusPerReplica": 0},
               rollout={"gpusPerReplica": 0, "engine": "vllm"})  # fmt: skip
     assert not [p for p in check_manifest(cpu) if p.path == "spec.training.offPolicySteps"]
+
+
+def _colocated_processes(job: LoRARLJob) -> list[dict]:
+    (container,) = pod(plan(job), job, "trainer", 0)["spec"]["containers"]
+    env = {e["name"]: e for e in container["env"]}
+    return json.loads(env[COLOCATED_PROCESSES_ENV]["value"])
+
+
+def test_only_the_trainer_process_keeps_the_tracker_key_the_container_holds():
+    """One container holds the trainer's env, its W&B key included; the engine and sidecar
+    drop it (in separate pods their containers never had it), but keep the user's own env."""
+    job = make(
+        trainer={"env": [{"name": "NCCL_DEBUG", "value": "WARN"}]},
+        logging={"backends": ["wandb"],
+                 "wandb": {"project": "p", "apiKeySecret": {"name": "wandb", "key": "k"}}},
+    )  # fmt: skip
+    engine, sidecar, trainer = _colocated_processes(job)
+    assert engine["unsetEnv"] == sidecar["unsetEnv"] == ["WANDB_API_KEY"]
+    assert "unsetEnv" not in trainer
+
+
+def test_on_gpus_the_trainer_starts_once_its_engine_listens():
+    gpu = make(trainer={"gpusPerReplica": 2}, rollout={"gpusPerReplica": 2,
+               "tensorParallelSize": 2})  # fmt: skip
+    engine, _, trainer = _colocated_processes(gpu)
+    port = plan(gpu).role("trainer").replicas[0].containers[1].ports["engine"]
+    assert trainer["waitForPorts"] == [port] and "waitForPorts" not in engine
+    cpu = make(trainer={"gpusPerReplica": 0},
+               rollout={"engine": "vllm", "gpusPerReplica": 0})  # fmt: skip
+    assert "waitForPorts" not in _colocated_processes(cpu)[-1]  # nothing to measure on a CPU

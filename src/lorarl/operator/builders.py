@@ -11,7 +11,7 @@ import json
 from typing import Any
 
 from lorarl.api.job import LoRARLJob, config_yaml
-from lorarl.api.k8s import ResourceRequirements
+from lorarl.api.k8s import GPU_RESOURCE, ResourceRequirements
 from lorarl.api.placement import COLOCATED_PROCESSES_ENV
 from lorarl.api.workloads import SYNC_KEY_ENV
 from lorarl.plan.addressing import CLUSTER_PORTS
@@ -311,7 +311,8 @@ def _colocated_container(plan: JobPlan, replica: ReplicaPlan) -> Obj:
     architecture.md, Placement). The trainer's user env, resources and image cover them all."""
     trainer = next(c for c in replica.containers if c.name == "trainer")
     others = [c for c in replica.containers if c is not trainer]
-    processes = [{"name": c.name, "command": c.command, "env": c.env} for c in [*others, trainer]]
+    engine_ports = [c.ports["engine"] for c in others if "engine" in c.ports]
+    processes = [_colocated_process(c, trainer, engine_ports) for c in [*others, trainer]]
     mounts = {m.path: m for c in [*others, trainer] for m in c.mounts}  # the trainer's win
     one = ContainerPlan(
         name="trainer",
@@ -324,6 +325,20 @@ def _colocated_container(plan: JobPlan, replica: ReplicaPlan) -> Obj:
         mounts=sorted(mounts.values(), key=lambda m: m.path),
     )
     return _container(plan, one)
+
+
+def _colocated_process(c: ContainerPlan, trainer: ContainerPlan, engine_ports: list[int]) -> Obj:
+    """One process of a colocated container. The container's env is the trainer's (its user
+    env, tracker keys included): the others drop what their own container would not have had.
+    On GPUs the trainer starts once the engine listens: vLLM measures free GPU memory while it
+    starts, and a trainer loading its model beside it would skew that or leave too little."""
+    item: Obj = {"name": c.name, "command": c.command, "env": c.env}
+    if c is not trainer:
+        own = {e.name for e in c.user_env}
+        item["unsetEnv"] = sorted({e.name for e in trainer.user_env} - own - set(c.env))
+    elif GPU_RESOURCE in trainer.resources.limits:
+        item["waitForPorts"] = engine_ports
+    return item
 
 
 def _resources(r: ResourceRequirements) -> Obj:

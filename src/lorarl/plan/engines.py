@@ -47,9 +47,9 @@ def vllm_rpc_base(tmp_dir: str) -> str:
 
 SGLANG_ORIGINAL_LOGPROB_ENV = "SGLANG_RETURN_ORIGINAL_LOGPROB"
 # A colocated GPU engine gives its memory to each update (lorarl.trainer.engine_memory). SGLang
-# drops released weights unless backed up on CPU: a merged sync rewrites only the LoRA target
-# layers and the adapter mode none, so the rest must come back as it was (vLLM's level-1 sleep
-# always keeps them on CPU).
+# drops released weights unless backed up on CPU, and they must come back as they were: a merged
+# sync rewrites only the LoRA target layers, an adapter sync none of the base (vLLM's level-1
+# sleep always keeps them on CPU).
 VLLM_SLEEP_FLAGS = ("--enable-sleep-mode",)
 SGLANG_MEMORY_SAVER_FLAGS = ("--enable-memory-saver", "--enable-weights-cpu-backup")
 

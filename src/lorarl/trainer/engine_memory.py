@@ -28,7 +28,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-ATTEMPTS = 3  # SGLang refuses a release while a request is still running: it may end soon
+# Retries are for a call that failed in transit (a connection reset, a timeout). The release is
+# sent only once the step's requests are all answered: SGLang asserts that its scheduler is idle
+# and a release during a request would kill it, not be refused.
+ATTEMPTS = 3
 RETRY_S = 1.0
 CALL_TIMEOUT_S = 300.0  # moving a large model's weights to CPU and back takes a while
 
