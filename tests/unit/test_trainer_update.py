@@ -326,3 +326,78 @@ def test_scoring_a_micro_batch_at_its_own_width_changes_no_logprob(policy):
     assert alone.shape == together.shape == tensors.input_ids.shape
     assert (alone[0, 4:] == 0).all()  # the trimmed columns come back as zeros
     torch.testing.assert_close(alone, together, rtol=1e-5, atol=1e-6)
+
+
+def _grouped_batch(advantages: list[float]):
+    g = torch.Generator().manual_seed(5)
+    samples = []
+    for i, adv in enumerate(advantages):
+        n = 5 + i % 4
+        ids = torch.randint(4, 100, (n,), generator=g).tolist()
+        samples.append(TrainSample(ids[:3], ids[3:], [-1.0] * (n - 3), adv, 0.0, 0))
+    return collate(samples, pad_id=0)
+
+
+def _update_seeing_rows(policy, tensors, cfg, *, skipping: bool, monkeypatch):
+    import lorarl.trainer.update as update_module
+
+    if not skipping:
+        monkeypatch.setattr(update_module, "gradient_free", lambda batch, cfg: None)
+    rows: list[int] = []
+    model = copy.deepcopy(policy)
+    hook = model.get_base_model().model.register_forward_pre_hook(
+        lambda _m, _a, kw: rows.append(kw["input_ids"].shape[0]), with_kwargs=True
+    )
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    try:
+        metrics = update_policy(model, opt, tensors, cfg)
+    finally:
+        hook.remove()
+        monkeypatch.undo()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    params = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+    return rows, grads, params, metrics
+
+
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean"])
+def test_samples_without_advantage_are_not_run_and_the_update_is_the_same(policy, agg, monkeypatch):
+    """Two GRPO groups of 4 had equal rewards (advantage 0): with no KL or entropy term they
+    add nothing to the gradient, so they are not run; the denominators still count them."""
+    tensors = _grouped_batch([0.0] * 4 + [1.0, -1.0, 0.5, -0.5] + [0.0] * 4)
+    cfg = UpdateConfig(LossConfig(agg=agg), micro_batch_size=2)
+    seen, grads, params, metrics = _update_seeing_rows(
+        policy, tensors, cfg, skipping=True, monkeypatch=monkeypatch
+    )
+    all_seen, all_grads, all_params, _ = _update_seeing_rows(
+        policy, tensors, cfg, skipping=False, monkeypatch=monkeypatch
+    )
+    assert sum(seen) == 4 and sum(all_seen) == 12
+    for name in all_grads:
+        torch.testing.assert_close(grads[name], all_grads[name], rtol=1e-4, atol=1e-7)
+        torch.testing.assert_close(params[name], all_params[name], rtol=1e-4, atol=1e-6)
+    assert metrics["trained_tokens"] == tensors.response_mask.sum().item()  # skipped ones too
+
+
+def test_a_batch_with_no_advantage_anywhere_still_runs_one_micro_batch(policy, monkeypatch):
+    tensors = _grouped_batch([0.0] * 6)
+    cfg = UpdateConfig(LossConfig(), micro_batch_size=2)
+    seen, grads, params, _ = _update_seeing_rows(
+        policy, tensors, cfg, skipping=True, monkeypatch=monkeypatch
+    )
+    _, _, all_params, _ = _update_seeing_rows(
+        policy, tensors, cfg, skipping=False, monkeypatch=monkeypatch
+    )
+    assert seen == [1]  # the shortest sample: every rank takes part in the same collectives
+    assert grads and all((g == 0).all() for g in grads.values())
+    for name in all_params:
+        torch.testing.assert_close(params[name], all_params[name])
+
+
+def test_with_a_kl_or_entropy_term_every_sample_is_run(policy, monkeypatch):
+    from lorarl.trainer.update import gradient_free
+
+    tensors = _grouped_batch([0.0] * 4 + [1.0, -1.0, 0.5, -0.5])
+    assert gradient_free(tensors, UpdateConfig(LossConfig(kl_coef=0.1), 2)) is None
+    assert gradient_free(tensors, UpdateConfig(LossConfig(entropy_coef=0.01), 2)) is None
+    skip = gradient_free(tensors, UpdateConfig(LossConfig(), 2))
+    assert skip.tolist() == [True] * 4 + [False] * 4

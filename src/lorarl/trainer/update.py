@@ -77,6 +77,42 @@ def mini_batch_slices(n: int, mini_batches: int) -> list[slice]:
     ]
 
 
+def gradient_free(batch: TensorBatch, cfg: UpdateConfig) -> torch.Tensor | None:
+    """[B] bool: the samples that add exactly nothing to the gradient; None when none can be
+    told apart (a KL or entropy term, or per-token advantages).
+
+    With neither term, a sample's loss is its advantage times a (clipped) ratio: a sample whose
+    advantage is exactly 0 (a GRPO group whose rewards were all equal) or that scores no token
+    (overlong-masked, a rank's filler) contributes 0 with a gradient of exactly 0. The update
+    skips its forward and backward but keeps it in the loss's denominators, so the gradient is
+    the same; the per-token metrics (entropy, clip fraction, logprob mismatch) then cover the
+    samples that were trained on.
+    """
+    if cfg.loss.kl_coef > 0 or cfg.loss.entropy_coef > 0 or batch.token_advantages is not None:
+        return None
+    return (batch.advantages == 0) | (batch.response_mask.sum(-1) == 0)
+
+
+def rows_to_train(
+    attention_mask: torch.Tensor, skip: torch.Tensor | None, micro_batch_size: int
+) -> torch.Tensor:
+    """The rows of a mini-batch to run, shortest first (`by_length`): all of them, or those not
+    in `skip`. FSDP2 forwards are collective, so every rank runs as many micro-batches as the
+    rank with the most rows to train (at least one): a rank short of them tops up with its
+    shortest skipped rows, which add nothing."""
+    if skip is None:
+        return by_length(attention_mask, micro_batch_size)
+    kept, dropped = (~skip).nonzero().squeeze(-1), skip.nonzero().squeeze(-1)
+    micros = torch.tensor([-(-len(kept) // micro_batch_size)], dtype=torch.long)
+    if dist.is_initialized():
+        dist.all_reduce(micros, op=dist.ReduceOp.MAX)
+    need = max(len(kept), (max(int(micros), 1) - 1) * micro_batch_size + 1)
+    lengths = attention_mask.sum(-1)
+    filler = dropped[torch.argsort(lengths[dropped], stable=True)][: need - len(kept)]
+    rows = torch.cat([kept, filler])
+    return rows[by_length(attention_mask[rows], micro_batch_size)]
+
+
 def by_length(attention_mask: torch.Tensor, micro_batch_size: int) -> torch.Tensor:
     """Row order for a mini-batch: shortest sample first, so each micro-batch holds samples of
     similar length and `sequence_logprobs` trims its padding (a micro-batch costs as much as its
@@ -139,11 +175,14 @@ def update_policy(
     sums: dict[str, float] = defaultdict(float)  # token-weighted metric sums on this rank
     grad_norms: list[float] = []
     minis = mini_batch_slices(len(batch), cfg.mini_batches)
+    skip = gradient_free(batch, cfg)
     for epoch in range(cfg.epochs):
         for mini in minis:
-            rows = by_length(batch.attention_mask[mini], mbs) + mini.start
+            # the loss is normalized by every sample of the mini-batch, trained or skipped
+            g_tokens, g_seqs = all_reduce_sum(list(_counts(batch.slice(mini))))
+            mini_skip = None if skip is None else skip[mini]
+            rows = rows_to_train(batch.attention_mask[mini], mini_skip, mbs) + mini.start
             part = batch.take(rows)
-            g_tokens, g_seqs = all_reduce_sum(list(_counts(part)))
             denominator = max(g_tokens if token_level else g_seqs, 1.0)
             optimizer.zero_grad(set_to_none=True)
             micros = micro_batch_slices(len(part), mbs)
@@ -177,6 +216,7 @@ def update_policy(
             grad_norms.append(float(clip_grad_norm(clipped, cfg.grad_clip)))
             optimizer.step()
     set_gradient_sync(model, True)
+    sums["batch_tokens"] = batch.response_mask.sum().item()  # skipped samples' tokens too
     return _finish(sums, grad_norms)
 
 
@@ -229,16 +269,17 @@ def mismatch_quantiles(counts: list[float]) -> dict[str, float]:
 
 def _finish(sums: dict[str, float], grad_norms: list[float]) -> dict[str, float]:
     hist = [f"hist{i}" for i in range(len(MISMATCH_EDGES) + 1)]
-    keys = ["tokens", "mismatch", "first_tokens", "first_clip"]
+    keys = ["tokens", "batch_tokens", "mismatch", "first_tokens", "first_clip"]
     keys += [*[k for k in _METRICS if k in sums], *hist]
     totals = dict(zip(keys, all_reduce_sum([sums.get(k, 0.0) for k in keys]), strict=True))
     counts = [totals.pop(k) for k in hist]
     first = totals.pop("first_clip") / max(totals.pop("first_tokens"), 1.0)
+    batch_tokens = totals.pop("batch_tokens")
     tokens = max(totals.pop("tokens"), 1.0)
     out = {k: v / tokens for k, v in totals.items()}
     out["logprob_mismatch"] = out.pop("mismatch")
     out.update(mismatch_quantiles(counts))
     out["clip_frac_first_update"] = first
     out["grad_norm"] = grad_norms[-1] if grad_norms else 0.0
-    out["trained_tokens"] = tokens
+    out["trained_tokens"] = batch_tokens or tokens  # the batch's loss tokens, run or skipped
     return out
