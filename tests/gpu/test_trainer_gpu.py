@@ -6,6 +6,7 @@ one GPU, and what is new here is the device, not the world size (CPU tests cover
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import multiprocessing as mp
 import os
@@ -389,3 +390,42 @@ def test_after_update_returns_cached_gpu_memory_then_wakes_the_engines(trainer_c
     if cuda:  # the block went back (the barrier may keep a small segment of its own)
         assert torch.cuda.memory_reserved(device) < floor + block_bytes // 2
     assert routes == ["/sleep", "/wake_up"] and memory.released == []
+
+
+def test_skipping_samples_without_advantage_on_the_gpu_gives_the_same_step(
+    trainer_ctx, tiny_model_dir, device, monkeypatch
+):
+    """No KL term: a GRPO group whose rewards were equal (advantage 0) is not run, on the
+    device's tensors (rows, lengths and the gathered logprobs live there); the step equals the
+    one that runs every sample."""
+    import lorarl.trainer.update as update_module
+
+    samples = [dataclasses.replace(s, advantage=0.0) if i < 4 else s
+               for i, s in enumerate(rl_samples())]  # fmt: skip
+    batch = collate(samples, PAD, device)
+
+    def one_step(skipping: bool) -> tuple[dict[str, torch.Tensor], list[int]]:
+        policy = build(tiny_model_dir, trainer_ctx, "bfloat16")
+        cfg = dataclasses.replace(
+            policy.update_cfg, loss=dataclasses.replace(policy.update_cfg.loss, kl_coef=0.0)
+        )
+        rows: list[int] = []
+        hook = policy.model.get_base_model().model.register_forward_pre_hook(
+            lambda _m, _a, kw: rows.append(kw["input_ids"].shape[0]), with_kwargs=True
+        )
+        with monkeypatch.context() as m:
+            if not skipping:
+                m.setattr(update_module, "gradient_free", lambda b, c: None)
+            update_module.update_policy(policy.model, policy.optimizer, batch, cfg)
+        hook.remove()
+        grads = {n: full(p.grad).float().cpu() for n, p in lora_parameters(policy.model)}
+        return grads, rows
+
+    skipped, run_rows = one_step(True)
+    everything, all_rows = one_step(False)
+    assert sum(run_rows) == 4 and sum(all_rows) == 8
+    # Gradients, not weights: AdamW's first step is about lr * sign(g), which turns a rounding
+    # difference in a near-zero gradient into a full step.
+    total = torch.cat([g.flatten() for g in everything.values()])
+    gap = torch.cat([(skipped[n] - g).flatten() for n, g in everything.items()])
+    assert total.norm() > 0 and gap.norm() <= 3e-2 * total.norm()  # bf16 compute
