@@ -45,28 +45,22 @@ class TensorBatch:
     def __len__(self) -> int:
         return self.input_ids.shape[0]
 
+    def _map(self, fn) -> TensorBatch:
+        """`fn` applied to every tensor; absent ones stay None."""
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        return TensorBatch(**{n: None if t is None else fn(t) for n, t in values.items()})
+
     def to(self, device: torch.device | str) -> TensorBatch:
         """Every tensor on `device`, the model's: on GPU the logprob gather, the loss and the
         mismatch histogram combine the batch with the logits, so both must live there."""
-        moved = {f.name: getattr(self, f.name) for f in fields(self)}
-        return TensorBatch(**{n: None if t is None else t.to(device) for n, t in moved.items()})
+        return self._map(lambda t: t.to(device))
 
     def take(self, rows: torch.Tensor) -> TensorBatch:
         """The samples at `rows` (an index tensor), in that order."""
-        picked = {f.name: getattr(self, f.name) for f in fields(self)}
-        return TensorBatch(**{n: None if t is None else t[rows] for n, t in picked.items()})
+        return self._map(lambda t: t[rows])
 
     def slice(self, sl: slice) -> TensorBatch:
-        return TensorBatch(
-            self.input_ids[sl],
-            self.attention_mask[sl],
-            self.response_mask[sl],
-            self.rollout_logprobs[sl],
-            self.advantages[sl],
-            None if self.rewards is None else self.rewards[sl],
-            None if self.token_advantages is None else self.token_advantages[sl],
-            None if self.turn_rewards is None else self.turn_rewards[sl],
-        )
+        return self._map(lambda t: t[sl])
 
 
 def collate(
