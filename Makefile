@@ -23,6 +23,7 @@ help:
 	@echo "make bench   - every benchmark under bench/, then bench/results/README.md (TRL installed)"
 	@echo "make engine-venv / sglang-venv - the vLLM engine and SGLang contract interpreters"
 	@echo "make verl-site - verl's code for the PPO math contract tests (.verl-site)"
+	@echo "make controlplane - build the real kube-apiserver/etcd/... the cluster tests run on (Go)"
 
 setup: $(STAMP)
 
@@ -47,8 +48,16 @@ TEST_ENV = LORARL_ENGINE_PYTHON=$(abspath $(ENGINE_VENV))/bin/python \
 test-system-packages:
 	bash scripts/install_test_system_packages.sh
 
-test: setup engine-venv sglang-venv verl-site test-system-packages
+test: setup engine-venv sglang-venv verl-site test-system-packages controlplane
 	$(TEST_ENV) $(PY) -m pytest $(PYTEST_ARGS)
+
+# The real Kubernetes control plane the cluster tests run on (kube-apiserver, controller-manager,
+# scheduler, etcd), built from Kubernetes' own Go modules at the release pinned in
+# tests/cluster/controlplane/go.mod, into .cache/controlplane/<version>/ (ignored). Cold: ~5 min
+# on 2 cores (~4 GB of Go caches); afterwards it finds the binaries and returns at once.
+.PHONY: controlplane
+controlplane:
+	bash scripts/build_controlplane.sh
 
 # A real LoRA RL job on this machine: SmolLM2-135M-Instruct learns "which is larger" (~10 min).
 demo: setup engine-venv

@@ -8,9 +8,11 @@ to get it; a `LORARL_ENGINE_PYTHON` that is set but unusable fails, since someon
 
 from __future__ import annotations
 
+import itertools
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,6 +21,9 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+
+from tests.support.controlplane import ControlPlane, control_plane  # noqa: E402
+from tests.support.crd_server import CrdServer  # noqa: E402
 
 DEFAULT_ENGINE_PYTHON = ROOT / ".venv-engine" / "bin" / "python"
 
@@ -63,3 +68,39 @@ def engine_python() -> str:
     if explicit:
         pytest.fail(f"LORARL_ENGINE_PYTHON is unusable: {problem}")
     pytest.skip(f"{DEFAULT_ENGINE_PYTHON} is incomplete ({problem}); re-run `make engine-venv`")
+
+
+# --- the real control plane (tests/support/controlplane.py) --------------------------------------
+CRD_PATH = ROOT / "crds" / "lorarljobs.lorarl.dev.yaml"
+_namespaces = itertools.count()
+
+
+@pytest.fixture(scope="session")
+def cp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    """One real control plane (etcd, kube-apiserver, controller-manager, scheduler) for the
+    session: a few seconds to start, so tests share it and isolate themselves by namespace."""
+    with control_plane(tmp_path_factory.mktemp("controlplane")) as plane:
+        yield plane
+
+
+@pytest.fixture(scope="session")
+def cp_with_crd(cp: ControlPlane) -> ControlPlane:
+    """The control plane with the committed CRD applied and Established."""
+    cp.apply_crds(CRD_PATH)
+    return cp
+
+
+@pytest.fixture(scope="session")
+def crd_server(cp_with_crd: ControlPlane) -> Iterator[CrdServer]:
+    """The CRD's verdicts from the real API server (server-side dry-run creates)."""
+    server = CrdServer(cp_with_crd)
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def namespace(cp: ControlPlane) -> str:
+    """A fresh namespace per test (with its default service account)."""
+    name = f"t{next(_namespaces)}"
+    cp.create_namespace(name)
+    return name

@@ -12,8 +12,8 @@ import sys
 from pathlib import Path
 
 import click
-import yaml
 
+from lorarl.api import safe_yaml
 from lorarl.api.validation import ManifestError, load_documents, parse_job, validate_file
 from lorarl.errors import UserError
 
@@ -127,7 +127,7 @@ def plan_cmd(file: str, output: str) -> None:
     if output == "json":
         click.echo(json.dumps(data, indent=2))
     else:
-        click.echo(yaml.safe_dump(data, sort_keys=False, width=100), nl=False)
+        click.echo(safe_yaml.dump(data, sort_keys=False, width=100), nl=False)
 
 
 @main.group()

@@ -11,7 +11,6 @@ import re
 import pytest
 from pydantic import ValidationError
 
-from lorarl.api.crd import crd
 from lorarl.api.job import LoRARLJob
 from lorarl.trainer.engines_wire import (
     build_sglang_generate_request,
@@ -21,7 +20,7 @@ from lorarl.trainer.engines_wire import (
 from lorarl.trainer.overlong import truncated
 from lorarl.trainer.rollout_types import SamplingParams
 from lorarl.trainer.sampling import eval_sampling, train_sampling
-from tests.support.crd_validator import CrdValidator
+from tests.support.crd_server import CrdServer
 
 MINIMAL = {
     "apiVersion": "lorarl.dev/v1alpha1",
@@ -36,8 +35,9 @@ MINIMAL = {
 
 
 @pytest.fixture(scope="module")
-def cel() -> CrdValidator:
-    return CrdValidator(crd())
+def cel(crd_server: CrdServer) -> CrdServer:
+    """The CRD's side: the real API server's verdict."""
+    return crd_server
 
 
 def doc_with(sampling: dict | None = None, correction: str | None = None, **training) -> dict:
@@ -53,7 +53,7 @@ def doc_with(sampling: dict | None = None, correction: str | None = None, **trai
     return doc
 
 
-def verdicts(doc: dict, cel: CrdValidator) -> tuple[bool, bool]:
+def verdicts(doc: dict, cel: CrdServer) -> tuple[bool, bool]:
     """(pydantic accepts, the CRD accepts)."""
     try:
         LoRARLJob.model_validate(doc)

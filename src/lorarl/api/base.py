@@ -5,7 +5,10 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict
 from pydantic.alias_generators import to_camel
 
-INT64_MAX = 2**63 - 1  # the API server stores integers as int64
+# The largest integer a spec may hold: the API server stores int64, but its schema bounds are
+# float64, where 2**63 - 1 rounds up and wraps to -2**63 (every integer would then be refused).
+# 2**53 - 1 is the largest integer a float64 (and a JSON number) carries exactly.
+MAX_INT = 2**53 - 1
 # The longest deadline, TTL or timeout a spec may ask for (ten years): larger numbers are typos or
 # probes, and some consumers (timers, Kubernetes' own int32 fields) overflow on them.
 MAX_SECONDS = 10 * 365 * 24 * 3600

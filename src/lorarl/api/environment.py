@@ -107,18 +107,28 @@ _TURN_FITS_RULE = Rule(
 )
 # With finalReward off nothing reads spec.reward: one other than the default would be ignored.
 # (Compared with the default, not "was it written": the rendered job.yaml writes every default.)
+_REWARD_UNUSED = (
+    "is not used: environment.finalReward is false, so the environment's rewards are the "
+    "episode's (leave reward unset, or set finalReward true)"
+)
 _REWARD_UNUSED_RULE = Rule(
     cel="!has(self.environment) || !has(self.environment.finalReward) || "
-    "self.environment.finalReward || !has(self.reward) || (has(self.reward.function) && "
-    "self.reward.function == 'math_answer' && !has(self.reward.service) && "
-    "(!has(self.reward.params) || size(self.reward.params) == 0))",
-    message="is not used: environment.finalReward is false, so the environment's rewards are the "
-    "episode's (leave reward unset, or set finalReward true)",
+    "self.environment.finalReward || !has(self.reward) || (has(self.reward.__function__) && "
+    "self.reward.__function__ == 'math_answer' && !has(self.reward.service))",
+    message=_REWARD_UNUSED,
     check=lambda m: (
         m.environment is None
         or m.environment.final_reward
-        or (m.reward.function == "math_answer" and m.reward.service is None and not m.reward.params)
+        or (m.reward.function == "math_answer" and m.reward.service is None)
     ),
+    field="reward",
+)
+# The same, for params: schemaless in the CRD (an object without declared fields), which CEL
+# cannot read, so Python only (the webhook enforces it in a cluster).
+_REWARD_PARAMS_UNUSED_RULE = Rule(
+    cel=None,
+    message=_REWARD_UNUSED,
+    check=lambda m: m.environment is None or m.environment.final_reward or not m.reward.params,
     field="reward",
 )
 _TURN_REWARDS_PPO_RULE = Rule(
@@ -131,4 +141,9 @@ _TURN_REWARDS_PPO_RULE = Rule(
     ),
     field="environment.turnRewards",
 )
-ENVIRONMENT_SPEC_RULES = (_TURN_FITS_RULE, _REWARD_UNUSED_RULE, _TURN_REWARDS_PPO_RULE)
+ENVIRONMENT_SPEC_RULES = (
+    _TURN_FITS_RULE,
+    _REWARD_UNUSED_RULE,
+    _REWARD_PARAMS_UNUSED_RULE,
+    _TURN_REWARDS_PPO_RULE,
+)

@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal
 from pydantic import ConfigDict, Field, PlainValidator, WithJsonSchema
 from pydantic_core import PydanticCustomError
 
-from lorarl.api.base import INT64_MAX, MAX_SECONDS, ApiModel
+from lorarl.api.base import MAX_INT, MAX_SECONDS, ApiModel
 from lorarl.api.rules import Rule, enforce, rules_schema_extra
 
 # The API server's grammars for what the children carry, so a job it would refuse in a Pod is
@@ -31,7 +31,7 @@ CONFIG_KEY = r"^[-._a-zA-Z0-9]+$"
 
 def _quantity(value: Any) -> int | str:
     """One clear error instead of one per union member."""
-    ok_int = isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= INT64_MAX
+    ok_int = isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_INT
     if ok_int or (isinstance(value, str) and re.fullmatch(QUANTITY_PATTERN, value)):
         return value
     raise PydanticCustomError(
@@ -45,7 +45,7 @@ Quantity = Annotated[
     WithJsonSchema(
         {
             "anyOf": [
-                {"type": "integer", "minimum": 0, "maximum": INT64_MAX},
+                {"type": "integer", "minimum": 0, "maximum": MAX_INT},
                 {"type": "string", "pattern": QUANTITY_PATTERN},
             ]
         }
@@ -151,11 +151,16 @@ _REQUESTS_RULE = Rule(
 class ResourceRequirements(ApiModel):
     model_config = ConfigDict(json_schema_extra=rules_schema_extra(_RESOURCE_NAMES_RULE))
 
+    # At most 16 names each: the CEL rule over the names must fit the API server's cost budget.
     requests: dict[str, Quantity] = Field(
-        default_factory=dict, description="Minimum resources (cpu, memory, ...) per pod."
+        default_factory=dict,
+        max_length=16,
+        description="Minimum resources (cpu, memory, ...) per pod.",
     )
     limits: dict[str, Quantity] = Field(
-        default_factory=dict, description="Maximum resources per pod. GPUs are added by lorarl."
+        default_factory=dict,
+        max_length=16,
+        description="Maximum resources per pod. GPUs are added by lorarl.",
     )
 
     _rules = enforce(_RESOURCE_NAMES_RULE, _REQUESTS_RULE)

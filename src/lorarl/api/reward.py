@@ -68,7 +68,7 @@ class RewardServiceSpec(ApiModel):
 
 
 _ONE_REWARD_SOURCE = Rule(
-    cel="(has(self.function) ? 1 : 0) + (has(self.entrypoint) ? 1 : 0) == 1",
+    cel="(has(self.__function__) ? 1 : 0) + (has(self.entrypoint) ? 1 : 0) == 1",
     message="set exactly one of function or entrypoint",
     check=lambda m: (m.function is not None) + (m.entrypoint is not None) == 1,
 )

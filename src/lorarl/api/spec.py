@@ -10,7 +10,7 @@ from typing import Annotated, Any, Literal
 from pydantic import ConfigDict, Field
 
 from lorarl.api.algorithm import GROUP_ALGORITHMS, Algorithm, AlgorithmSpec, OptimSpec
-from lorarl.api.base import INT64_MAX, ApiModel
+from lorarl.api.base import MAX_INT, ApiModel
 from lorarl.api.critic import CRITIC_SPEC_RULES, CriticSpec
 from lorarl.api.environment import (
     DEFAULT_MAX_RESPONSE_TOKENS,
@@ -172,7 +172,7 @@ class DataSpec(ApiModel):
         default=DEFAULT_MAX_RESPONSE_TOKENS, gt=0, le=131072, description="Completion length limit."
     )
     shuffle: bool = Field(default=True, description="Shuffle prompts every epoch.")
-    seed: int = Field(default=0, ge=0, le=INT64_MAX, description="Shuffle seed.")
+    seed: int = Field(default=0, ge=0, le=MAX_INT, description="Shuffle seed.")
 
     _rules = enforce(_SEED_WITHOUT_SHUFFLE_RULE)
 

@@ -116,8 +116,13 @@ class PodTemplateFields(ApiModel):
     resources: ResourceRequirements = Field(
         default_factory=ResourceRequirements, description="Container resources."
     )
-    node_selector: dict[str, LabelValue] = Field(default_factory=dict, description="Node selector.")
-    tolerations: list[Toleration] = Field(default_factory=list, description="Tolerations.")
+    # Bounded (maps and lists alike) so the CRD's CEL rules fit the API server's cost budget.
+    node_selector: dict[str, LabelValue] = Field(
+        default_factory=dict, max_length=32, description="Node selector."
+    )
+    tolerations: list[Toleration] = Field(
+        default_factory=list, max_length=32, description="Tolerations."
+    )
     env: list[EnvVar] = Field(
         default_factory=list,
         max_length=128,

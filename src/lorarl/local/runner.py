@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
-import yaml
 
+from lorarl.api import safe_yaml
 from lorarl.api.job import LoRARLJob
 from lorarl.api.progress import Progress
 from lorarl.api.workloads import SYNC_KEY_ENV
@@ -124,7 +124,7 @@ class LocalRun:
         base = free_port_block(LocalAddressing.ports_needed(spec.rollout.replicas))
         config_path = self.run_dir / "job.yaml"
         self.plan = plan(self.job, LocalAddressing(base), config_path=str(config_path))
-        text = yaml.safe_dump(self.plan.config, sort_keys=False)
+        text = safe_yaml.dump(self.plan.config, sort_keys=False)
         tmp = config_path.with_suffix(".tmp")
         tmp.write_text(text)
         tmp.replace(config_path)

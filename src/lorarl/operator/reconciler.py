@@ -268,7 +268,8 @@ class Reconciler:
         ]
         group = builders.pod_group(job_plan, job)
         if group is not None:
-            children.append(group)
+            kopf.adopt([group], owner=state.body)
+            await self._create_pod_group(group)
         kopf.adopt(children, owner=state.body)
         results = await asyncio.gather(*(self.kube.create(child) for child in children))
         if results[0] is None:  # the Secret exists (a restarted operator, or an older one's)
@@ -276,6 +277,28 @@ class Reconciler:
         if results[1] is None:  # the ConfigMap exists: make it match this spec
             await self._patch_config(job_plan, data)
         state.ensured, state.config_hash = True, p.config_hash
+
+    async def _create_pod_group(self, group: dict[str, Any]) -> None:
+        """A 404 on create means the cluster does not serve that PodGroup kind (its gang
+        scheduler's CRDs are not installed): no retry can succeed, so the job fails and says
+        what to install, instead of retrying every few seconds with an empty phase."""
+        try:
+            await self.kube.create(group)
+        except KubeError as exc:
+            if exc.status != 404:
+                raise
+            api = group["apiVersion"]
+            installs = {
+                "scheduling.volcano.sh/v1beta1": "Volcano (its CRDs and scheduler)",
+                "scheduling.x-k8s.io/v1alpha1": "the scheduler-plugins coscheduling plugin and "
+                "its PodGroup CRD",
+            }
+            raise KubeError(
+                422,
+                "GangSchedulerMissing",
+                f"spec.scheduling.gang needs PodGroup {api}, which this cluster does not serve: "
+                f"install {installs.get(api, 'its CRD')}, or set spec.scheduling.gang to none",
+            ) from exc
 
     async def _ensure_sync_key(self, job_plan: JobPlan) -> None:
         """A job created by an operator from before the signed sync channel has a Secret with
@@ -345,7 +368,10 @@ class Reconciler:
         errors (conflicts, quota, an unreachable server) may pass: the caller retries."""
         if exc.status not in PERMANENT_STATUSES:
             return False
-        await self._invalid(state, previous, str(exc), reason="ChildRejected")
+        if exc.reason == "GangSchedulerMissing":  # ours, not the server's: no status prefix
+            await self._invalid(state, previous, str(exc).split(": ", 1)[1], reason=exc.reason)
+        else:
+            await self._invalid(state, previous, str(exc), reason="ChildRejected")
         return True
 
     async def _invalid(
