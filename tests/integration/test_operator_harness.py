@@ -1,16 +1,21 @@
-"""Harness for the operator's integration tests: the Kubernetes emulator, the real operator
-(`python -m lorarl.operator` in a subprocess, so it can be killed), its webhook over TLS, and a
-fake trainer progress endpoint. The tests at the bottom check the harness's own endpoints."""
+"""Harness for the operator's integration tests on the real control plane (tests/support/
+controlplane.py): the real operator (`python -m lorarl.operator` in a subprocess, so it can be
+killed) with its validating webhook registered with the API server over TLS, and a fake trainer
+progress endpoint. No kubelet runs here: tests write pod phases through `pods/status`, as a
+kubelet would. The tests at the bottom check the harness's own endpoints."""
 
 from __future__ import annotations
 
+import base64
 import copy
-import datetime as dt
+import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -23,18 +28,20 @@ import yaml
 
 from lorarl.local.ports import free_port
 from tests.support.chart_release import wait_for
+from tests.support.controlplane import ControlPlane
 from tests.support.fake_trainer import FakeTrainer
-from tests.support.kube_emulator import KubeApi, http_hook, kube_api
+from tests.support.kube_client import KubeClient
 
 ROOT = Path(__file__).resolve().parents[2]
 LRJ = "lorarl.dev/v1alpha1/lorarljobs"
-CRD = yaml.safe_load((ROOT / "crds" / "lorarljobs.lorarl.dev.yaml").read_text())
 QUICKSTART = yaml.safe_load((ROOT / "examples" / "quickstart.yaml").read_text())
 OPERATOR_NAMESPACE = "lorarl-system"
 TIMER_SECONDS = "0.3"
+WEBHOOK_PATH = "/validate-lorarljob"
 
 
 def _podgroup_crd(group: str, version: str) -> dict[str, Any]:
+    """A gang scheduler's PodGroup CRD, as far as the operator needs it (the group and kind)."""
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
@@ -60,56 +67,29 @@ def _podgroup_crd(group: str, version: str) -> dict[str, Any]:
     }
 
 
-PODGROUP_CRDS = [
-    _podgroup_crd("scheduling.x-k8s.io", "v1alpha1"),
-    _podgroup_crd("scheduling.volcano.sh", "v1beta1"),
-]
+def install_podgroup_crd(cp: ControlPlane, group: str, version: str, folder: Path) -> None:
+    path = folder / f"podgroups.{group}.json"
+    path.write_text(json.dumps(_podgroup_crd(group, version)))
+    cp.apply_crds(path)
 
 
-def write_certs(folder: Path) -> None:
-    """A self-signed serving certificate for 127.0.0.1 (what cert-manager would mount)."""
-    import ipaddress
+def remove_podgroup_crd(cp: ControlPlane, group: str) -> None:
+    cp.kubectl("delete", "crd", f"podgroups.{group}", "--ignore-not-found", "--wait=true")
 
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
 
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "lorarl-webhook")])
-    now = dt.datetime.now(dt.timezone.utc)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=1))
-        .not_valid_after(now + dt.timedelta(days=1))
-        .add_extension(
-            x509.SubjectAlternativeName(
-                [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
-            ),
-            critical=False,
-        )
-        .sign(key, hashes.SHA256())
-    )
+def write_certs(cp: ControlPlane, folder: Path) -> None:
+    """The webhook's serving certificate for 127.0.0.1, signed by the cluster's CA (what
+    cert-manager would mount as tls.crt/tls.key)."""
+    cert, key = cp.pki.issue("operator-webhook", "lorarl-webhook", hosts=["127.0.0.1"], server=True)
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "tls.crt").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    (folder / "tls.key").write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-    )
+    shutil.copy(cert, folder / "tls.crt")
+    shutil.copy(key, folder / "tls.key")
 
 
 @dataclass
 class Operator:
-    """`python -m lorarl.operator` against the emulator; kill() is a real SIGKILL."""
+    """`python -m lorarl.operator` against the API server; kill() is a real SIGKILL."""
 
-    kube: KubeApi
     env: dict[str, str]
     log_path: Path
     proc: subprocess.Popen[bytes] | None = None
@@ -179,34 +159,37 @@ class Operator:
 
 @dataclass
 class Cluster:
-    kube: KubeApi
+    kube: KubeClient
     operator: Operator
     trainer: FakeTrainer
     webhook_url: str
+    namespace: str = "default"
     names: list[str] = field(default_factory=list)
 
     def job(self, name: str) -> dict[str, Any] | None:
-        return self.kube.emulator.get(LRJ, "default", name)
+        return self.kube.get(LRJ, self.namespace, name)
 
     def status(self, name: str) -> dict[str, Any]:
         return (self.job(name) or {}).get("status") or {}
 
     def pods(self, name: str) -> dict[str, dict[str, Any]]:
+        """The job's pods that are not terminating (what a kubelet would still run)."""
         return {
             p["metadata"]["name"]: p
-            for p in self.kube.emulator.list_objects(
-                "v1/pods", "default", label_selector=f"lorarl.dev/job={name}"
+            for p in self.kube.list_objects(
+                "v1/pods", self.namespace, label_selector=f"lorarl.dev/job={name}"
             )
+            if not p["metadata"].get("deletionTimestamp")
         }
 
     def create(self, manifest: dict[str, Any]) -> dict[str, Any]:
-        return self.kube.emulator.create(LRJ, manifest)
+        return self.kube.create(LRJ, manifest, namespace=self.namespace)
 
     def run_all(self, name: str) -> None:
         """Play the kubelet: every pod of the job that is not yet running starts."""
         for pod_name, pod in self.pods(name).items():
             if (pod.get("status") or {}).get("phase") == "Pending":
-                self.kube.set_pod_phase("default", pod_name, "Running")
+                self.kube.set_pod_phase(self.namespace, pod_name, "Running")
 
     def wait_phase(self, name: str, phase: str, timeout: float = 15.0) -> dict[str, Any]:
         wait_for(
@@ -234,7 +217,7 @@ class Cluster:
     def events(self, name: str) -> list[tuple[str, str, str]]:
         return [
             (e.get("type", ""), e["reason"], e.get("message", ""))
-            for e in self.kube.emulator.events("default")
+            for e in self.kube.events(self.namespace)
             if e["involvedObject"].get("name") == name
         ]
 
@@ -251,53 +234,118 @@ def quickstart(name: str, **spec_overrides: Any) -> dict[str, Any]:
     return manifest
 
 
-def operator_env(kube: KubeApi, trainer_url: str, cert_dir: Path, **extra: str) -> dict[str, str]:
+def operator_env(
+    cp: ControlPlane, trainer_url: str, cert_dir: Path, namespace: str, **extra: str
+) -> dict[str, str]:
     return {
-        **os.environ,
-        "KUBECONFIG": str(kube.kubeconfig_path),
+        **{k: v for k, v in os.environ.items() if not k.startswith("KUBERNETES_")},
+        "KUBECONFIG": str(cp.kubeconfig_path),
         "LORARL_TIMER_SECONDS": TIMER_SECONDS,
         "LORARL_PROGRESS_URL": trainer_url,
         "LORARL_PROGRESS_TIMEOUT": "0.5",
         "LORARL_WEBHOOK_CERT_DIR": str(cert_dir),
+        "LORARL_WEBHOOK_ADDR": "127.0.0.1",
         "LORARL_OPERATOR_NAMESPACE": OPERATOR_NAMESPACE,
-        "LORARL_NAMESPACE": "",
-        "HOME": str(kube.workdir),
+        "LORARL_NAMESPACE": namespace,  # one operator per namespace: tests share the server
+        "HOME": str(cp.workdir),
         **extra,
     }
 
 
+def register_webhook(cp: ControlPlane, url: str, cert_dir: Path, namespace: str) -> str:
+    """The operator's ValidatingWebhookConfiguration (as the chart's), calling `url`, for jobs
+    in `namespace`; returns its name."""
+    name = f"lorarl-test-{namespace}"
+    config = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingWebhookConfiguration",
+        "metadata": {"name": name},
+        "webhooks": [
+            {
+                "name": "validate.lorarljobs.lorarl.dev",
+                "admissionReviewVersions": ["v1"],
+                "sideEffects": "None",
+                "failurePolicy": "Fail",
+                "timeoutSeconds": 10,
+                "clientConfig": {
+                    "url": url,
+                    "caBundle": base64.b64encode(cp.ca_file.read_bytes()).decode(),
+                },
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
+                "rules": [
+                    {
+                        "apiGroups": ["lorarl.dev"],
+                        "apiVersions": ["v1alpha1"],
+                        "operations": ["CREATE", "UPDATE"],
+                        "resources": ["lorarljobs"],
+                    }
+                ],
+            }
+        ],
+    }
+    cp.kubectl_ok("apply", "-f", "-", input=json.dumps(config))
+    return name
+
+
 @contextmanager
-def cluster(tmp: Path, *, webhook: bool = True) -> Iterator[Cluster]:
-    with (
-        kube_api(crds=[CRD, *PODGROUP_CRDS]) as kube,
-        FakeTrainer(job="demo", total_steps=20) as trainer,
-    ):
+def cluster(
+    cp: ControlPlane, tmp: Path, *, namespace: str = "default", webhook: bool = True
+) -> Iterator[Cluster]:
+    """The operator for `namespace` on the shared control plane (CRDs installed)."""
+    cp.apply_crds(ROOT / "crds" / "lorarljobs.lorarl.dev.yaml")
+    for ns in {namespace, OPERATOR_NAMESPACE}:
+        if cp.kubectl("get", "namespace", ns).returncode != 0:
+            cp.create_namespace(ns)
+    kube = KubeClient(cp, namespace)
+    with FakeTrainer(job="demo", total_steps=20) as trainer:
         cert_dir = tmp / "certs"
-        write_certs(cert_dir)
+        write_certs(cp, cert_dir)
         op = Operator(
-            kube,
-            operator_env(kube, trainer.url, cert_dir),
+            operator_env(cp, trainer.url, cert_dir, namespace),
             tmp / "operator.log",
             webhook_port=free_port() if webhook else 0,
         )
-        url = f"https://127.0.0.1:{op.webhook_port}/validate-lorarljob"
-        if webhook:
-            kube.emulator.add_admission_hook(
-                http_hook(url), name="validate.lorarljobs.lorarl.dev", resource="lrj"
-            )
+        url = f"https://127.0.0.1:{op.webhook_port}{WEBHOOK_PATH}"
         op.start()
+        hook = register_webhook(cp, url, cert_dir, namespace) if webhook else None
         try:
-            yield Cluster(kube, op, trainer, url)
+            if hook:
+                _wait_webhook_active(kube, namespace)
+            yield Cluster(kube, op, trainer, url, namespace)
         except BaseException:
             print(op.logs())
             raise
         finally:
+            if hook:
+                cp.kubectl("delete", "validatingwebhookconfiguration", hook)
             op.stop()
+            kube.close()
+
+
+def _wait_webhook_active(kube: KubeClient, namespace: str, timeout: float = 15) -> None:
+    """A new webhook configuration takes effect once the API server's informer has it: send a
+    job only the webhook refuses (a Python-only rule; dry run) until its words come back."""
+    bad = quickstart("webhook-probe", reward={"function": "no_such_reward"})
+    path = f"/apis/lorarl.dev/v1alpha1/namespaces/{namespace}/lorarljobs"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        reply = kube.http.post(path, params={"dryRun": "All"}, json=bad)
+        if "validate.lorarljobs.lorarl.dev" in reply.text:
+            return
+        time.sleep(0.2)
+    raise AssertionError("the operator's webhook never answered the API server")
 
 
 @pytest.fixture(scope="module")
-def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    with cluster(tmp_path_factory.mktemp("operator")) as c:
+def shared(
+    cp: ControlPlane, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[Cluster]:
+    """One operator per test module, in a namespace of the module's own (modules share the
+    control plane; job names repeat across them)."""
+    folder = tmp_path_factory.mktemp("operator")
+    install_podgroup_crd(cp, "scheduling.x-k8s.io", "v1alpha1", folder)
+    namespace = request.module.__name__.rsplit(".", 1)[-1].replace("_", "-")[:50]
+    with cluster(cp, folder, namespace=namespace) as c:
         yield c
 
 

@@ -4,6 +4,7 @@ creates, progress into status, what the status API reads back, Kueue and gang sc
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import kubernetes_validate
 import pytest
@@ -14,6 +15,7 @@ from tests.integration.test_operator_harness import (
     QUICKSTART,
     ROOT,
     Cluster,
+    install_podgroup_crd,
     quickstart,
     shared,
     wait_for,
@@ -50,11 +52,11 @@ def test_kubectl_apply_get_scale_delete(shared: Cluster) -> None:
     assert job is not None
     uid = job["metadata"]["uid"]
     children = {
-        "Service": kube.emulator.get("v1/services", "default", "quickstart"),
-        "ConfigMap": kube.emulator.get("v1/configmaps", "default", "quickstart-config"),
-        "Secret": kube.emulator.get("v1/secrets", "default", "quickstart-engine-key"),
-        "NetworkPolicy": kube.emulator.get(
-            "networking.k8s.io/v1/networkpolicies", "default", "quickstart"
+        "Service": kube.get("v1/services", shared.namespace, "quickstart"),
+        "ConfigMap": kube.get("v1/configmaps", shared.namespace, "quickstart-config"),
+        "Secret": kube.get("v1/secrets", shared.namespace, "quickstart-engine-key"),
+        "NetworkPolicy": kube.get(
+            "networking.k8s.io/v1/networkpolicies", shared.namespace, "quickstart"
         ),
         **shared.pods("quickstart"),
     }
@@ -96,16 +98,14 @@ def test_kubectl_apply_get_scale_delete(shared: Cluster) -> None:
     wait_for(
         lambda: (
             "replicas: 3"
-            in kube.emulator.get("v1/configmaps", "default", "quickstart-config")["data"][
-                "job.yaml"
-            ]
+            in kube.get("v1/configmaps", shared.namespace, "quickstart-config")["data"]["job.yaml"]
         )
     )
     scale = json.loads(
         kube.kubectl(
             "get",
             "--raw",
-            "/apis/lorarl.dev/v1alpha1/namespaces/default/lorarljobs/quickstart/scale",
+            f"/apis/lorarl.dev/v1alpha1/namespaces/{shared.namespace}/lorarljobs/quickstart/scale",
         ).stdout
     )
     assert scale["status"] == {
@@ -118,17 +118,20 @@ def test_kubectl_apply_get_scale_delete(shared: Cluster) -> None:
         "rollout replicas 2 -> 3; the trainer picks up the change at its next step",
     )
 
+    children_before = {(k, o["metadata"]["name"]) for k, o in children.items()}
     deleted = kube.kubectl("delete", "lrj", "quickstart", "--timeout=20s")
     assert deleted.returncode == 0, deleted.stderr
     assert shared.job("quickstart") is None
-    removed = kube.collect_garbage()
-    assert {(k, n) for k, _, n in removed} >= {
-        ("Service", "quickstart"),
-        ("ConfigMap", "quickstart-config"),
-        ("Secret", "quickstart-engine-key"),
-        ("NetworkPolicy", "quickstart"),
-        *(("Pod", p) for p in QUICKSTART_PODS | {"quickstart-rollout-2"}),
-    }
+    # The real garbage collector (kube-controller-manager) removes every child by its owner
+    # reference, the rollout pod added by the scale included.
+    for kind, name in children_before | {("Pod", "quickstart-rollout-2")}:
+        resource = {
+            "Service": "v1/services",
+            "ConfigMap": "v1/configmaps",
+            "Secret": "v1/secrets",
+            "NetworkPolicy": "networking.k8s.io/v1/networkpolicies",
+        }.get(kind, "v1/pods")
+        kube.wait_gone(resource, shared.namespace, name, timeout=60)
     assert shared.pods("quickstart") == {}
 
 
@@ -162,10 +165,9 @@ def test_progress_lands_in_status_and_the_status_api_reads_it(shared: Cluster) -
     assert row[:3] == ["progress", "Running", "3"]
     assert (float(row[3]), float(row[4])) == (pytest.approx(0.3), pytest.approx(0.23))
 
-    store = KubeStore(
-        StatusKubeApi(shared.kube.url, token=shared.kube.token), progress_url=shared.trainer.url
-    )
-    detail = store.get_job("default", "progress")
+    url, token, ca = shared.kube.reader_token(shared.namespace)
+    store = KubeStore(StatusKubeApi(url, token=token, verify=ca), progress_url=shared.trainer.url)
+    detail = store.get_job(shared.namespace, "progress")
     assert detail.detail is None  # the operator's status matches the API models exactly
     assert (detail.status.phase, detail.status.step) == ("Running", 3)
     assert {c.type for c in detail.conditions} >= {"Created", "Running", "TrainerReady"}
@@ -174,6 +176,7 @@ def test_progress_lands_in_status_and_the_status_api_reads_it(shared: Cluster) -
 
 
 def test_kueue_labels_and_scheduler_plugins_pod_group(shared: Cluster) -> None:
+    """(The PodGroup CRD of scheduler-plugins is installed by the `shared` fixture.)"""
     shared.create(
         quickstart("queued", scheduling={"queueName": "team-a", "gang": "scheduler-plugins"})
     )
@@ -184,14 +187,15 @@ def test_kueue_labels_and_scheduler_plugins_pod_group(shared: Cluster) -> None:
         assert labels["kueue.x-k8s.io/pod-group-name"] == "queued"
         assert labels["scheduling.x-k8s.io/pod-group"] == "queued"
         assert notes["kueue.x-k8s.io/pod-group-total-count"] == "3"
-    group = shared.kube.emulator.get("scheduling.x-k8s.io/v1alpha1/podgroups", "default", "queued")
+    group = shared.kube.get("scheduling.x-k8s.io/v1alpha1/podgroups", shared.namespace, "queued")
     assert group is not None and group["spec"] == {"minMember": 3}
 
 
-def test_volcano_pod_group(shared: Cluster) -> None:
+def test_volcano_pod_group(shared: Cluster, tmp_path: Path) -> None:
+    install_podgroup_crd(shared.kube.cp, "scheduling.volcano.sh", "v1beta1", tmp_path)
     shared.create(quickstart("gang", scheduling={"gang": "volcano"}))
     shared.wait_pods("gang", {"gang-trainer-0", "gang-rollout-0", "gang-rollout-1"})
-    group = shared.kube.emulator.get("scheduling.volcano.sh/v1beta1/podgroups", "default", "gang")
+    group = shared.kube.get("scheduling.volcano.sh/v1beta1/podgroups", shared.namespace, "gang")
     assert group is not None and group["spec"]["minMember"] == 3
     pod = shared.pods("gang")["gang-trainer-0"]
     assert pod["spec"]["schedulerName"] == "volcano"
