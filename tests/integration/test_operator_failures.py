@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import re
 import threading
 import time
 from pathlib import Path
@@ -12,6 +13,7 @@ from tests.integration.test_operator_harness import (
     Cluster,
     cluster,
     quickstart,
+    remove_podgroup_crd,
     shared,
     wait_for,
 )
@@ -280,3 +282,72 @@ def test_a_secret_without_the_sync_key_gets_one_and_keeps_its_engine_key(shared:
     data = {k: base64.b64decode(v).decode() for k, v in secret["data"].items()}
     assert data["api-key"] == "engine-key-of-the-old-operator"
     assert len(data["sync-key"]) >= 32
+
+
+def test_a_terminating_pod_is_waited_for_before_it_is_recreated(shared: Cluster) -> None:
+    """A real API server keeps a deleted pod's name while it terminates (graceful deletion, or a
+    finalizer as here): re-creating it answers 409 AlreadyExists. The operator retries until the
+    name is free and never counts the terminating pod as the new one."""
+    before = _start(shared, "term")
+    hold = {"metadata": {"finalizers": ["test.lorarl.dev/hold"]}}
+    shared.kube.patch("v1/pods", shared.namespace, "term-rollout-1", hold)
+    shared.kube.set_pod_phase(
+        shared.namespace, "term-rollout-1", "Failed", exit_code=1, reason="Error"
+    )
+    # The operator deletes it; the finalizer keeps it terminating under the same name.
+    wait_for(
+        lambda: (
+            (shared.kube.get("v1/pods", shared.namespace, "term-rollout-1") or {})
+            .get("metadata", {})
+            .get("deletionTimestamp")
+        ),
+        10,
+        "the failed rollout pod terminating",
+    )
+    time.sleep(2.0)  # several reconcile passes (timer 0.3 s): each create is refused
+    held = shared.kube.get("v1/pods", shared.namespace, "term-rollout-1")
+    assert held is not None and held["metadata"]["uid"] == before["term-rollout-1"]
+    assert "term-rollout-1" not in shared.pods("term")  # terminating: not counted as running
+    assert shared.status("term")["phase"] != "Failed"
+    # The name frees up: the operator creates the new pod.
+    shared.kube.patch(
+        "v1/pods", shared.namespace, "term-rollout-1", {"metadata": {"finalizers": None}}
+    )
+    wait_for(
+        lambda: _uids(shared, "term").get("term-rollout-1") not in (None, before["term-rollout-1"]),
+        20,
+        "term-rollout-1 re-created once its name is free",
+    )
+    assert _uids(shared, "term")["term-trainer-0"] == before["term-trainer-0"]
+    shared.wait_event("term", "CreatedPods", "term-rollout-1")
+
+
+def test_a_missing_gang_scheduler_crd_fails_the_job_and_says_what_to_install(
+    shared: Cluster,
+) -> None:
+    """Without Volcano's CRDs the PodGroup create gets a plain 404: no retry can help, so the
+    job fails at once with an Event naming what to install (it used to retry forever with an
+    empty phase)."""
+    remove_podgroup_crd(shared.kube.cp, "scheduling.volcano.sh")
+    shared.create(quickstart("nogang", scheduling={"gang": "volcano"}))
+    status = shared.wait_phase("nogang", "Failed")
+    failed = next(c for c in status["conditions"] if c["type"] == "Failed")
+    assert failed["reason"] == "GangSchedulerMissing"
+    assert "scheduling.volcano.sh/v1beta1" in failed["message"]
+    assert "install Volcano" in failed["message"]
+    event = shared.wait_event("nogang", "GangSchedulerMissing", "install Volcano")
+    assert event[0] == "Warning"
+    assert shared.pods("nogang") == {}
+
+
+def test_every_phase_change_is_an_event_kubectl_describe_shows(shared: Cluster) -> None:
+    _start(shared, "story")
+    shared.kube.set_pod_phase(shared.namespace, "story-trainer-0", "Succeeded")
+    shared.wait_phase("story", "Succeeded")
+    for phase in ("Pending", "Running", "Succeeded"):
+        shared.wait_event("story", phase)
+    described = shared.kube.kubectl("describe", "lrj", "story")
+    assert described.returncode == 0, described.stderr
+    events = described.stdout.split("Events:", 1)[1]
+    for reason in ("Pending", "Running", "Succeeded", "CreatedPods"):
+        assert re.search(rf"^\s+\S+\s+{reason}\s", events, re.M), (reason, events)

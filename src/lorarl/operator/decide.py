@@ -196,8 +196,20 @@ def decide(obs: Observed) -> Decision:
         return p.d
 
     if st.phase == "Suspended":
-        p.cond("Suspended", False, "Resumed", "spec.runPolicy.suspend is false: pods recreated")
-        p.event("Normal", "Resumed", "recreating the pods; the trainer resumes from its checkpoint")
+        # Intent, not a claim: a suspended pod still terminating keeps its name (409 on create)
+        # and is created again on a later pass; the CreatedPods Event says when it is.
+        p.cond(
+            "Suspended",
+            False,
+            "Resumed",
+            "spec.runPolicy.suspend is false: the pods are created again once the old ones "
+            "have terminated",
+        )
+        p.event(
+            "Normal",
+            "Resumed",
+            "creating the pods again; the trainer resumes from its checkpoint",
+        )
 
     # The deadline counts only time admitted and not suspended: queued time is not running time.
     p.clock(_admitted(obs, p.live))
