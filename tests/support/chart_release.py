@@ -129,53 +129,6 @@ def mount_secret_volumes(
     return mounts
 
 
-# -- the chart's RBAC, evaluated ---------------------------------------------------------------
-
-
-def bound_rules(objs: list[Obj], account: str, namespace: str) -> list[tuple[str | None, Obj]]:
-    """(namespace or None for cluster-wide, rule) for every rule bound to the service account."""
-    out: list[tuple[str | None, Obj]] = []
-    for binding in (o for o in objs if o["kind"] in ("ClusterRoleBinding", "RoleBinding")):
-        subject = {"kind": "ServiceAccount", "name": account, "namespace": namespace}
-        if not any(subject.items() <= s.items() for s in binding.get("subjects", [])):
-            continue
-        role = find(objs, binding["roleRef"]["kind"], binding["roleRef"]["name"])
-        scope = binding["metadata"]["namespace"] if binding["kind"] == "RoleBinding" else None
-        out += [(scope, rule) for rule in role["rules"]]
-    return out
-
-
-def rbac_attributes(request: Any) -> tuple[str, str, str, str | None] | None:
-    """(verb, apiGroup, resource[/subresource], namespace) as the API server authorizes it;
-    None for discovery and /version (allowed to everyone by system:discovery)."""
-    if request.resource is None:
-        return None
-    method = str(request.method.value).upper()
-    if method == "GET":
-        watch = request.params.get("watch") in ("true", "1")
-        verb = "watch" if watch else "get" if request.name else "list"
-    else:
-        collection = "deletecollection" if request.name is None else "delete"
-        verb = {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": collection}[method]
-    resource = request.resource.plural
-    if request.subresource:
-        resource += f"/{request.subresource}"
-    return verb, request.resource.group or "", resource, request.namespace
-
-
-def allows(
-    rules: list[tuple[str | None, Obj]], verb: str, group: str, res: str, ns: str | None
-) -> bool:
-    return any(
-        (scope is None or scope == ns)
-        and group in rule.get("apiGroups", [])
-        and (res in rule.get("resources", []) or "*" in rule.get("resources", []))
-        and (verb in rule["verbs"] or "*" in rule["verbs"])
-        and not rule.get("resourceNames")
-        for scope, rule in rules
-    )
-
-
 # -- the webhook, called the way the API server calls it ---------------------------------------
 
 

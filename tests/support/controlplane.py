@@ -299,11 +299,8 @@ class ControlPlane:
     def create_namespace(self, name: str) -> None:
         self.kubectl_ok("create", "namespace", name)
         # The service account controller creates `default`; pods need it before they are admitted.
-        deadline = time.monotonic() + 30
-        while self.kubectl("get", "serviceaccount", "default", "-n", name).returncode != 0:
-            if time.monotonic() > deadline:
-                raise AssertionError(f"namespace {name}: no default service account after 30 s")
-            time.sleep(0.2)
+        _wait_for(lambda: self.kubectl("get", "sa", "default", "-n", name).returncode == 0,
+                  30, f"the default ServiceAccount of namespace {name}")  # fmt: skip
 
     def apply_crds(self, *paths: Path, timeout: float = 60) -> None:
         """`kubectl apply --server-side` the CRD files, then wait until each is Established
@@ -552,7 +549,18 @@ def control_plane(
             cp.components[comp.name] = comp
             comp.start()
         _wait_default_namespace(cp)
+        if controllers:  # pods are admitted once their namespace has its default ServiceAccount
+            _wait_for(lambda: cp.kubectl("get", "sa", "default", "-n", "default").returncode == 0,
+                      60, "the default ServiceAccount of namespace default")  # fmt: skip
         yield cp
+
+
+def _wait_for(check: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{what}: not there after {timeout:.0f} s")
+        time.sleep(0.2)
 
 
 def _wait_etcd(etcd: Component, port: int, timeout: float = 30) -> None:
