@@ -59,6 +59,13 @@ test: setup engine-venv sglang-venv verl-site test-system-packages controlplane
 controlplane:
 	bash scripts/build_controlplane.sh
 
+# The cluster tests (tests/cluster, the operator's integration tests) on the newest Kubernetes
+# release the module proxy serves; results in bench/results/controlplane_versions.json.
+.PHONY: test-cluster-newest
+test-cluster-newest: setup
+	LORARL_CONTROLPLANE_BIN="$$(bash scripts/build_controlplane.sh .cache/controlplane tests/cluster/controlplane-newest | tail -1)" \
+		$(PY) -m bench.controlplane_versions
+
 # A real LoRA RL job on this machine: SmolLM2-135M-Instruct learns "which is larger" (~10 min).
 demo: setup engine-venv
 	$(VENV)/bin/lorarl prepare smollm2

@@ -5,10 +5,12 @@
 # .cache/controlplane, ignored by git); a second run finds them and exits at once. Go's build cache
 # (GOCACHE) makes a rebuild after `git clean` a link step (~1 min); a cold one is ~15 min on 2 cores.
 #
-# Usage: scripts/build_controlplane.sh [OUT]     prints the bin directory on its last line
+# Usage: scripts/build_controlplane.sh [OUT] [MODULE]   prints the bin directory on its last line
+#   MODULE: the Go module that pins the release (default tests/cluster/controlplane, the oldest
+#   served; tests/cluster/controlplane-newest pins the newest).
 set -euo pipefail
 here="$(cd "$(dirname "$0")/.." && pwd)"
-mod="$here/tests/cluster/controlplane"
+mod="$(cd "${2:-$here/tests/cluster/controlplane}" && pwd)"
 version="$(awk '$1 == "k8s.io/kubernetes" {print $2}' "$mod/go.mod")"
 etcd_version="$(awk '$1 == "go.etcd.io/etcd/server/v3" {print $2}' "$mod/go.mod")"
 [ -n "$version" ] && [ -n "$etcd_version" ] || { echo "no pinned versions in $mod/go.mod" >&2; exit 1; }

@@ -428,7 +428,10 @@ def control_plane(
             workdir / "admin.kubeconfig", url, pki.ca_file,
             cert=pki.dir / "admin.crt", key=pki.dir / "admin.key",
         )  # fmt: skip
-        cp = ControlPlane(url, workdir, pki, kubeconfig, pinned_version())
+        version = subprocess.run(
+            [str(bins / "kube-apiserver"), "--version"], capture_output=True, text=True, check=True
+        ).stdout.split()[-1]
+        cp = ControlPlane(url, workdir, pki, kubeconfig, version)
         stack.callback(_stop_all, cp)
         logs = workdir / "logs"
         logs.mkdir(exist_ok=True)
