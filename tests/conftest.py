@@ -14,6 +14,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -22,8 +23,9 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 
-from tests.support.controlplane import ControlPlane, control_plane  # noqa: E402
-from tests.support.crd_server import CrdServer  # noqa: E402
+if TYPE_CHECKING:
+    from tests.support.controlplane import ControlPlane
+    from tests.support.crd_server import CrdServer
 
 DEFAULT_ENGINE_PYTHON = ROOT / ".venv-engine" / "bin" / "python"
 
@@ -78,7 +80,10 @@ _namespaces = itertools.count()
 @pytest.fixture(scope="session")
 def cp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
     """One real control plane (etcd, kube-apiserver, controller-manager, scheduler) for the
-    session: a few seconds to start, so tests share it and isolate themselves by namespace."""
+    session: a few seconds to start, so tests share it and isolate themselves by namespace.
+    (Imported here: machines that run no cluster test, the GPU one, lack its dependencies.)"""
+    from tests.support.controlplane import control_plane
+
     with control_plane(tmp_path_factory.mktemp("controlplane")) as plane:
         yield plane
 
@@ -93,6 +98,8 @@ def cp_with_crd(cp: ControlPlane) -> ControlPlane:
 @pytest.fixture(scope="session")
 def crd_server(cp_with_crd: ControlPlane) -> Iterator[CrdServer]:
     """The CRD's verdicts from the real API server (server-side dry-run creates)."""
+    from tests.support.crd_server import CrdServer
+
     server = CrdServer(cp_with_crd)
     yield server
     server.close()
