@@ -48,7 +48,7 @@ TEST_ENV = LORARL_ENGINE_PYTHON=$(abspath $(ENGINE_VENV))/bin/python \
 test-system-packages:
 	bash scripts/install_test_system_packages.sh
 
-test: setup engine-venv sglang-venv verl-site test-system-packages controlplane
+test: setup engine-venv sglang-venv verl-site test-system-packages controlplane kueue
 	$(TEST_ENV) $(PY) -m pytest $(PYTEST_ARGS)
 
 # The real Kubernetes control plane the cluster tests run on (kube-apiserver, controller-manager,
@@ -58,6 +58,13 @@ test: setup engine-venv sglang-venv verl-site test-system-packages controlplane
 .PHONY: controlplane
 controlplane:
 	bash scripts/build_controlplane.sh
+
+# Kueue's controller manager at the release pinned in tests/cluster/kueue/go.mod, with its CRDs
+# and webhook manifests, into .cache/kueue/<version>/ (ignored): the real queueing the
+# `scheduling.queueName` integration is tested with.
+.PHONY: kueue
+kueue:
+	bash scripts/build_kueue.sh
 
 # The cluster tests (tests/cluster, the operator's integration tests) on the newest Kubernetes
 # release the module proxy serves; results in bench/results/controlplane_versions.json.

@@ -2,14 +2,16 @@
 
     python -m bench.operator_steady [--jobs 1000] [--window 60] [--timer 10]
 
-Runs the real operator (`python -m lorarl.operator`, a subprocess) against the Kubernetes API
-emulator (this process) and one progress server (a second process, a real HTTP server) that
-answers `/progress` for every job, the way each job's trainer rank 0 would. The jobs are
-created, their pods are moved to Running (the emulator's kubelet), and once every job shows
-phase Running and a timer interval has passed, the benchmark measures for `--window` seconds:
-the operator's CPU seconds (utime + stime from /proc), its RSS, the API requests it sent (counted
-by the emulator, per verb) and the progress polls it made. Each job's trainer advances a step
-every `--step-seconds`, so some polls change the status (a patch) and most do not.
+Runs the real operator (`python -m lorarl.operator`, a subprocess, with a client certificate of
+its own) against a real control plane (kube-apiserver, etcd, kube-controller-manager; no
+scheduler: nothing runs the pods) and one progress server (a second process, a real HTTP server)
+that answers `/progress` for every job, the way each job's trainer rank 0 would. The jobs are
+created, their pods are moved to Running through `pods/status` (as a kubelet would), and once
+every job shows phase Running and a timer interval has passed, the benchmark measures for
+`--window` seconds: the CPU seconds (utime + stime from /proc) of the operator, the API server,
+etcd and the controller-manager apart, the operator's RSS, the API requests it sent (from the API
+server's audit log, per verb and resource) and the progress polls it made. Each job's trainer
+advances a step every `--step-seconds`, so some polls change the status (a patch) and most do not.
 Writes bench/results/operator_steady.json. Where the CPU goes: `python -m bench.operator_profile
 steady`.
 """
@@ -23,6 +25,7 @@ import json
 import multiprocessing as mp
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -30,9 +33,10 @@ from typing import Any
 import yaml
 
 from bench.common import cpu_seconds, machine, rss_mb, running_operator, write_results
-from bench.operator_scale import LRJ, PODS
+from bench.operator_scale import COMPONENTS, LRJ, PODS
 from lorarl.local.ports import free_port
-from tests.support.kube_emulator import kube_api
+from tests.support.controlplane import control_plane
+from tests.support.kube_client import KubeClient
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results" / "operator_steady.json"
@@ -87,16 +91,33 @@ def _serve_progress(port: int, step_seconds: float, hits: Any) -> None:
     server.serve_forever()
 
 
-def _kind(request: Any) -> str:
-    """ "PATCH lorarljobs/status", "POST events", "GET pods (watch)": what a request was for."""
-    parts = [p for p in str(request.url.path).split("/") if p]
-    if "namespaces" in parts and len(parts) > parts.index("namespaces") + 2:
-        parts = parts[parts.index("namespaces") + 2 :]
-    else:
-        parts = parts[-1:]
-    what = parts[0] + ("/" + parts[2] if len(parts) > 2 else "")
-    watch = " (watch)" if "watch=true" in str(request.url.query_string) else ""
-    return f"{str(request.method.value).upper()} {what}{watch}"
+OPERATOR_USER = "lorarl-operator-bench"
+
+
+def _kind(entry: dict[str, Any]) -> str:
+    """ "patch lorarljobs/status", "create events", "watch pods": what an audited request was."""
+    ref = entry.get("objectRef") or {}
+    what = ref.get("resource", entry.get("requestURI", "?"))
+    if ref.get("subresource"):
+        what += "/" + ref["subresource"]
+    return f"{entry['verb']} {what}"
+
+
+def _operator_requests(audit: Path, since: float, until: float) -> list[dict[str, Any]]:
+    """The operator's requests the API server completed in [since, until) (wall-clock)."""
+    import datetime as dt
+
+    out = []
+    for line in audit.read_text().splitlines():
+        if OPERATOR_USER not in line:
+            continue
+        entry = json.loads(line)
+        if entry.get("stage") != "ResponseComplete":
+            continue
+        stamp = dt.datetime.fromisoformat(entry["requestReceivedTimestamp"].replace("Z", "+00:00"))
+        if since <= stamp.timestamp() < until:
+            out.append(entry)
+    return out
 
 
 def _wait(what: str, check: Any, timeout: float, proc: Any, log: Path | None) -> float:
@@ -122,10 +143,9 @@ def main() -> None:
     parser.add_argument("--profile", help="write the operator's cProfile stats to this file")
     parser.add_argument("--log", type=Path, help="keep the operator's log here")
     args = parser.parse_args()
-    crd = yaml.safe_load((ROOT / "crds" / "lorarljobs.lorarl.dev.yaml").read_text())
     base = yaml.safe_load((ROOT / "examples" / "quickstart.yaml").read_text())
     names = [f"steady-{i:04d}" for i in range(args.jobs)]
-    info = machine(note="emulator, operator and progress server share the machine's cores")
+    info = machine(note="control plane, operator and progress server share the machine's cores")
 
     port = free_port()
     hits = mp.get_context("spawn").Value("q", 0)
@@ -134,64 +154,87 @@ def main() -> None:
     )
     server.start()
     try:
-        with (
-            kube_api(crds=[crd]) as kube,
-            running_operator(
-                kube.kubeconfig_path,
+        with control_plane(scheduler=False) as cp:
+            cp.apply_crds(ROOT / "crds" / "lorarljobs.lorarl.dev.yaml")
+            operator_config = cp.user_kubeconfig("operator", OPERATOR_USER, ["system:masters"])
+            kube = KubeClient(cp)
+            with running_operator(
+                operator_config,
                 timer_seconds=args.timer,
                 progress_url=f"http://127.0.0.1:{port}/{{namespace}}/{{name}}",
                 profile=args.profile,
                 log=args.log,
-            ) as proc,
-        ):
-            emu, log = kube.emulator, args.log
-            t_create = time.monotonic()
-            for name in names:
-                job = copy.deepcopy(base)
-                job["metadata"]["name"] = name
-                emu.create(LRJ, job)
+            ) as proc:
+                log = args.log
+                t_create = time.monotonic()
+                for name in names:
+                    job = copy.deepcopy(base)
+                    job["metadata"]["name"] = name
+                    reply = kube.http.post(LRJ, json=job)
+                    if reply.status_code != 201:
+                        raise SystemExit(f"create {name}: {reply.status_code} {reply.text[:300]}")
 
-            def pods_made() -> bool:
-                return all(emu.get("v1/pods", "default", n + PODS[-1]) is not None for n in names)
+                def pods_made() -> bool:
+                    made = {p["metadata"]["name"] for p in kube.list_objects("v1/pods", "default")}
+                    return all(n + sfx in made for n in names for sfx in PODS)
 
-            _wait("every job's pods", pods_made, args.timeout, proc, log)
-            for name in names:  # the kubelet: every pod starts
-                for sfx in PODS:
-                    emu.set_pod_phase("default", name + sfx, "Running")
+                _wait("every job's pods", pods_made, args.timeout, proc, log)
+                with ThreadPoolExecutor(4) as pool:  # the kubelet: every pod starts
+                    list(pool.map(lambda pod: kube.set_pod_phase("default", pod, "Running"),
+                                  [n + sfx for n in names for sfx in PODS]))  # fmt: skip
 
-            def phase(name: str) -> str | None:
-                return ((emu.get(LRJ, "default", name) or {}).get("status") or {}).get("phase")
+                def phases() -> dict[str, str | None]:
+                    jobs = kube.list_objects("lorarl.dev/v1alpha1/lorarljobs", "default")
+                    return {
+                        j["metadata"]["name"]: (j.get("status") or {}).get("phase") for j in jobs
+                    }
 
-            _wait("every job Running", lambda: all(phase(n) == "Running" for n in names),
-                  args.timeout, proc, log)  # fmt: skip
-            ramp_s = time.monotonic() - t_create
-            time.sleep(args.timer + 1)  # every job's timer has fired at least once since
-            load0 = os.getloadavg()[0]
-            cpu0, req0, hits0 = cpu_seconds(proc.pid), len(emu._requests), hits.value
-            t0 = time.monotonic()
-            time.sleep(args.window)
-            window = time.monotonic() - t0
-            cpu, requests = cpu_seconds(proc.pid) - cpu0, emu._requests[req0:]
-            polls = hits.value - hits0
-            load1 = os.getloadavg()[0]
-            rss = rss_mb(proc.pid)
-            still_running = sum(phase(n) == "Running" for n in names)
+                def all_running() -> bool:
+                    now = phases()
+                    return len(now) == len(names) and all(v == "Running" for v in now.values())
+
+                _wait("every job Running", all_running, args.timeout, proc, log)
+                ramp_s = time.monotonic() - t_create
+                time.sleep(args.timer + 1)  # every job's timer has fired at least once since
+                pids = {c: cp.components[c].proc.pid for c in COMPONENTS}  # type: ignore[union-attr]
+                load0 = os.getloadavg()[0]
+                cpu0 = {"operator": cpu_seconds(proc.pid)}
+                cpu0 |= {c: cpu_seconds(pid) for c, pid in pids.items()}
+                hits0, wall0 = hits.value, time.time()
+                t0 = time.monotonic()
+                time.sleep(args.window)
+                window = time.monotonic() - t0
+                wall1 = time.time()
+                cpu = {"operator": cpu_seconds(proc.pid) - cpu0["operator"]}
+                cpu |= {c: cpu_seconds(pid) - cpu0[c] for c, pid in pids.items()}
+                polls = hits.value - hits0
+                load1 = os.getloadavg()[0]
+                rss = rss_mb(proc.pid)
+                still_running = sum(v == "Running" for v in phases().values())
+                time.sleep(2.0)  # the audit log's buffered writes for the window
+                requests = _operator_requests(cp.workdir / "logs" / "audit.log", wall0, wall1)
+                version = cp.version
+            kube.close()
     finally:
         server.terminate()
     per_min = 60.0 / window
     verbs = collections.Counter(_kind(r) for r in requests)
     result = {
         "benchmark": "operator_steady",
+        "api_server": f"kube-apiserver {version} (real; audit log on, Metadata level)",
         "jobs": args.jobs,
         "timer_seconds": args.timer,
         "trainer_step_seconds": args.step_seconds,
         "window_s": round(window, 1),
         "ramp_s": round(ramp_s, 1),
         "jobs_running_at_end": still_running,
-        "operator_cpu_s_per_min": round(cpu * per_min, 2),
-        "operator_cpu_cores_avg": round(cpu / window, 3),
+        "operator_cpu_s_per_min": round(cpu["operator"] * per_min, 2),
+        "operator_cpu_cores_avg": round(cpu["operator"] / window, 3),
         "target_cpu_cores": TARGET_CORES,
-        "meets_target_cpu": cpu / window <= TARGET_CORES,
+        "meets_target_cpu": cpu["operator"] / window <= TARGET_CORES,
+        "kube_apiserver_cpu_cores_avg": round(cpu["kube-apiserver"] / window, 3),
+        "etcd_cpu_cores_avg": round(cpu["etcd"] / window, 3),
+        "controller_manager_cpu_cores_avg": round(cpu["kube-controller-manager"] / window, 3),
         "operator_rss_mb": rss.get("VmRSS"),
         "operator_peak_rss_mb": rss.get("VmHWM"),
         "api_requests_per_min": round(len(requests) * per_min, 1),

@@ -35,6 +35,9 @@ TMP_DIR = "/tmp"
 KUEUE_QUEUE = "kueue.x-k8s.io/queue-name"
 KUEUE_GROUP = "kueue.x-k8s.io/pod-group-name"
 KUEUE_TOTAL = "kueue.x-k8s.io/pod-group-total-count"
+# Kueue keeps a pod group's quota until every pod has succeeded, or until all have ended and one
+# says the group will not be retried: set on every pod once the job has finished.
+KUEUE_RETRIABLE = "kueue.x-k8s.io/retriable-in-group"
 COSCHEDULING_GROUP = "scheduling.x-k8s.io/pod-group"
 VOLCANO_GROUP = "scheduling.k8s.io/group-name"
 VOLCANO_SCHEDULER = "volcano"

@@ -69,6 +69,8 @@ class JobState:
     # -> last view): the next pass recreates and counts those (status.rolloutPreemptions).
     own_deletes: dict[str, float] = field(default_factory=dict)
     lost: dict[str, PodView] = field(default_factory=dict)
+    # Pods told that Kueue will not retry their group (uid), once the job finished.
+    released: set[str] = field(default_factory=set)
 
     def pod_gone(self, view: PodView, now: float) -> None:
         """A pod of the job was deleted: remember it as lost unless this operator deleted it
@@ -232,6 +234,8 @@ class Reconciler:
             return None
         if decision.status != previous:
             await self._write_status(state, decision.status)
+        if decision.status.phase in TERMINAL and job.spec.scheduling.queue_name:
+            await self._release_queue(state, job, pods)
         now = time.monotonic()
         for uid in counted:  # counted once: a repeated DELETED event finds it here
             state.lost.pop(uid, None)
@@ -352,6 +356,22 @@ class Reconciler:
                 reason="CreatedPods",
                 message=f"created {', '.join(made)}",
             )
+
+    async def _release_queue(self, state: JobState, job: LoRARLJob, pods: list[PodView]) -> None:
+        """A finished job's pods say Kueue will not retry the group, so Kueue ends its Workload
+        and frees the quota once they have all stopped (their engines were stopped early, so
+        not every pod succeeded, which is what Kueue waits for otherwise). Once per pod."""
+        for pod in pods:
+            if pod.uid in state.released:
+                continue
+            url = path("v1", "pods", job.namespace, pod.name)
+            body = {"metadata": {"annotations": {builders.KUEUE_RETRIABLE: "false"}}}
+            try:
+                await self.kube.merge_patch(url, body, what=f"pod {pod.name}")
+            except KubeError as exc:
+                if exc.status != 404:
+                    raise
+            state.released.add(pod.uid)
 
     async def _write_status(self, state: JobState, status: LoRARLJobStatus) -> None:
         meta = state.body["metadata"]
