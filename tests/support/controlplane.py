@@ -299,7 +299,7 @@ class ControlPlane:
     def create_namespace(self, name: str) -> None:
         self.kubectl_ok("create", "namespace", name)
         # The service account controller creates `default`; pods need it before they are admitted.
-        _wait_for(lambda: self.kubectl("get", "sa", "default", "-n", name).returncode == 0,
+        wait_until(lambda: self.kubectl("get", "sa", "default", "-n", name).returncode == 0,
                   30, f"the default ServiceAccount of namespace {name}")  # fmt: skip
 
     def apply_crds(self, *paths: Path, timeout: float = 60) -> None:
@@ -553,16 +553,17 @@ def control_plane(
             comp.start()
         _wait_default_namespace(cp)
         if controllers:  # pods are admitted once their namespace has its default ServiceAccount
-            _wait_for(lambda: cp.kubectl("get", "sa", "default", "-n", "default").returncode == 0,
+            wait_until(lambda: cp.kubectl("get", "sa", "default", "-n", "default").returncode == 0,
                       60, "the default ServiceAccount of namespace default")  # fmt: skip
         yield cp
 
 
-def _wait_for(check: Any, timeout: float, what: str) -> None:
+def wait_until(check: Any, timeout: float, what: str) -> None:
+    """Poll `check` until it holds; an AssertionError naming `what` after `timeout` seconds."""
     deadline = time.monotonic() + timeout
     while not check():
         if time.monotonic() > deadline:
-            raise RuntimeError(f"{what}: not there after {timeout:.0f} s")
+            raise AssertionError(f"{what}: not within {timeout:.0f} s")
         time.sleep(0.2)
 
 
@@ -608,4 +609,5 @@ __all__ = [
     "control_plane",
     "kubectl_binary",
     "pinned_version",
+    "wait_until",
 ]

@@ -15,7 +15,6 @@ import re
 import signal
 import subprocess
 import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -25,7 +24,7 @@ import httpx
 import yaml
 
 from lorarl.local.ports import free_port
-from tests.support.controlplane import ROOT, ControlPlane
+from tests.support.controlplane import ROOT, ControlPlane, wait_until
 
 GO_MOD = ROOT / "tests" / "cluster" / "kueue" / "go.mod"
 NAMESPACE = "kueue-system"
@@ -158,7 +157,7 @@ def kueue(cp: ControlPlane, workdir: Path) -> Iterator[Path]:
     )
     mount.start()
     try:
-        _wait(lambda: _healthy(proc, health, log), 120, "Kueue's readiness probe")
+        wait_until(lambda: _healthy(proc, health, log), 120, "Kueue's readiness probe")
         yield log
     finally:
         stop.set()
@@ -200,14 +199,6 @@ def _healthy(proc: subprocess.Popen[bytes], port: int, log: Path) -> bool:
         return httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200
     except httpx.HTTPError:
         return False
-
-
-def _wait(check: Any, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not within {timeout:.0f} s")
-        time.sleep(0.3)
 
 
 __all__ = ["kueue", "kueue_dir", "pinned_version"]
