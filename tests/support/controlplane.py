@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import ipaddress
+import json
 import os
 import re
 import shutil
@@ -284,6 +285,19 @@ class ControlPlane:
         ctx.load_cert_chain(self.pki.dir / "admin.crt", self.pki.dir / "admin.key")
         return httpx.Client(base_url=self.url, verify=ctx, timeout=30)
 
+    def audit(self, user: str | None = None) -> list[dict[str, Any]]:
+        """The API server's audit log so far (completed requests), optionally of one user."""
+        out = []
+        for line in (self.workdir / "logs" / "audit.log").read_text().splitlines():
+            if user is not None and user not in line:
+                continue
+            entry = json.loads(line)
+            if entry.get("stage") == "ResponseComplete" and (
+                user is None or entry["user"]["username"] == user
+            ):
+                out.append(entry)
+        return out
+
     def restart(self, name: str) -> None:
         """Stop one component and start it again (chaos: API server or etcd restart)."""
         comp = self.components[name]
@@ -458,8 +472,13 @@ def control_plane(
         _wait_etcd(etcd, etcd_port)
 
         audit_policy = workdir / "audit-policy.yaml"
+        # Who did what (Metadata) for every request; the body of access reviews (Request), so
+        # a test can see the question an authorizing client asked.
         audit_policy.write_text(
-            "apiVersion: audit.k8s.io/v1\nkind: Policy\nrules:\n  - level: Metadata\n"
+            "apiVersion: audit.k8s.io/v1\nkind: Policy\nrules:\n"
+            "  - level: Request\n    resources:\n      - group: authorization.k8s.io\n"
+            "        resources: [subjectaccessreviews]\n"
+            "  - level: Metadata\n"
         )
         apiserver = Component(
             "kube-apiserver",
