@@ -6,12 +6,9 @@ count every LoRARLJob in the cluster."""
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
@@ -19,128 +16,26 @@ from fastapi.testclient import TestClient
 from lorarl.server import KubeApi, KubeAuth, KubeStore, create_app
 from lorarl.server.auth import Unauthenticated
 from lorarl.server.stores import StoreUnavailable
-from tests.conftest import CRD_PATH
-from tests.support.controlplane import ControlPlane, control_plane, wait_until
+from tests.support.controlplane import wait_until
 from tests.support.fake_trainer import FakeTrainer
-from tests.support.kube_client import KubeClient
-
-PEOPLE, SERVER_NS = "people", "lorarl-system"
-SERVER = f"system:serviceaccount:{SERVER_NS}:status-api"
-LRJ = "lorarl.dev/v1alpha1/lorarljobs"
-
-
-def account(name: str) -> str:
-    return f"system:serviceaccount:{PEOPLE}:{name}"
-
-
-@dataclass
-class World:
-    cp: ControlPlane
-    kube: KubeClient
-    tokens: dict[str, str]  # alice, bob, admin, nobody, server
-
-    def api(self, token: str | None = None) -> KubeApi:
-        return KubeApi(
-            self.cp.url, token=token or self.tokens["server"], verify=str(self.cp.ca_file)
-        )
-
-    def reviews(self, kind: str) -> list[dict[str, Any]]:
-        """The server's completed TokenReviews or SubjectAccessReviews, oldest first."""
-        return [
-            e for e in self.cp.audit(SERVER) if (e.get("objectRef") or {}).get("resource") == kind
-        ]
-
-
-def _apply(cp: ControlPlane, *objs: dict[str, Any]) -> None:
-    for obj in objs:
-        cp.kubectl_ok("apply", "-f", "-", input=json.dumps(obj))
-
-
-def _rbac(kind: str, name: str, rules: list[dict[str, Any]], namespace: str | None = None) -> list:
-    """A Role (or ClusterRole) and its binding to the service account `name` in PEOPLE."""
-    meta = {"name": f"lrj-{name}", **({"namespace": namespace} if namespace else {})}
-    role = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": kind, "metadata": meta,
-            "rules": rules}  # fmt: skip
-    binding = {
-        "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": f"{kind}Binding",
-        "metadata": meta,
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": kind, "name": meta["name"]},
-        "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": PEOPLE}],
-    }
-    return [role, binding]
-
-
-def _jobs_rule(*verbs: str) -> list[dict[str, Any]]:
-    return [{"apiGroups": ["lorarl.dev"], "resources": ["lorarljobs"], "verbs": list(verbs)}]
-
-
-def _job(namespace: str, name: str, *, phase: str = "Running", step: int = 5) -> tuple[dict, dict]:
-    spec = {
-        "model": {"path": "/models/tiny"},
-        "data": {"trainFiles": ["/data/train.jsonl"]},
-        "lora": {"rank": 16, "alpha": 32},
-        "rollout": {"engine": "vllm", "replicas": 2, "syncMode": "adapter"},
-        "training": {"outputDir": "/out", "volume": {"claimName": "out", "mountPath": "/out"}},
-    }
-    status = {
-        "phase": phase,
-        "step": step,
-        "totalSteps": 100,
-        "metrics": {"rewardMean": 0.25},
-        "lastSync": {"version": step, "seconds": 0.4, "mode": "adapter"},
-        "conditions": [{"type": "Running", "status": "True", "reason": "TrainerReady",
-                        "message": "", "lastTransitionTime": "2026-01-01T00:00:00Z"}],
-    }  # fmt: skip
-    obj = {"apiVersion": "lorarl.dev/v1alpha1", "kind": "LoRARLJob",
-           "metadata": {"name": name, "namespace": namespace}, "spec": spec}  # fmt: skip
-    return obj, status
+from tests.support.status_auth import (
+    LRJ,
+    PEOPLE,
+    SERVER,
+    World,
+    account,
+    apply_objects,
+    job_manifest,
+    jobs_rule,
+    rbac,
+)
+from tests.support.status_auth import world as status_world
 
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
-    with control_plane(tmp_path_factory.mktemp("auth-cp"), scheduler=False) as cp:
-        cp.apply_crds(CRD_PATH)
-        for ns in (PEOPLE, SERVER_NS, "team-a", "team-b", "team-c"):
-            cp.create_namespace(ns)
-        kube = KubeClient(cp)
-        for name in ("alice", "bob", "admin", "nobody"):
-            _apply(cp, {"apiVersion": "v1", "kind": "ServiceAccount",
-                        "metadata": {"name": name, "namespace": PEOPLE}})  # fmt: skip
-        _apply(cp, {"apiVersion": "v1", "kind": "ServiceAccount",
-                    "metadata": {"name": "status-api", "namespace": SERVER_NS}})  # fmt: skip
-        _apply(cp, *_rbac("Role", "alice", _jobs_rule("get", "list"), "team-a"))
-        _apply(cp, *_rbac("Role", "bob", _jobs_rule("list"), "team-b"))  # may list, not get
-        _apply(cp, *_rbac("ClusterRole", "admin", _jobs_rule("get", "list")))
-        # The server: reviews (system:auth-delegator, as the chart binds it) and reads jobs.
-        server_binding = {
-            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-            "metadata": {"name": "status-api-auth-delegator"},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
-                        "name": "system:auth-delegator"},
-            "subjects": [{"kind": "ServiceAccount", "name": "status-api", "namespace": SERVER_NS}],
-        }  # fmt: skip
-        reader = _rbac("ClusterRole", "status-api-reader", _jobs_rule("get", "list"))
-        reader[1]["subjects"][0]["namespace"] = SERVER_NS
-        reader[1]["subjects"][0]["name"] = "status-api"
-        _apply(cp, server_binding, *reader)
-        for namespace, name, kw in (
-            ("team-a", "a1", {}),
-            ("team-a", "a2", {"phase": "Succeeded", "step": 100}),
-            ("team-b", "b1", {}),
-            ("team-c", "c1", {}),
-        ):
-            obj, status = _job(namespace, name, **kw)
-            kube.create(LRJ, obj)
-            kube.http.patch(
-                f"/apis/{LRJ.rsplit('/', 1)[0]}/namespaces/{namespace}/lorarljobs/{name}/status",
-                json={"status": status},
-                headers={"Content-Type": "application/merge-patch+json"},
-            ).raise_for_status()
-        tokens = {n: kube.token(PEOPLE, n) for n in ("alice", "bob", "admin", "nobody")}
-        tokens["server"] = kube.token(SERVER_NS, "status-api")
-        yield World(cp, kube, tokens)
-        kube.close()
+    with status_world(tmp_path_factory.mktemp("auth-cp")) as w:
+        yield w
 
 
 class Clock:
@@ -303,7 +198,7 @@ def test_revoked_right_stops_working_after_ttl(
         clock.now += 11
         assert client.get("/v1/jobs/team-a/a1", headers=alice).status_code == 403
     finally:
-        _apply(world.cp, *_rbac("Role", "alice", _jobs_rule("get", "list"), "team-a"))
+        apply_objects(world.cp, *rbac("Role", "alice", jobs_rule("get", "list"), "team-a"))
 
 
 def test_server_credentials_rejected_is_503_not_open(world: World) -> None:
@@ -324,7 +219,7 @@ def test_store_error_is_503(world: World) -> None:
 def test_object_that_does_not_parse_still_lists(client: TestClient, world: World) -> None:
     """A job the CRD accepts but these models refuse (a reward this server does not know: the
     webhook, not installed here, would have refused it) still lists, with a detail."""
-    obj, _ = _job("team-c", "odd")
+    obj, _ = job_manifest("team-c", "odd")
     obj["spec"]["reward"] = {"function": "no_such_reward"}
     world.kube.create(LRJ, obj)
     try:

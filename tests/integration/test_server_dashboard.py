@@ -15,11 +15,11 @@ import pytest
 from lorarl.api import run_files
 from lorarl.api.samples import append_samples
 from lorarl.api.status import EvalRecord
-from lorarl.server import KubeApi, KubeAuth, KubeStore, LocalStore, create_app
+from lorarl.server import KubeAuth, KubeStore, LocalStore, create_app
 from tests.support.browser import ARGS, CHROMIUM, point_steps, wait_for_step
-from tests.support.fake_kube_auth import FakeKubeApi
 from tests.support.fake_trainer import FakeTrainer
 from tests.support.server_live import live_server
+from tests.support.status_auth import world as status_world
 from tests.unit.test_server_local import make_job, write_run
 
 STEPS = 12
@@ -238,27 +238,24 @@ def test_running_job_refreshes(page) -> None:
             assert point_steps(page, "reward") == [1, 2, 3, 4, 5]
 
 
-def test_kubernetes_dashboard_asks_for_a_token(page) -> None:
-    kube = FakeKubeApi()
-    try:
-        kube.add_user("alice-token", "alice", ("get", "team-a"), ("list", "team-a"))
-        kube.add_job("team-a", "a1")
-        kube.add_job("team-b", "b1")
-        api = KubeApi(kube.url, token=kube.server_token)
+def test_kubernetes_dashboard_asks_for_a_token(page, tmp_path) -> None:
+    """On a real API server: alice's bound token may see team-a's jobs only."""
+    with status_world(tmp_path / "cp") as world:
+        api = world.api()
         app = create_app(KubeStore(api, progress_url="http://127.0.0.1:9"), auth=KubeAuth(api))
         with live_server(app) as url:
             page.goto(f"{url}/?job=team-a/a1")
             page.wait_for_selector("#login:not([hidden])")
-            page.fill("#token", "alice-token")
+            page.fill("#token", world.tokens["alice"])
             page.click("#login button")
             page.wait_for_selector("#jobs tbody tr[data-job='team-a/a1']")
-            assert page.locator("#jobs tbody tr").count() == 1  # team-b stays invisible
+            # a1 and a2: team-b's and team-c's jobs stay invisible
+            assert page.locator("#jobs tbody tr").count() == 2
             page.wait_for_selector("#detail-note:not([hidden])")
             assert "did not answer" in page.text_content("#detail-note")
             assert point_steps(page, "reward") == []
             assert page.is_visible("#chart-reward .no-data")
-    finally:
-        kube.stop()
+        api.close()
 
 
 def test_samples_are_listed_newest_first_as_text(page, finished_run: str, tmp_path) -> None:

@@ -32,14 +32,14 @@ from fastapi.testclient import TestClient
 from lorarl.jsonhttp import REQUEST_TIMEOUT_S, JsonHttpServer
 from lorarl.operator.config import OperatorConfig
 from lorarl.operator.reconciler import Reconciler
-from lorarl.server import KubeApi, KubeAuth, KubeStore, LocalStore, create_app
+from lorarl.server import KubeAuth, KubeStore, LocalStore, create_app
 from lorarl.server.serve import serve_in_thread
 from lorarl.server.stores import JobNotFound
-from tests.support.fake_kube_auth import FakeKubeApi
 from tests.support.fake_trainer import make_record
+from tests.support.status_auth import World, account
+from tests.support.status_auth import world as status_world
 from tests.unit.test_server_local import make_job
 
-ALICE, NOBODY, PROMETHEUS = "alice-token", "nobody-token", "prometheus-token"
 HUGE_MIB = 150
 TRICKLE_BYTES = 20  # at 1 byte/s: the old code was held 20 s by one answer
 DEADLINE_S = 3.0  # the progress client's and operator's total deadline
@@ -51,25 +51,26 @@ def bearer(token: str) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def kube() -> Iterator[FakeKubeApi]:
-    fake = FakeKubeApi()
-    fake.add_user(ALICE, "alice", ("get", "team-a"), ("list", "team-a"))
-    fake.add_user(NOBODY, "nobody")
-    fake.add_user(PROMETHEUS, "prometheus", ("get", "/metrics"))
-    fake.add_job("team-a", "a1")
-    fake.add_job("team-a", "a2")
-    yield fake
-    fake.stop()
+def kube(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
+    """A real API server with callers and jobs (tests/support/status_auth.py): what the server
+    asked is read back from its audit log."""
+    with status_world(tmp_path_factory.mktemp("attacks-cp")) as world:
+        yield world
+
+
+@pytest.fixture(scope="module")
+def tokens(kube: World) -> dict[str, str]:
+    return kube.tokens
 
 
 # --- names in the URL -------------------------------------------------------------------------
 
 
 @pytest.fixture(scope="module")
-def live_api(kube: FakeKubeApi) -> Iterator[str]:
+def live_api(kube: World) -> Iterator[str]:
     """A real uvicorn server: an HTTP client that keeps `.` as sent (curl --path-as-is) reaches
     the route with it; TestClient's httpx would normalise it away before sending."""
-    api = KubeApi(kube.url, token=kube.server_token)
+    api = kube.api()
     store = KubeStore(api, progress_url="http://127.0.0.1:9")
     url, stop = serve_in_thread(create_app(store, auth=KubeAuth(api)))
     yield url
@@ -77,7 +78,7 @@ def live_api(kube: FakeKubeApi) -> Iterator[str]:
     api.close()
 
 
-def raw_get(base: str, path: str, token: str = ALICE) -> tuple[int, dict]:
+def raw_get(base: str, path: str, token: str) -> tuple[int, dict]:
     host, port = base.removeprefix("http://").split(":")
     conn = http.client.HTTPConnection(host, int(port), timeout=10)
     try:
@@ -109,30 +110,31 @@ def raw_get(base: str, path: str, token: str = ALICE) -> tuple[int, dict]:
     ],
 )
 def test_bad_names_are_refused_before_any_kubernetes_call(
-    live_api: str, kube: FakeKubeApi, path: str, field: str
+    live_api: str, kube: World, path: str, field: str
 ) -> None:
-    kube.calls.clear()
-    status, body = raw_get(live_api, path)
+    mark = len(kube.server_requests(settle=0))
+    status, body = raw_get(live_api, path, kube.tokens["alice"])
     assert status == 422, body
     assert body["detail"].startswith(f"{field} '"), body
     assert "DNS-1123" in body["detail"]
-    assert sum(kube.calls.values()) == 0, kube.calls  # no TokenReview, SAR, get or list
+    made = kube.server_requests(mark)
+    assert made == [], [e["requestURI"] for e in made]  # no TokenReview, SAR, get or list
 
 
-def test_good_names_still_work(live_api: str, kube: FakeKubeApi) -> None:
-    kube.calls.clear()
-    status, body = raw_get(live_api, "/v1/jobs/team-a/a1")
+def test_good_names_still_work(live_api: str, kube: World) -> None:
+    mark = len(kube.server_requests(settle=0))
+    status, body = raw_get(live_api, "/v1/jobs/team-a/a1", kube.tokens["alice"])
     assert status == 200 and body["name"] == "a1"
-    assert (kube.calls["get"], kube.calls["list"]) == (1, 0)
-    status, body = raw_get(live_api, "/v1/jobs?namespace=team-a")
+    assert kube.jobs_reads(mark) == {"get": 1, "list": 0}
+    status, body = raw_get(live_api, "/v1/jobs?namespace=team-a", kube.tokens["alice"])
     assert status == 200 and [r["name"] for r in body["items"]] == ["a1", "a2"]
 
 
-def test_store_and_client_refuse_dot_segments_themselves(kube: FakeKubeApi) -> None:
+def test_store_and_client_refuse_dot_segments_themselves(kube: World) -> None:
     """Defence in depth: the store and the API client are safe without the app's checks."""
-    api = KubeApi(kube.url, token=kube.server_token)
+    api = kube.api()
     store = KubeStore(api)
-    kube.calls.clear()
+    mark = len(kube.server_requests(settle=0))
     for name in (".", "..", "a/b"):
         with pytest.raises(JobNotFound):
             store.get_job("team-a", name)
@@ -141,7 +143,7 @@ def test_store_and_client_refuse_dot_segments_themselves(kube: FakeKubeApi) -> N
         api.get("/apis/lorarl.dev/v1alpha1/namespaces/team-a/lorarljobs/.")
     with pytest.raises(ValueError, match=r"'\.' or '\.\.' segment"):
         api.get("/apis/lorarl.dev/v1alpha1/namespaces/%2E%2E/lorarljobs")
-    assert sum(kube.calls.values()) == 0
+    assert kube.server_requests(mark) == []
     api.close()
 
 
@@ -213,22 +215,24 @@ class HostileTrainer:
         self._server.server_close()
 
 
-def _apps(kube: FakeKubeApi, trainer_url: str) -> dict[str, tuple[TestClient, str, dict]]:
-    api = KubeApi(kube.url, token=kube.server_token)
+def _apps(kube: World, trainer_url: str) -> dict[str, tuple[TestClient, str, dict]]:
+    api = kube.api()
     kube_app = create_app(KubeStore(api, progress_url=trainer_url), auth=KubeAuth(api))
     local = LocalStore()
     local.add(make_job("live"), trainer_url)
     return {  # history through the Kubernetes store, progress through the local one
-        "history": (TestClient(kube_app), "/v1/jobs/team-a/a1/metrics", bearer(ALICE)),
+        "history": (
+            TestClient(kube_app),
+            "/v1/jobs/team-a/a1/metrics",
+            bearer(kube.tokens["alice"]),
+        ),
         "progress": (TestClient(create_app(local)), "/v1/jobs/local/live", {}),
     }
 
 
 @pytest.mark.parametrize("declare_length", [True, False])
 @pytest.mark.parametrize("endpoint", ["history", "progress"])
-def test_huge_trainer_answer_is_cut_off(
-    kube: FakeKubeApi, endpoint: str, declare_length: bool
-) -> None:
+def test_huge_trainer_answer_is_cut_off(kube: World, endpoint: str, declare_length: bool) -> None:
     hostile = HostileTrainer("huge", declare_length=declare_length)
     client, path, headers = _apps(kube, hostile.url)[endpoint]
     try:
@@ -248,7 +252,7 @@ def test_huge_trainer_answer_is_cut_off(
 
 
 @pytest.mark.parametrize("mode", ["trickle-head", "trickle-body"])
-def test_trickling_trainer_is_cut_off_at_the_total_deadline(kube: FakeKubeApi, mode: str) -> None:
+def test_trickling_trainer_is_cut_off_at_the_total_deadline(kube: World, mode: str) -> None:
     hostile = HostileTrainer(mode)
     client, path, headers = _apps(kube, hostile.url)["history"]
     try:
@@ -365,20 +369,25 @@ def test_connections_beyond_the_cap_are_closed() -> None:
 # --- /metrics ------------------------------------------------------------------------------------
 
 
-def test_metrics_need_a_token_allowed_to_get_metrics(kube: FakeKubeApi) -> None:
-    api = KubeApi(kube.url, token=kube.server_token)
+def test_metrics_need_a_token_allowed_to_get_metrics(kube: World) -> None:
+    api = kube.api()
     store = KubeStore(api, progress_url="http://127.0.0.1:9")
     with TestClient(create_app(store, auth=KubeAuth(api))) as client:
         anonymous = client.get("/metrics")
         assert anonymous.status_code == 401 and "lorarl_server_jobs" not in anonymous.text
         assert anonymous.headers["www-authenticate"] == "Bearer"
-        denied = client.get("/metrics", headers=bearer(ALICE))  # may read jobs, not /metrics
+        # alice may read jobs, not /metrics
+        denied = client.get("/metrics", headers=bearer(kube.tokens["alice"]))
         assert denied.status_code == 403
-        assert denied.json() == {"detail": "user 'alice' may not get /metrics"}
-        kube.sar_log.clear()
-        scrape = client.get("/metrics", headers=bearer(PROMETHEUS))
+        assert denied.json() == {"detail": f"user '{account('alice')}' may not get /metrics"}
+        mark = len(kube.server_requests(settle=0))
+        scrape = client.get("/metrics", headers=bearer(kube.tokens["prometheus"]))
         assert scrape.status_code == 200
-        assert 'lorarl_server_jobs{phase="Running"} 2.0' in scrape.text
-        [spec] = kube.sar_log
+        assert 'lorarl_server_jobs{phase="Running"} 3.0' in scrape.text  # a1, b1, c1
+        [review] = [
+            e for e in kube.server_requests(mark)
+            if e["objectRef"]["resource"] == "subjectaccessreviews"
+        ]  # fmt: skip
+        spec = review["requestObject"]["spec"]
         assert spec["nonResourceAttributes"] == {"verb": "get", "path": "/metrics"}
     api.close()
