@@ -3,11 +3,14 @@
 
 from __future__ import annotations
 
+import copy
+import re
 from typing import Any
 
 import httpx
 import yaml
 
+from lorarl.api.validation import check_manifest
 from tests.integration.test_operator_harness import ROOT, Cluster, quickstart, shared
 
 __all__ = ["shared"]
@@ -99,3 +102,54 @@ def test_webhook_validates_the_main_resource_and_lets_status_writes_through(
     assert "spec.lora.rank: must be greater than 0 (got 0)" in answers[None]["status"]["message"]
     assert answers["status"]["allowed"] is True
     assert answers["scale"]["allowed"] is True
+
+
+def _as_cluster_job(doc: dict[str, Any]) -> dict[str, Any]:
+    """The bad example with an output volume, as a cluster job needs: most are written for
+    `lorarl validate` and would otherwise be refused by the CRD for that alone."""
+    doc = copy.deepcopy(doc)
+    training = doc.setdefault("spec", {}).setdefault("training", {})
+    if "volume" not in training:
+        training.setdefault("outputDir", "/out")
+        out = training["outputDir"]
+        training["volume"] = {
+            "claimName": "out",
+            "mountPath": out if out.startswith("/") else "/out",
+        }
+    return doc
+
+
+def test_every_bad_example_the_crd_accepts_is_refused_by_the_webhook(shared: Cluster) -> None:
+    """The rules the CRD cannot hold (Python only) reach the API server through the operator's
+    webhook: each such bad example is refused there, with the words its first line expects."""
+    refused = []
+    for path in sorted((ROOT / "examples" / "bad").glob("*.yaml")):
+        try:
+            doc = yaml.safe_load(path.read_text())
+        except yaml.YAMLError:
+            continue
+        if not isinstance(doc, dict):
+            continue
+        doc = _as_cluster_job(doc)
+        expected = re.sub(r"\s*\(got .*\)$", "", path.read_text().splitlines()[0])
+        field, _, message = expected.removeprefix("# expect:").strip().partition(": ")
+        problems = {p.path for p in check_manifest(doc, cluster=True)}
+        if check_manifest(doc, crd_only=True) or field not in problems:
+            continue  # the CRD refuses it (tests/cluster/test_crd.py), or its fault was the volume
+        done = shared.kube.kubectl(
+            "apply", "--dry-run=server", "-f", "-", input=yaml.safe_dump(doc)
+        )
+        assert done.returncode == 1, f"{path.name} was accepted"
+        assert 'admission webhook "validate.lorarljobs.lorarl.dev" denied' in done.stderr, (
+            path.name,
+            done.stderr,
+        )
+        assert field in done.stderr and message[:60] in done.stderr, (path.name, done.stderr)
+        refused.append(path.name)
+    # Every Python-only rule with a bad example, by name (a skip of them all cannot pass).
+    assert {
+        "environment-unknown-tool.yaml",
+        "environment-unknown.yaml",
+        "requests-over-limits.yaml",
+        "reward-params-with-external-service.yaml",
+    } <= set(refused), refused
