@@ -25,7 +25,7 @@ from typing import Any
 
 import httpx
 
-from tests.integration.test_operator_harness import write_certs
+from tests.support.controlplane import Pki
 
 Obj = dict[str, Any]
 TOKEN_REVIEWS = "/apis/authentication.k8s.io/v1/tokenreviews"
@@ -115,8 +115,11 @@ class ApiFront:
     def __post_init__(self) -> None:
         self.authorizer = Authorizer(self.emulator_url)
         self._dir = Path(tempfile.mkdtemp(prefix="kube-front-"))
-        write_certs(self._dir)
-        self.ca_file = self._dir / "tls.crt"
+        # A CA of its own and a serving certificate for 127.0.0.1 (ca.crt is what clients trust).
+        pki = Pki.create(self._dir)
+        cert, key = pki.issue("tls", "kube-front", hosts=["127.0.0.1", "localhost"], server=True)
+        assert (cert, key) == (self._dir / "tls.crt", self._dir / "tls.key")
+        self.ca_file = pki.ca_file
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.load_cert_chain(self._dir / "tls.crt", self._dir / "tls.key")
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
