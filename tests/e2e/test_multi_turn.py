@@ -19,7 +19,9 @@ from tests.support.tiny_models import make_tiny_model
 
 pytestmark = pytest.mark.slow
 
-STEPS = 20
+# 30, not 20: on PyPI's torch build (the polyglot machines have no +cpu wheel) one run in a few
+# rose only +0.147 in 20 steps (0.175 -> 0.32), short of the +0.15 this asks; 30 leaves room.
+STEPS = 30
 
 
 def test_tiny_model_learns_to_answer_what_the_environment_asks(tmp_path: Path):
