@@ -19,9 +19,10 @@ from tests.support.tiny_models import make_tiny_model
 
 pytestmark = pytest.mark.slow
 
-# 30, not 20: on PyPI's torch build (the polyglot machines have no +cpu wheel) one run in a few
-# rose only +0.147 in 20 steps (0.175 -> 0.32), short of the +0.15 this asks; 30 leaves room.
-STEPS = 30
+# 40, not 20: on PyPI's torch build (the polyglot machines have no +cpu wheel) runs rose only
+# +0.08 to +0.15 in 20 steps (CI: 0.169 -> 0.247), short of the +0.15 asked, +0.16 to +0.19 in 30,
+# and +0.20 to +0.31 in 40 (two runs each).
+STEPS = 40
 
 
 def test_tiny_model_learns_to_answer_what_the_environment_asks(tmp_path: Path):
