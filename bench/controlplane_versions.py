@@ -63,7 +63,16 @@ def main() -> None:
     from tests.support.controlplane import GO_MOD, pinned_version
 
     pinned = ROOT / ".cache" / "controlplane" / pinned_version()
-    newest = Path(os.environ["LORARL_CONTROLPLANE_BIN"])
+    newest_mod = ROOT / "tests" / "cluster" / "controlplane-newest"
+    if "LORARL_CONTROLPLANE_BIN" in os.environ:
+        newest = Path(os.environ["LORARL_CONTROLPLANE_BIN"])
+    else:  # build (or find) it, as `make test-cluster-newest` does
+        out = subprocess.run(
+            ["bash", str(ROOT / "scripts" / "build_controlplane.sh"),
+             str(ROOT / ".cache" / "controlplane"), str(newest_mod)],
+            capture_output=True, text=True, check=True,
+        )  # fmt: skip
+        newest = Path(out.stdout.strip().splitlines()[-1])
     runs = []
     for label, bin_dir in (("pinned (make test)", pinned), ("newest served", newest)):
         result = {"release": label, **run_suite(bin_dir)}

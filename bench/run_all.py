@@ -27,6 +27,7 @@ ROOT = BENCH.parent
 BENCHMARKS = (
     "trainer_step", "sync", "reward_service", "operator_scale", "operator_steady", "vs_trl", "demo",
     "quickstart", "cluster_e2e", "sandbox", "mismatch", "ppo_memory", "tools", "chaos",
+    "controlplane_versions",
 )  # fmt: skip
 # Longer than --timeout by design: the chaos matrix is 7 faults x 10 injections (~85 min here).
 MIN_TIMEOUT_S = {"chaos": 7200.0}
