@@ -13,7 +13,6 @@ projected volume would, and the webhook listens on the Service's ClusterIP and p
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import signal
@@ -29,8 +28,17 @@ import httpx
 import pytest
 import yaml
 
+from lorarl.local.ports import free_port
+from lorarl.operator.config import DEFAULT_CERT_DIR
 from tests.integration.test_operator_harness import quickstart
-from tests.support.chart_release import PORT_ENV, container_env, find, operator_container, wait_for
+from tests.support.chart_release import (
+    PORT_ENV,
+    container_env,
+    find,
+    mount_secret_volumes,
+    operator_container,
+    wait_for,
+)
 from tests.support.controlplane import ControlPlane, control_plane, write_kubeconfig
 from tests.support.kube_client import KubeClient
 from tests.unit.test_helm_chart import CHART
@@ -97,26 +105,6 @@ def test_helm_upgrade_and_status(installed: Installed) -> None:
 # -- the operator as its Deployment says -------------------------------------------------------
 
 
-def _mount_secrets(
-    kube: KubeClient, deployment: Obj, container: Obj, root: Path
-) -> dict[str, Path]:
-    """A Secret volume as the kubelet writes it: each item a file under the mount path."""
-    volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"].get("volumes", [])}
-    mounts: dict[str, Path] = {}
-    for mount in container.get("volumeMounts", []):
-        source = volumes[mount["name"]].get("secret")
-        if source is None:
-            continue
-        secret = kube.get("v1/secrets", NS, source["secretName"])
-        assert secret is not None, f"Secret {source['secretName']} of the release is missing"
-        folder = root / mount["name"]
-        folder.mkdir(parents=True)
-        for item in source.get("items") or [{"key": k, "path": k} for k in secret["data"]]:
-            (folder / item["path"]).write_bytes(base64.b64decode(secret["data"][item["key"]]))
-        mounts[mount["mountPath"]] = folder
-    return mounts
-
-
 @pytest.fixture(scope="module")
 def operator(installed: Installed, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """`python -m lorarl.operator` with the Deployment's command and env, its ServiceAccount's
@@ -128,14 +116,14 @@ def operator(installed: Installed, tmp_path_factory: pytest.TempPathFactory) -> 
     account = deployment["spec"]["template"]["spec"]["serviceAccountName"]
     token = kube.token(NS, account)
     kubeconfig = write_kubeconfig(tmp / "kubeconfig", cp.url, cp.ca_file, token=token, namespace=NS)
-    mounts = _mount_secrets(kube, deployment, container, tmp / "volumes")
+    mounts = mount_secret_volumes(
+        lambda ns, name: kube.get("v1/secrets", ns, name), deployment, container, tmp / "volumes"
+    )
     (webhook_cfg,) = [o for o in installed.objs if o["kind"] == "ValidatingWebhookConfiguration"]
     ref = webhook_cfg["webhooks"][0]["clientConfig"]["service"]
     service = kube.get("v1/services", ref["namespace"], ref["name"])
     assert service is not None
-    cert_dir = next(p for m, p in mounts.items() if "serving-certs" in m or "cert" in m)
-    from lorarl.local.ports import free_port
-
+    cert_dir = mounts[DEFAULT_CERT_DIR]  # the webhook Secret's mount
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith("KUBERNETES_")},
         **container_env(container),

@@ -108,10 +108,10 @@ def container_env(container: Obj) -> dict[str, str]:
 
 
 def mount_secret_volumes(
-    kube: KubeApi, deployment: Obj, container: Obj, root: Path
+    get_secret: Callable[[str, str], Obj | None], deployment: Obj, container: Obj, root: Path
 ) -> dict[str, Path]:
-    """Play the kubelet: write each Secret volume's items (from the emulator) to a folder;
-    returns {mountPath: folder}."""
+    """Play the kubelet: write each Secret volume's items (read by `get_secret(namespace,
+    name)`) to a folder; returns {mountPath: folder}."""
     volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"].get("volumes", [])}
     mounts: dict[str, Path] = {}
     for mount in container.get("volumeMounts", []):
@@ -119,7 +119,7 @@ def mount_secret_volumes(
         if source is None:
             continue
         ns = deployment["metadata"]["namespace"]
-        secret = kube.emulator.get("v1/secrets", ns, source["secretName"])
+        secret = get_secret(ns, source["secretName"])
         assert secret is not None, f"volume {mount['name']}: Secret {source['secretName']} missing"
         folder = root / mount["name"]
         folder.mkdir(parents=True)
@@ -212,7 +212,12 @@ def operator_command(kube: KubeApi, deployment: Obj, tmp: Path) -> tuple[list[st
     container = operator_container(deployment)
     chart_env = container_env(container)
     ports = {name: free_port() if int(chart_env[name]) else 0 for name in PORT_ENV}
-    mounts = mount_secret_volumes(kube, deployment, container, tmp / "volumes")
+    mounts = mount_secret_volumes(
+        lambda ns, name: kube.emulator.get("v1/secrets", ns, name),
+        deployment,
+        container,
+        tmp / "volumes",
+    )
     ns = deployment["metadata"]["namespace"]
     account_kubeconfig = write_kubeconfig(tmp / "sa-kubeconfig", kube.url, OPERATOR_TOKEN, ns)
     ambient = {k: v for k, v in os.environ.items() if not k.startswith("KUBERNETES_SERVICE")}
