@@ -118,10 +118,14 @@ def test_rloo_leave_one_out():
 # ---------------------------------------------------------------- REINFORCE++
 
 
+def ones(n):
+    return torch.ones(n, dtype=torch.long)
+
+
 def test_reinforce_pp_whole_batch():
-    # [1,0,3,3]: mean 1.75, deviations [-.75,-1.75,1.25,1.25],
+    # [1,0,3,3], one token each: mean 1.75, deviations [-.75,-1.75,1.25,1.25],
     # unbiased var = (.5625 + 3.0625 + 1.5625 + 1.5625) / 3 = 2.25 -> std 1.5
-    adv = reinforce_pp_advantages(t([1, 0, 3, 3]), eps=0.0)
+    adv = reinforce_pp_advantages(t([1, 0, 3, 3]), token_counts=ones(4), eps=0.0)
     close(adv, [-0.5, -1.75 / 1.5, 1.25 / 1.5, 1.25 / 1.5])
 
 
@@ -129,15 +133,55 @@ def test_reinforce_pp_baseline_subtracts_group_mean_first():
     # groups [1,0], [3,3] -> centered [.5,-.5,0,0]; batch mean 0,
     # unbiased var = (.25 + .25) / 3 = 1/6 -> std .40825 -> [1.2247, -1.2247, 0, 0]
     s = math.sqrt(1 / 6)
-    adv = reinforce_pp_advantages(t([1, 0, 3, 3]), 2, eps=0.0)
+    adv = reinforce_pp_advantages(t([1, 0, 3, 3]), 2, token_counts=ones(4), eps=0.0)
     close(adv, [0.5 / s, -0.5 / s, 0.0, 0.0])
 
 
 def test_reinforce_pp_degenerate_batches_are_zero():
-    assert reinforce_pp_advantages(t([2, 2, 2])).tolist() == [0.0, 0.0, 0.0]
-    assert reinforce_pp_advantages(t([5.0])).tolist() == [0.0]
+    assert reinforce_pp_advantages(t([2, 2, 2]), token_counts=[3, 1, 2]).tolist() == [0.0] * 3
+    assert reinforce_pp_advantages(t([5.0]), token_counts=[7]).tolist() == [0.0]
+    assert reinforce_pp_advantages(t([5.0, 1.0]), token_counts=[1, 0]).tolist() == [0.0, 0.0]
     # every group constant: centered values are all zero -> zero, not 0/eps noise
-    assert reinforce_pp_advantages(t([0.9] * 3 + [0.7] * 3), 3).tolist() == [0.0] * 6
+    zeros = reinforce_pp_advantages(t([0.9] * 3 + [0.7] * 3), 3, token_counts=ones(6))
+    assert zeros.tolist() == [0.0] * 6
+
+
+def _per_token_whitened(rewards, counts):
+    """Each reward repeated on its sample's tokens, whitened with `whiten` over all of them."""
+    width = max(counts)
+    values = torch.zeros(len(counts), width)
+    mask = torch.zeros(len(counts), width, dtype=torch.long)
+    for i, (r, n) in enumerate(zip(rewards, counts, strict=True)):
+        values[i, :n], mask[i, :n] = r, 1
+    w = whiten(values, mask)
+    return torch.stack([w[i, 0] if n else torch.tensor(0.0) for i, n in enumerate(counts)])
+
+
+def test_reinforce_pp_whitens_over_tokens_not_sequences():
+    # one short right answer type (2 tokens) and one long wrong one (200 tokens): the token mean
+    # sits near the wrong answers, so the right ones get a large advantage and the wrong ones a
+    # small negative one (verl, OpenRLHF). Per sequence it would be symmetric, +-0.87.
+    r, counts = [1.0, 0.0, 0.0, 1.0], [2, 200, 200, 2]
+    adv = compute_advantages("reinforce_pp", t(r), 1, token_counts=counts)
+    close(adv, _per_token_whitened(r, counts))
+    assert adv[0] > 7 and -0.1 < adv[1] < 0
+    assert adv[0] == adv[3] and adv[1] == adv[2]
+
+
+def test_reinforce_pp_baseline_whitens_over_tokens():
+    r, counts = [1.0, 0.0, 0.5, 0.5, 1.0, 1.0], [3, 40, 5, 9, 1, 30]
+    adv = compute_advantages("reinforce_pp_baseline", t(r), 2, token_counts=counts)
+    centred = [0.5, -0.5, 0.0, 0.0, 0.0, 0.0]
+    close(adv, _per_token_whitened(centred, counts))
+    # constant groups are centred to 0 and then shifted by the batch's token mean, as in verl
+    assert adv[2] != 0 and adv[2] == adv[3] == adv[4] == adv[5]
+
+
+def test_reinforce_pp_needs_token_counts():
+    with pytest.raises(ValueError, match="token_counts"):
+        compute_advantages("reinforce_pp", t([1, 0]), 1)
+    with pytest.raises(ValueError, match="token_counts must be"):
+        reinforce_pp_advantages(t([1, 0]), token_counts=[1, 2, 3])
 
 
 # ---------------------------------------------------------------- dispatch
@@ -150,8 +194,15 @@ def test_compute_advantages_dispatch():
     close(compute_advantages("grpo", r, 4, eps=0.5), grpo_advantages(r, 4, eps=0.5))
     close(compute_advantages("dr_grpo", r, 4), grpo_advantages(r, 4, scale_by_std=False))
     close(compute_advantages("rloo", r, 4), rloo_advantages(r, 4))
-    close(compute_advantages("reinforce_pp", r, 4), reinforce_pp_advantages(r))
-    close(compute_advantages("reinforce_pp_baseline", r, 4), reinforce_pp_advantages(r, 4))
+    n = [3, 1, 4, 1, 5, 9, 2, 6]
+    close(
+        compute_advantages("reinforce_pp", r, 4, token_counts=n),
+        reinforce_pp_advantages(r, token_counts=n),
+    )
+    close(
+        compute_advantages("reinforce_pp_baseline", r, 4, token_counts=n),
+        reinforce_pp_advantages(r, 4, token_counts=n),
+    )
     # the estimators really differ on this batch, so the checks above can tell them apart
     assert not torch.allclose(grpo_advantages(r, 4), rloo_advantages(r, 4))
 

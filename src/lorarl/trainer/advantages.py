@@ -8,7 +8,8 @@ contiguous (``group_size`` of them in a row), which is how the rollout client re
 Standard deviations are Bessel-corrected (``unbiased=True``) everywhere, as in verl and TRL, so
 a run here and a run of the peers on the same rewards produce the same advantages. A group whose
 rewards are all equal gets exactly zero advantage: its normalized value would be rounding noise
-divided by ``eps``, not signal.
+divided by ``eps``, not signal. (REINFORCE++-baseline whitens the centred values over the whole
+batch afterwards, as verl does, so such a group ends at ``-mean / std`` of the batch, like verl.)
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from torch import Tensor
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS",
+    "TOKEN_WEIGHTED",
     "compute_advantages",
     "constant_groups",
     "explained_variance",
@@ -97,10 +99,25 @@ def rloo_advantages(rewards: Tensor, group_size: int) -> Tensor:
 
 
 def reinforce_pp_advantages(
-    rewards: Tensor, group_size: int | None = None, *, eps: float = 1e-6
+    rewards: Tensor,
+    group_size: int | None = None,
+    *,
+    token_counts: Tensor | list[int],
+    eps: float = 1e-8,
 ) -> Tensor:
-    """REINFORCE++: normalize over the whole batch; with ``group_size``, subtract the group mean
+    """REINFORCE++ as verl and OpenRLHF compute it: every response token carries its sequence's
+    return, and the returns are whitened over *all response tokens of the batch* (verl's
+    ``masked_whiten``), not over sequences. With ``group_size``, the group mean is subtracted
     first (REINFORCE++-baseline), which removes prompt difficulty before the global scaling.
+
+    Rewards are outcome rewards and nothing is discounted (``gamma`` is 1 outside ppo), so every
+    token of a sequence has the same return and the same whitened advantage: the result is one
+    value per sample, ``[B]``. ``token_counts [B]`` are the response tokens each sample
+    contributes (the loss-mask tokens: a multi-turn episode's observation tokens do not count).
+    Long sequences weigh more in the mean and the variance: with one short right and one long
+    wrong answer type, the short right one gets the large advantage. Mean ``sum(n_i x_i) / N``,
+    Bessel-corrected variance over the ``N`` tokens, advantage ``(x - mean) * rsqrt(var + eps)``
+    (verl's ``eps`` 1e-8). Fewer than 2 tokens, or one value everywhere: zeros.
     """
     if group_size is None:
         x = _as_rewards(rewards)
@@ -110,9 +127,22 @@ def reinforce_pp_advantages(
             constant_groups(g).unsqueeze(1), 0.0
         )
         x = centered.reshape(-1)
-    if x.numel() < 2 or bool(constant_groups(x.view(1, -1))[0]):
+    counts = torch.as_tensor(token_counts, device=x.device)
+    if counts.shape != x.shape:
+        raise ValueError(
+            f"token_counts must be [batch={x.numel()}], got shape {tuple(counts.shape)}"
+        )
+    if counts.is_floating_point() or bool((counts < 0).any()):
+        raise ValueError("token_counts must be integer counts >= 0")
+    weights = counts.to(torch.float64)
+    n = weights.sum()
+    present = counts > 0
+    if n < 2 or bool(constant_groups(x[present].view(1, -1))[0]):
         return torch.zeros_like(x)
-    return (x - x.mean()) / (x.std(unbiased=True) + eps)
+    x64 = x.to(torch.float64)
+    mean = (weights * x64).sum() / n
+    var = (weights * (x64 - mean) ** 2).sum() / (n - 1)
+    return ((x64 - mean) * torch.rsqrt(var + eps)).to(x.dtype)
 
 
 def _check_mask(mask: Tensor, shape: torch.Size, name: str = "mask") -> None:
@@ -319,12 +349,14 @@ def _ppo(rewards: Tensor, group_size: int) -> Tensor:
     return torch.zeros_like(_as_rewards(rewards))
 
 
-def _reinforce_pp(rewards: Tensor, group_size: int, *, eps: float = 1e-6) -> Tensor:
-    return reinforce_pp_advantages(rewards, None, eps=eps)
+def _reinforce_pp(rewards: Tensor, group_size: int, *, token_counts, eps: float = 1e-8) -> Tensor:
+    return reinforce_pp_advantages(rewards, None, token_counts=token_counts, eps=eps)
 
 
-def _reinforce_pp_baseline(rewards: Tensor, group_size: int, *, eps: float = 1e-6) -> Tensor:
-    return reinforce_pp_advantages(rewards, group_size, eps=eps)
+def _reinforce_pp_baseline(
+    rewards: Tensor, group_size: int, *, token_counts, eps: float = 1e-8
+) -> Tensor:
+    return reinforce_pp_advantages(rewards, group_size, token_counts=token_counts, eps=eps)
 
 
 # name -> (estimator, options it accepts)
@@ -337,14 +369,24 @@ ADVANTAGE_ESTIMATORS: dict[str, tuple[Callable[..., Tensor], tuple[str, ...]]] =
     "reinforce_pp_baseline": (_reinforce_pp_baseline, ("eps",)),
     "ppo": (_ppo, ()),
 }
+# Estimators that whiten over response tokens and so need each sample's token count.
+TOKEN_WEIGHTED = frozenset({"reinforce_pp", "reinforce_pp_baseline"})
 
 
-def compute_advantages(name: str, rewards: Tensor, group_size: int, **opts: float) -> Tensor:
+def compute_advantages(
+    name: str,
+    rewards: Tensor,
+    group_size: int,
+    *,
+    token_counts: Tensor | list[int] | None = None,
+    **opts: float,
+) -> Tensor:
     """Per-sample advantages ``[B]`` for the algorithm ``name``.
 
-    ``reinforce_pp`` ignores groups (plain batch normalization); ``reinforce_pp_baseline``
-    subtracts the group mean first. ``ppo`` gives zeros here: its per-token advantages come
-    later, from ``gae`` over the critic's values.
+    ``reinforce_pp`` ignores groups (whitening over the batch's response tokens);
+    ``reinforce_pp_baseline`` subtracts the group mean first; both need ``token_counts`` (each
+    sample's response tokens), the others ignore it. ``ppo`` gives zeros here: its per-token
+    advantages come later, from ``gae`` over the critic's values.
     """
     if name not in ADVANTAGE_ESTIMATORS:
         valid = ", ".join(sorted(ADVANTAGE_ESTIMATORS))
@@ -358,4 +400,8 @@ def compute_advantages(name: str, rewards: Tensor, group_size: int, **opts: floa
         raise ValueError(
             f"options {unknown} are not used by {name!r}; accepted: {list(accepted) or 'none'}"
         )
+    if name in TOKEN_WEIGHTED:
+        if token_counts is None:
+            raise ValueError(f"{name!r} whitens over response tokens: pass token_counts")
+        return fn(rewards, group_size, token_counts=token_counts, **opts)
     return fn(rewards, group_size, **opts)

@@ -119,7 +119,9 @@ class RolloutWorker:
                 else:
                     chosen, chosen_rewards = taken.samples, taken.rewards
                 break
-        advantages = compute_advantages(self.estimator, chosen_rewards, self.group_size)
+        advantages = compute_advantages(
+            self.estimator, chosen_rewards, self.group_size, token_counts=_token_counts(chosen)
+        )
         mask_cut = self.overlong is not None and self.overlong.mask
         samples = [
             _train_sample(
@@ -164,6 +166,12 @@ class RolloutWorker:
 
     def _text(self, sample: Sample) -> str:
         return self.tokenizer.decode(sample.completion_ids, skip_special_tokens=True)
+
+
+def _token_counts(samples: list[Sample]) -> list[int]:
+    """Each sample's response tokens: the model's own (an episode's loss mask), what REINFORCE++
+    whitens over."""
+    return [sum(s.loss_mask) if s.loss_mask is not None else len(s.completion_ids) for s in samples]
 
 
 def _episode_seed(seed: int | None, step: int, round_: int) -> int:
