@@ -141,7 +141,11 @@ def test_quickstart_merged_survives_an_engine_kill(tmp_path: Path, engine_python
     assert all(n > 0 for n in last["engineRequests"].values()) and last["syncMembers"] == 2
     # by replica name like the requests; each serves the trained weights (the task is learned)
     assert set(last["engineRewards"]) == {"rollout-0", "rollout-1"}, last["engineRewards"]
-    assert all(r > 0.5 for r in last["engineRewards"].values()), last["engineRewards"]
+    # over the last 10 steps: one step's few samples per engine can land on 0.5 by chance
+    tail = [r.get("engineRewards") or {} for r in history[-10:]]
+    names = last["engineRewards"]
+    means = {name: sum(r.get(name, 0.0) for r in tail) / len(tail) for name in names}
+    assert all(m > 0.6 for m in means.values()), tail
     assert all(0 < r["cpuUtil"] <= 1 for r in history), [r.get("cpuUtil") for r in history]
     assert all(gone(pid) for pid in [*children, first_pid]), "a child outlived the run"
 
