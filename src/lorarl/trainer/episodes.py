@@ -87,8 +87,9 @@ class EpisodeRunner:
         version: int,
         seed: int,
     ) -> list[list[Episode]]:
-        """`n` episodes per item, in item order; `seed` makes the environments' and the
-        sampling's randomness reproducible (episode k gets seed + k)."""
+        """`n` episodes per item, in item order; `seed` makes the environments' randomness
+        reproducible (episode k gets seed + k). The sampling's seeds are `params.seed` +
+        k * max_turns + turn: one stream per (episode, turn), none shared within the call."""
         return asyncio.run(self.arun(items, n, params, model=model, version=version, seed=seed))
 
     async def arun(self, items, n, params, *, model, version, seed) -> list[list[Episode]]:
@@ -100,7 +101,7 @@ class EpisodeRunner:
             async with self.client:
                 flat = await asyncio.gather(
                     *(
-                        self._episode(pool, item, params, model, version, seed + i * n + j)
+                        self._episode(pool, item, params, model, version, seed, i * n + j)
                         for i, item in enumerate(items)
                         for j in range(n)
                     )
@@ -110,10 +111,17 @@ class EpisodeRunner:
         return [list(flat[i * n : (i + 1) * n]) for i in range(len(items))]
 
     async def _episode(
-        self, pool, item: PromptItem, params: SamplingParams, model: str, version: int, seed: int
+        self,
+        pool,
+        item: PromptItem,
+        params: SamplingParams,
+        model: str,
+        version: int,
+        seed: int,
+        k: int,
     ) -> Episode:
         env = self.factory()
-        episode_item = EpisodeItem(item.prompt, item.answer, item.metadata, seed)
+        episode_item = EpisodeItem(item.prompt, item.answer, item.metadata, seed + k)
         first = await _call(pool, env.reset, episode_item)
         _check_messages(env, first, "reset")
         trace = _Trace(self.turn_tokens.prompt(first))
@@ -126,7 +134,7 @@ class EpisodeRunner:
             )
         try:
             await asyncio.wait_for(
-                self._turns(pool, env, trace, params, model, version, seed), self.timeout_s
+                self._turns(pool, env, trace, params, model, version, k), self.timeout_s
             )
         except asyncio.TimeoutError:
             trace.ending = "timeout"
@@ -136,7 +144,7 @@ class EpisodeRunner:
                 await _call(pool, close)
         return _finish(trace, version)
 
-    async def _turns(self, pool, env, trace: _Trace, params, model, version, seed) -> None:
+    async def _turns(self, pool, env, trace: _Trace, params, model, version, k) -> None:
         for turn in range(self.max_turns):
             left = self.max_total_tokens - len(trace.ids)
             if left <= 0:
@@ -145,7 +153,7 @@ class EpisodeRunner:
             turn_params = replace(
                 params,
                 max_tokens=min(self.max_response_tokens, left),
-                seed=None if params.seed is None else (params.seed + seed * 64 + turn) % 2**31,
+                seed=None if params.seed is None else params.seed + k * self.max_turns + turn,
             )
             [[sample]] = await self.client.agenerate(
                 [trace.prompt_ids + trace.ids], 1, turn_params, model=model,

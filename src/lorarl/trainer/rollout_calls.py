@@ -15,11 +15,16 @@ from lorarl.trainer.rollout_types import SamplingParams
 T = TypeVar("T")
 
 
-def seeded(params: SamplingParams, index: int) -> SamplingParams:
-    # A distinct seed per prompt, so a prompt repeated in one batch still gets distinct samples.
+def seeded(params: SamplingParams, index: int, n: int) -> SamplingParams:
+    """The request of prompt `index` (of `n` samples each) starts at seed + index * n.
+
+    vLLM gives the j-th of a request's n samples seed + j, so prompt i's samples take the seeds
+    [seed + i*n, seed + (i+1)*n): no two (prompt, sample) pairs of a call share a random stream,
+    a prompt repeated in one batch included (docs/algorithms.md#seeds).
+    """
     if params.seed is None:
         return params
-    return dataclasses.replace(params, seed=params.seed + index)
+    return dataclasses.replace(params, seed=params.seed + index * n)
 
 
 def normalize_url(url: object) -> str:

@@ -228,7 +228,7 @@ class RolloutClient:
             liveness = Liveness(http, **self._probe)
             calls = [
                 self._sample_prompt(
-                    http, liveness, prompt, n, seeded(params, i), target, expected_version
+                    http, liveness, prompt, n, seeded(params, i, n), target, expected_version
                 )
                 for i, prompt in enumerate(batch)
             ]

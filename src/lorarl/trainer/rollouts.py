@@ -22,6 +22,7 @@ from lorarl.trainer.episodes import Episode, EpisodeRunner, episode_rewards, epi
 from lorarl.trainer.overlong import OverlongConfig, soft_overlong_penalty, truncated
 from lorarl.trainer.rollout_client import RolloutClient
 from lorarl.trainer.rollout_types import Sample, SamplingParams
+from lorarl.trainer.sampling import round_seed
 
 
 @dataclass
@@ -147,11 +148,15 @@ class RolloutWorker:
         )
 
     def _params(self, step: int, round_: int) -> SamplingParams:
-        """Fresh, reproducible randomness per step and refill round (same seed = same run)."""
+        """Fresh, reproducible randomness per step and refill round (same seed = same run): each
+        round's block of seeds is disjoint from every other round's (`round_seed`)."""
         base = self.sampling.seed
         if base is None:
             return self.sampling
-        return replace(self.sampling, seed=(base * 1_000_003 + step * 7_919 + round_) % 2**31)
+        turns = self.episodes.max_turns if self.episodes is not None else 1
+        streams = self.sampler.batch_size * self.group_size * turns
+        seed = round_seed(base, step, round_, streams=streams, rounds=max(1, self.dynamic_rounds))
+        return replace(self.sampling, seed=seed)
 
     def _score(self, items, groups: list[list[Sample]]) -> torch.Tensor:
         prompts, completions, truths, metas = [], [], [], []

@@ -41,3 +41,20 @@ def eval_sampling(spec: LoRARLJobSpec, train: SamplingParams) -> SamplingParams:
         repetition_penalty=e.repetition_penalty,
         max_tokens=e.max_tokens or spec.data.max_response_tokens,
     )
+
+
+SEED_SPACE = 2**31  # round seeds stay below it; a request's own offsets go on top (< 2**32)
+
+
+def round_seed(seed: int, step: int, round_: int, *, streams: int, rounds: int) -> int:
+    """The first seed of one generation round's block of `streams` consecutive seeds.
+
+    A round (one batch of prompts: a step, or one DAPO refill of it) draws at most `streams`
+    random streams: prompts x samples per prompt (x turns per episode). Rounds get disjoint
+    blocks in (step, round) order, `rounds` blocks per step, so no stream is drawn twice in a
+    job until 2**31 of them have been used; the job seed picks where the sequence starts.
+    """
+    if streams < 1 or rounds < 1 or not 0 <= round_ < rounds:
+        raise ValueError(f"bad seed block: round {round_} of {rounds}, {streams} streams")
+    block = (step * rounds + round_) * streams
+    return (seed * 1_000_003 + block) % SEED_SPACE
