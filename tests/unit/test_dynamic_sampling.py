@@ -100,3 +100,15 @@ def test_sampler_force_take_before_ready():
 def test_sampler_rejects_bad_config(kwargs, match):
     with pytest.raises(ValueError, match=match):
         DynamicSampler(**kwargs)
+
+
+def test_keep_by_decides_which_groups_stay_and_rewards_ride_along():
+    s = DynamicSampler(target_groups=2, group_size=2, max_rounds=1)
+    rewards = torch.tensor([0.5, 1.0, 0.0, 0.0, 1.0, 0.0])  # shaped
+    accuracy = torch.tensor([1.0, 1.0, 0.0, 0.0, 1.0, 0.0])
+    assert s.add(rewards, list("abcdef"), keep_by=accuracy) == 1
+    batch = s.take()
+    assert batch.samples == ["e", "f"] and batch.rewards.tolist() == [1.0, 0.0]
+    assert batch.dropped_groups == 2
+    with pytest.raises(ValueError, match="keep_by shape"):
+        DynamicSampler(1, 2, max_rounds=1).add(rewards, list("abcdef"), keep_by=accuracy[:4])

@@ -85,3 +85,33 @@ def test_each_engines_mean_reward_is_reported_so_a_replica_on_wrong_weights_stan
     collected = w.collect(DataPosition(), 0, "base")
     # the task's reward, by the engine that generated the sample (not the overlong penalty)
     assert collected.engine_rewards == {"http://a": 0.0, "http://b": 1.0}
+
+
+class MixedClient(ScriptedClient):
+    """Prompt 0's group: all right, lengths 2, 5, MAX, MAX (the soft punishment separates them).
+    Prompt 1's group: one right, three wrong, all short."""
+
+    def generate(self, prompts, n, params, *, model=None, expected_version=0):
+        groups = super().generate(prompts, n, params, model=model)
+        short = [replace(s, completion_ids=[8] * 2, logprobs=[-1.0] * 2, finish_reason="stop")
+                 for s in groups[1]]  # fmt: skip
+        short[0] = replace(short[0], completion_ids=[9, 9])
+        return [[replace(s, completion_ids=[9] * len(s.completion_ids)) for s in groups[0]], short]
+
+
+def test_dapo_dynamic_sampling_filters_on_accuracy_unless_told_to_use_the_shaped_reward():
+    def right(prompts, completions, truths, metas):
+        return [RewardResult(score=float("9" in c)) for c in completions]
+
+    soft = OverlongConfig(max_tokens=MAX, soft_punishment=True, buffer_tokens=5)
+    w = worker(soft)
+    w.client, w.scorer, w.dynamic_rounds = MixedClient(), right, 1
+    w._text = lambda sample: "".join(map(str, sample.completion_ids))  # what `right` reads
+    by_accuracy = w.collect(DataPosition(), 0, "base")
+    # the all-right group is dropped (no accuracy signal) although its shaped rewards differ
+    assert len(by_accuracy.samples) == 4
+    assert [s.reward for s in by_accuracy.samples] == [1.0, 0.0, 0.0, 0.0]
+    w.dynamic_on_shaped = True
+    by_shaped = w.collect(DataPosition(), 0, "base")
+    assert len(by_shaped.samples) == 8
+    assert [s.reward for s in by_shaped.samples[:4]] == pytest.approx([1.0, 1.0, 0.0, 0.0])

@@ -52,6 +52,14 @@ class DynamicSamplingSpec(ApiModel):
     max_rounds: int = Field(
         default=3, ge=1, le=32, description="Generation rounds per step before giving up refilling."
     )
+    metric: Literal["reward", "shaped-reward"] = Field(
+        default="reward",
+        description="What a group's samples must differ in to be kept: reward (spec.reward's "
+        "score, before the soft overlong punishment: DAPO's and verl's accuracy filter) or "
+        "shaped-reward (after the punishment, the value the advantages use; needs "
+        "overlong.softPunishment). With reward, a group that is all right or all wrong is "
+        "dropped even when its lengths differ.",
+    )
 
 
 _GROUP_SIZE_RULE = Rule(
@@ -134,6 +142,35 @@ _MAX_ROUNDS_RULE = Rule(
     ),
     field="dynamicSampling.maxRounds",
 )
+_METRIC_RULE = Rule(
+    cel="!has(self.dynamicSampling.metric) || self.dynamicSampling.metric == 'reward' || "
+    "(has(self.dynamicSampling.enabled) ? self.dynamicSampling.enabled : self.name == 'dapo')",
+    message="applies to dynamic sampling only (on by default for dapo)",
+    check=lambda m: (
+        m.dynamic_sampling.metric == "reward"
+        or (
+            m.dynamic_sampling.enabled
+            if m.dynamic_sampling.enabled is not None
+            else m.name == "dapo"
+        )
+    ),
+    field="dynamicSampling.metric",
+)
+_SHAPED_METRIC_RULE = Rule(
+    cel="!has(self.dynamicSampling.metric) || self.dynamicSampling.metric != 'shaped-reward' || "
+    "(has(self.overlong.softPunishment) ? self.overlong.softPunishment : self.name == 'dapo')",
+    message="shaped-reward differs from reward only with the soft overlong punishment (on by "
+    "default for dapo): turn it on or leave metric unset",
+    check=lambda m: (
+        m.dynamic_sampling.metric != "shaped-reward"
+        or (
+            m.overlong.soft_punishment
+            if m.overlong.soft_punishment is not None
+            else m.name == "dapo"
+        )
+    ),
+    field="dynamicSampling.metric",
+)
 _PENALTY_FACTOR_RULE = Rule(
     cel="!has(self.overlong.penaltyFactor) || self.overlong.penaltyFactor == 1.0 || "
     "(has(self.overlong.softPunishment) ? self.overlong.softPunishment : self.name == 'dapo')",
@@ -181,6 +218,8 @@ _ALGORITHM_RULES = (
     _OVERLONG_BUFFER_RULE,
     _PENALTY_FACTOR_RULE,
     _MAX_ROUNDS_RULE,
+    _METRIC_RULE,
+    _SHAPED_METRIC_RULE,
 )
 
 

@@ -86,15 +86,27 @@ class DynamicSampler(Generic[T]):
     def ready(self) -> bool:
         return self.needed == 0 or self.rounds >= self.max_rounds
 
-    def add(self, rewards: Tensor, samples: Sequence[T]) -> int:
-        """Take one generation round (``rewards [B]``, one sample each); return groups kept."""
+    def add(self, rewards: Tensor, samples: Sequence[T], *, keep_by: Tensor | None = None) -> int:
+        """Take one generation round (``rewards [B]``, one sample each); return groups kept.
+
+        ``keep_by [B]`` is what a group must vary in to be kept (default: ``rewards``): DAPO
+        filters on accuracy, the task's reward before the overlong punishment, while the kept
+        groups carry their shaped ``rewards`` on to the advantages.
+        """
         if self.ready:
             raise RuntimeError("sampler is ready; call take() before adding another round")
         if len(samples) != rewards.numel():
             raise ValueError(
                 f"samples has {len(samples)} items but rewards has {rewards.numel()} entries"
             )
-        keep = informative_groups(rewards, self.group_size, atol=self.atol).tolist()
+        if keep_by is None:
+            keep_by = rewards
+        elif keep_by.shape != rewards.shape:
+            raise ValueError(
+                f"keep_by shape {tuple(keep_by.shape)} does not match rewards "
+                f"{tuple(rewards.shape)}"
+            )
+        keep = informative_groups(keep_by, self.group_size, atol=self.atol).tolist()
         grouped = group_rewards(rewards, self.group_size)
         self.rounds += 1
         kept = 0

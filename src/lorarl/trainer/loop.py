@@ -164,6 +164,7 @@ class Trainer:
             max_prompt_tokens=spec.data.max_prompt_tokens,
             sampling=sampling,
             dynamic_rounds=ds.max_rounds if choices.dynamic_sampling else 0,
+            dynamic_on_shaped=choices.dynamic_metric == "shaped-reward",
             episodes=episodes,
             final_reward=spec.environment is None or spec.environment.final_reward,
             turn_rewards=spec.environment is not None and spec.environment.turn_rewards,

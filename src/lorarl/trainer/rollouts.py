@@ -52,6 +52,9 @@ class RolloutWorker:
     max_prompt_tokens: int
     sampling: SamplingParams
     dynamic_rounds: int = 0  # 0: dynamic sampling off
+    # dynamic sampling keeps groups whose task rewards differ (DAPO's accuracy filter); True:
+    # whose shaped rewards (after the soft overlong punishment) differ
+    dynamic_on_shaped: bool = False
     overlong: OverlongConfig | None = None  # None: truncated samples are treated like others
     episodes: EpisodeRunner | None = None  # spec.environment: multi-turn episodes per sample
     final_reward: bool = True  # with episodes: add the scorer's score of the last reply
@@ -106,13 +109,14 @@ class RolloutWorker:
                 by_endpoint.setdefault(sample.endpoint, []).append(score)
             cut = truncated([s.finish_reason for s in flat])
             n_truncated, n_samples = n_truncated + int(cut.sum()), n_samples + len(flat)
+            task_rewards = rewards
             if self.overlong is not None and self.overlong.soft_punishment:
                 lengths = torch.tensor([len(s.completion_ids) for s in flat])
                 rewards = rewards + soft_overlong_penalty(lengths, self.overlong)
             if dynamic is None:
                 chosen, chosen_rewards = flat, rewards
                 break
-            dynamic.add(rewards, flat)
+            dynamic.add(rewards, flat, keep_by=None if self.dynamic_on_shaped else task_rewards)
             if dynamic.ready:
                 taken = dynamic.take()
                 if taken.n_groups == 0:  # nothing informative: train on zero advantages

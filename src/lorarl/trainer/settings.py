@@ -86,6 +86,7 @@ class AlgorithmChoices:
     agg: str
     norm_len: int | None
     dynamic_sampling: bool
+    dynamic_metric: str  # "reward" (before the overlong punishment) or "shaped-reward"
     overlong_mask: bool
     soft_punishment: bool
     buffer_tokens: int
@@ -107,6 +108,7 @@ def algorithm_choices(job: LoRARLJob) -> AlgorithmChoices:
         dynamic_sampling=(
             a.dynamic_sampling.enabled if a.dynamic_sampling.enabled is not None else dapo
         ),
+        dynamic_metric=a.dynamic_sampling.metric,
         overlong_mask=bool(o.mask),
         soft_punishment=o.soft_punishment if o.soft_punishment is not None else dapo,
         buffer_tokens=o.buffer_tokens or max(1, max_response // 5),
