@@ -1,9 +1,11 @@
 """The process kubelet (tests/support/kubelet/) does what a kubelet does, or the cluster tests
-built on it would prove nothing: a read-only root, volumes, env and secret references, pod DNS
-names, NetworkPolicy enforcement, status and exit codes, deletion, garbage collection, cleanup.
+built on it would prove nothing: a Node the scheduler binds pods to, a read-only root, volumes
+(claims bound by the provisioner, projected ServiceAccount tokens), env and secret references,
+pod DNS names, Services, NetworkPolicy enforcement, status and exit codes, graceful deletion,
+the Node authorizer's limits, cleanup.
 
-Pods are created in the API server emulator; the kubelet sees them over HTTP like the real one.
-Each test uses its own namespace, so policies and names never cross tests.
+The cluster is the real one (tests/support/controlplane.py): API server, controller-manager and
+scheduler. Each test uses its own namespace, so policies and names never cross tests.
 """
 
 from __future__ import annotations
@@ -18,9 +20,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
-from tests.support.kube_emulator import KubeApi, kube_api
+from tests.support.controlplane import ControlPlane, control_plane
+from tests.support.kube_client import KubeClient
 from tests.support.kubelet import Kubelet, NamespacesUnavailable, leftovers
 from tests.support.kubelet import network as kubelet_network
 
@@ -30,21 +34,33 @@ Obj = dict[str, Any]
 
 
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[tuple[KubeApi, Kubelet]]:
-    with (
-        kube_api(namespaces=("default", "lorarl-system")) as kube,
-        Kubelet(kube.url, kube.token, max_grace=2.0) as kubelet,
-    ):
+def control(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    with control_plane(tmp_path_factory.mktemp("cp")) as cp:
+        yield cp
+
+
+@pytest.fixture(scope="module")
+def cluster(control: ControlPlane) -> Iterator[tuple[KubeClient, Kubelet]]:
+    kube = KubeClient(control)
+    with Kubelet(control, max_grace=2.0) as kubelet:
         yield kube, kubelet
         kubelet.raise_errors()
+    kube.close()
 
 
 @pytest.fixture
-def ns(cluster: tuple[KubeApi, Kubelet], request: pytest.FixtureRequest) -> str:
+def ns(cluster: tuple[KubeClient, Kubelet], request: pytest.FixtureRequest) -> str:
     kube, _ = cluster
     name = request.node.name.replace("_", "-")[:40].strip("-").lower()
-    kube.emulator.create("v1/namespaces", {"metadata": {"name": name}})
+    kube.cp.create_namespace(name)
     return name
+
+
+def claim(ns: str, name: str) -> Obj:
+    return {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+            "metadata": {"name": name, "namespace": ns},
+            "spec": {"accessModes": ["ReadWriteOnce"],
+                     "resources": {"requests": {"storage": "1Gi"}}}}  # fmt: skip
 
 
 def pod(
@@ -93,16 +109,19 @@ def pod(
     }
 
 
-def create(kube: KubeApi, obj: Obj) -> Obj:
+def create(kube: KubeClient, obj: Obj) -> Obj:
     plural = {"Pod": "v1/pods", "Service": "v1/services", "Secret": "v1/secrets",
               "ConfigMap": "v1/configmaps", "PersistentVolumeClaim": "v1/persistentvolumeclaims",
-              "NetworkPolicy": "networking.k8s.io/v1/networkpolicies"}[obj["kind"]]  # fmt: skip
-    return kube.emulator.create(plural, obj)
+              "NetworkPolicy": "networking.k8s.io/v1/networkpolicies",
+              "ServiceAccount": "v1/serviceaccounts",
+              "Role": "rbac.authorization.k8s.io/v1/roles",
+              "RoleBinding": "rbac.authorization.k8s.io/v1/rolebindings"}[obj["kind"]]  # fmt: skip
+    return kube.create(plural, obj)
 
 
-def finished(kube: KubeApi, kubelet: Kubelet, ns: str, name: str, timeout: float = 60) -> Obj:
+def finished(kube: KubeClient, kubelet: Kubelet, ns: str, name: str, timeout: float = 60) -> Obj:
     def done() -> Obj | None:
-        p = kube.emulator.get("v1/pods", ns, name)
+        p = kube.get("v1/pods", ns, name)
         return p if p and p.get("status", {}).get("phase") in ("Succeeded", "Failed") else None
 
     return kubelet.wait(done, timeout, f"pod {ns}/{name} finished")
@@ -113,9 +132,9 @@ def terminated(p: Obj, container: str = "main") -> Obj:
     return cs["state"]["terminated"]
 
 
-def running(kube: KubeApi, kubelet: Kubelet, ns: str, name: str) -> Obj:
+def running(kube: KubeClient, kubelet: Kubelet, ns: str, name: str) -> Obj:
     def up() -> Obj | None:
-        p = kube.emulator.get("v1/pods", ns, name)
+        p = kube.get("v1/pods", ns, name)
         return p if p and p.get("status", {}).get("phase") == "Running" else None
 
     return kubelet.wait(up, 60, f"pod {ns}/{name} running")
@@ -148,11 +167,10 @@ print(json.dumps({
 """
 
 
-def test_read_only_root_with_writable_volumes(cluster: tuple[KubeApi, Kubelet], ns: str) -> None:
+def test_read_only_root_with_writable_volumes(cluster: tuple[KubeClient, Kubelet], ns: str) -> None:
     kube, kubelet = cluster
-    for claim in ("data", "out"):
-        create(kube, {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
-                      "metadata": {"name": claim, "namespace": ns}, "spec": {}})  # fmt: skip
+    for name in ("data", "out"):
+        create(kube, claim(ns, name))
     (kubelet.claim_dir(ns, "data") / "weights.txt").write_text("w")
     create(kube, {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "cfg",
            "namespace": ns}, "data": {"greeting": "hello"}})  # fmt: skip
@@ -176,7 +194,7 @@ def test_read_only_root_with_writable_volumes(cluster: tuple[KubeApi, Kubelet], 
 
 
 def test_a_checkout_under_tmp_stays_visible(
-    cluster: tuple[KubeApi, Kubelet], ns: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    cluster: tuple[KubeClient, Kubelet], ns: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The venvs standing in for images live in the checkout, and a clone may sit under /tmp
     (which the root view leaves out and the pod's /tmp emptyDir covers): it is bound read-only
@@ -211,7 +229,7 @@ print(json.dumps({{"read": attempt(lambda: open("{checkout}/marker").read()),
 
 
 def test_missing_claim_keeps_the_pod_pending_until_it_exists(
-    cluster: tuple[KubeApi, Kubelet], ns: str
+    cluster: tuple[KubeClient, Kubelet], ns: str
 ) -> None:
     kube, kubelet = cluster
     create(
@@ -226,27 +244,26 @@ def test_missing_claim_keeps_the_pod_pending_until_it_exists(
     )
 
     def scheduled_false() -> Obj | None:
-        p = kube.emulator.get("v1/pods", ns, "nopvc")
+        p = kube.get("v1/pods", ns, "nopvc")
         conds = (p.get("status") or {}).get("conditions") or []
         return next((c for c in conds if c["type"] == "PodScheduled" and c["status"] == "False"),
                     None)  # fmt: skip
 
     cond = kubelet.wait(scheduled_false, 30, "PodScheduled=False")
     assert 'persistentvolumeclaim "nope" not found' in cond["message"]
-    assert kube.emulator.get("v1/pods", ns, "nopvc")["status"]["phase"] == "Pending"
-    create(kube, {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
-                  "metadata": {"name": "nope", "namespace": ns}, "spec": {}})  # fmt: skip
+    assert kube.get("v1/pods", ns, "nopvc")["status"]["phase"] == "Pending"
+    create(kube, claim(ns, "nope"))
     assert finished(kube, kubelet, ns, "nopvc")["status"]["phase"] == "Succeeded"
 
 
-def test_what_the_harness_cannot_run_is_said(cluster: tuple[KubeApi, Kubelet], ns: str) -> None:
+def test_what_the_harness_cannot_run_is_said(cluster: tuple[KubeClient, Kubelet], ns: str) -> None:
     kube, kubelet = cluster
     spec = pod(ns, "init", "print(1)")
     spec["spec"]["initContainers"] = [dict(spec["spec"]["containers"][0], name="init")]
     create(kube, spec)
 
     def condition() -> Obj | None:
-        p = kube.emulator.get("v1/pods", ns, "init")
+        p = kube.get("v1/pods", ns, "init")
         conds = (p.get("status") or {}).get("conditions") or []
         return next((c for c in conds if c.get("reason") == "UnsupportedByHarness"), None)
 
@@ -263,7 +280,7 @@ print(json.dumps({k: os.environ.get(k) for k in ("KEY", "URL", "LITERAL", "MODE"
 """
 
 
-def test_env_expansion_and_key_references(cluster: tuple[KubeApi, Kubelet], ns: str) -> None:
+def test_env_expansion_and_key_references(cluster: tuple[KubeClient, Kubelet], ns: str) -> None:
     kube, kubelet = cluster
     create(kube, {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "s", "namespace": ns},
                   "stringData": {"api-key": "s3cret"}})  # fmt: skip
@@ -289,33 +306,33 @@ def test_env_expansion_and_key_references(cluster: tuple[KubeApi, Kubelet], ns: 
 
 
 def test_missing_secret_is_a_config_error_until_it_exists(
-    cluster: tuple[KubeApi, Kubelet], ns: str
+    cluster: tuple[KubeClient, Kubelet], ns: str
 ) -> None:
     kube, kubelet = cluster
     env = [{"name": "KEY", "valueFrom": {"secretKeyRef": {"name": "absent", "key": "k"}}}]
     create(kube, pod(ns, "nosecret", "print(1)", env=env))
 
     def waiting() -> Obj | None:
-        p = kube.emulator.get("v1/pods", ns, "nosecret")
+        p = kube.get("v1/pods", ns, "nosecret")
         statuses = (p.get("status") or {}).get("containerStatuses") or []
         return statuses and statuses[0]["state"].get("waiting")
 
     state = kubelet.wait(waiting, 30, "a waiting container")
     assert state == {"reason": "CreateContainerConfigError", "message": 'secret "absent" not found'}
-    assert kube.emulator.get("v1/pods", ns, "nosecret")["status"]["phase"] == "Pending"
+    assert kube.get("v1/pods", ns, "nosecret")["status"]["phase"] == "Pending"
     create(kube, {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "absent",
            "namespace": ns}, "stringData": {"k": "v"}})  # fmt: skip
     assert finished(kube, kubelet, ns, "nosecret")["status"]["phase"] == "Succeeded"
 
 
 def test_image_the_repo_does_not_build_is_err_image_pull(
-    cluster: tuple[KubeApi, Kubelet], ns: str
+    cluster: tuple[KubeClient, Kubelet], ns: str
 ) -> None:
     kube, kubelet = cluster
     create(kube, pod(ns, "noimage", "print(1)", image="ghcr.io/lorarl/nonesuch:0.1.0"))
 
     def waiting() -> Obj | None:
-        p = kube.emulator.get("v1/pods", ns, "noimage")
+        p = kube.get("v1/pods", ns, "noimage")
         statuses = (p.get("status") or {}).get("containerStatuses") or []
         return statuses and statuses[0]["state"].get("waiting")
 
@@ -341,9 +358,10 @@ while True:
 CLIENT = """
 import json, socket, sys, time
 target, deadline, seen = sys.argv[1], time.time() + float(sys.argv[2]), None
+port = int(sys.argv[3]) if len(sys.argv) > 3 else 7000
 while time.time() < deadline:
     try:
-        with socket.create_connection((target, 7000), timeout=1) as c:
+        with socket.create_connection((target, port), timeout=1) as c:
             seen = c.recv(100).decode()
             break
     except OSError as e:
@@ -369,15 +387,15 @@ def server(ns: str, name: str, labels: dict[str, str]) -> Obj:
     return pod(ns, name, SERVER, labels=labels, hostname=name, subdomain="svc")
 
 
-def host_connect(ip: str, timeout: float = 2.0) -> str:
+def host_connect(ip: str, timeout: float = 2.0, port: int = 7000) -> str:
     try:
-        with socket.create_connection((ip, 7000), timeout=timeout) as c:
+        with socket.create_connection((ip, port), timeout=timeout) as c:
             return c.recv(100).decode()
     except OSError as exc:
         return f"error: {exc}"
 
 
-def test_pods_reach_each_other_by_dns_name(cluster: tuple[KubeApi, Kubelet], ns: str) -> None:
+def test_pods_reach_each_other_by_dns_name(cluster: tuple[KubeClient, Kubelet], ns: str) -> None:
     kube, kubelet = cluster
     create(kube, headless(ns, "svc", {"role": "srv"}))
     create(kube, server(ns, "srv-0", {"role": "srv"}))
@@ -391,6 +409,124 @@ def test_pods_reach_each_other_by_dns_name(cluster: tuple[KubeApi, Kubelet], ns:
     assert srv["status"]["podIP"] != p["status"]["podIP"]  # each pod its own address
 
 
+def test_a_service_reaches_its_ready_pods_from_pods_and_from_the_node(
+    cluster: tuple[KubeClient, Kubelet], ns: str
+) -> None:
+    """A ClusterIP Service: the controller-manager's EndpointSlices from the pods' reported
+    addresses, the kubelet's DNAT in each pod and on the node, its DNS name in the hosts file."""
+    kube, kubelet = cluster
+    svc = create(
+        kube,
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": "echo", "namespace": ns},
+            "spec": {
+                "selector": {"role": "srv"},
+                "ports": [{"name": "p", "port": 80, "targetPort": 7000}],
+            },
+        },
+    )
+    create(kube, server(ns, "srv-0", {"role": "srv"}))  # fmt: skip
+    running(kube, kubelet, ns, "srv-0")
+    ip = svc["spec"]["clusterIP"]
+    assert ip.startswith("127.100.")
+    kubelet.wait(lambda: host_connect(ip, port=80) == "srv-0", 30, "the Service from the node")
+    spec = client(ns, "by-name", "echo", 20, {"role": "client"})
+    spec["spec"]["containers"][0]["args"] += ["80"]
+    create(kube, spec)
+    p = finished(kube, kubelet, ns, "by-name")
+    assert terminated(p)["exitCode"] == 0
+    assert out(kubelet, ns, "by-name") == {"reply": "srv-0", "ip": ip}
+
+
+API_PROBE = """
+import json, os, ssl, urllib.request
+sa = "/var/run/secrets/kubernetes.io/serviceaccount"
+host, port = os.environ["KUBERNETES_SERVICE_HOST"], os.environ["KUBERNETES_SERVICE_PORT"]
+ns = open(f"{sa}/namespace").read()
+tls = ssl.create_default_context(cafile=f"{sa}/ca.crt")
+def get(path):
+    req = urllib.request.Request(f"https://{host}:{port}{path}",
+                                 headers={"Authorization": "Bearer " + open(f"{sa}/token").read()})
+    try:
+        return urllib.request.urlopen(req, context=tls, timeout=10).status
+    except urllib.error.HTTPError as e:
+        return e.code
+print(json.dumps({"host": host, "ns": ns, "own": get(f"/api/v1/namespaces/{ns}/configmaps"),
+                  "other": get("/api/v1/namespaces/kube-system/configmaps")}))
+"""
+
+
+def test_a_pod_calls_the_api_server_with_its_projected_token(
+    cluster: tuple[KubeClient, Kubelet], ns: str
+) -> None:
+    """The `kube-api-access` volume the API server adds (a TokenRequest bound to the pod, the
+    cluster CA, the namespace) and KUBERNETES_SERVICE_HOST: in-cluster config works, as the
+    pod's ServiceAccount, which RBAC then judges."""
+    kube, kubelet = cluster
+    create(kube, {"apiVersion": "v1", "kind": "ServiceAccount",
+                  "metadata": {"name": "reader", "namespace": ns}})  # fmt: skip
+    create(
+        kube,
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": {"name": "cm", "namespace": ns},
+            "rules": [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["list"]}],
+        },
+    )
+    create(
+        kube,
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": {"name": "cm", "namespace": ns},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "cm"},
+            "subjects": [{"kind": "ServiceAccount", "name": "reader", "namespace": ns}],
+        },
+    )
+    host_had = Path("/run/secrets/kubernetes.io").exists()
+    spec = pod(ns, "api", API_PROBE, serviceAccountName="reader")  # fmt: skip
+    created = create(kube, spec)
+    assert any(v["name"].startswith("kube-api-access") for v in created["spec"]["volumes"])
+    p = finished(kube, kubelet, ns, "api")
+    assert terminated(p)["exitCode"] == 0, kubelet.logs(ns, "api", "main")
+    seen = out(kubelet, ns, "api")
+    assert seen == {"host": "127.100.0.1", "ns": ns, "own": 200, "other": 403}
+    # /var/run is a link to /run: the mount point was made inside the pod's root, not the host's
+    assert Path("/run/secrets/kubernetes.io").exists() == host_had
+
+
+def test_the_node_is_registered_ready_and_limited_by_the_node_authorizer(
+    cluster: tuple[KubeClient, Kubelet], ns: str
+) -> None:
+    """Registered with its capacity, Ready, its Lease renewed; pods reach it through the
+    scheduler; and its own credentials read only what its pods reference."""
+    kube, kubelet = cluster
+    node = kube.get("v1/nodes", None, kubelet.node)
+    assert node is not None and node["status"]["capacity"]["nvidia.com/gpu"] == "8"
+    ready = {c["type"]: c["status"] for c in node["status"]["conditions"]}
+    assert ready["Ready"] == "True"
+    lease = kube.get("coordination.k8s.io/v1/leases", "kube-node-lease", kubelet.node)
+    assert lease is not None and lease["spec"]["holderIdentity"] == kubelet.node
+    create(kube, {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "used",
+           "namespace": ns}, "stringData": {"k": "v"}})  # fmt: skip
+    create(kube, {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "unused",
+           "namespace": ns}, "stringData": {"k": "v"}})  # fmt: skip
+    env = [{"name": "K", "valueFrom": {"secretKeyRef": {"name": "used", "key": "k"}}}]
+    create(kube, pod(ns, "bound", "print(1)", env=env))
+    p = finished(kube, kubelet, ns, "bound")
+    assert p["spec"]["nodeName"] == kubelet.node  # bound by the scheduler, not by the kubelet
+    assert kubelet.api.get(f"/api/v1/namespaces/{ns}/secrets/used")["metadata"]["name"] == "used"
+    with pytest.raises(httpx.HTTPStatusError) as refused:
+        kubelet.api.get(f"/api/v1/namespaces/{ns}/secrets/unused")
+    assert refused.value.response.status_code == 403
+    time.sleep(6)  # one heartbeat (node.RENEW_EVERY)
+    renewed = kube.get("coordination.k8s.io/v1/leases", "kube-node-lease", kubelet.node)
+    assert renewed["spec"]["renewTime"] != lease["spec"]["renewTime"]
+
+
 POLICY_PORT = {"port": 7000, "protocol": "TCP"}
 
 
@@ -402,7 +538,7 @@ def policy(ns: str, ingress: list[Obj]) -> Obj:
 
 
 def test_network_policy_drops_what_it_does_not_allow(
-    cluster: tuple[KubeApi, Kubelet], ns: str
+    cluster: tuple[KubeClient, Kubelet], ns: str
 ) -> None:
     kube, kubelet = cluster
     create(kube, headless(ns, "svc", {"role": "srv"}))
@@ -419,14 +555,16 @@ def test_network_policy_drops_what_it_does_not_allow(
     assert out(kubelet, ns, "friend")["reply"] == "srv-0"
     finished(kube, kubelet, ns, "stranger")
     assert out(kubelet, ns, "stranger")["reply"].startswith("error: timed out")
-    assert host_connect(ip).startswith("error: timed out")  # the operator's stand-in, too
-    # A rule for the operator's pods (the chart's labels, in its namespace) lets the host in.
-    operator = {
-        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "lorarl-system"}},
-        "podSelector": {"matchLabels": {"app.kubernetes.io/component": "operator"}},
-    }
-    kube.emulator.patch("networking.k8s.io/v1/networkpolicies", ns, "srv", {"spec": {"ingress": [
-        friends, {"from": [operator], "ports": [POLICY_PORT]}]}})  # fmt: skip
+    assert host_connect(ip).startswith("error: timed out")  # the node, too
+    # Namespace and pod selectors never pick the node; an ipBlock of its address does.
+    everyone = {"namespaceSelector": {}}
+    node = {"ipBlock": {"cidr": f"{kubelet.host_ip}/32"}}
+    kube.patch("networking.k8s.io/v1/networkpolicies", ns, "srv", {"spec": {"ingress": [
+        friends, {"from": [everyone], "ports": [POLICY_PORT]}]}})  # fmt: skip
+    time.sleep(1.0)  # a few kubelet passes
+    assert host_connect(ip).startswith("error: timed out")
+    kube.patch("networking.k8s.io/v1/networkpolicies", ns, "srv", {"spec": {"ingress": [
+        friends, {"from": [node], "ports": [POLICY_PORT]}]}})  # fmt: skip
     assert kubelet.wait(lambda: host_connect(ip) == "srv-0", 10, "host admitted")
     assert "policy drop" in kubelet.rules(ns, "srv-0")
 
@@ -434,7 +572,7 @@ def test_network_policy_drops_what_it_does_not_allow(
 # -- status ------------------------------------------------------------------------------------
 
 
-def test_exit_codes_and_termination_messages(cluster: tuple[KubeApi, Kubelet], ns: str) -> None:
+def test_exit_codes_and_termination_messages(cluster: tuple[KubeClient, Kubelet], ns: str) -> None:
     kube, kubelet = cluster
     crash = pod(
         ns, "crash", "import sys; print('loading'); print('bad config: rank 0'); sys.exit(3)"
@@ -456,7 +594,7 @@ def test_exit_codes_and_termination_messages(cluster: tuple[KubeApi, Kubelet], n
     assert terminated(p)["reason"] == "Completed" and "message" not in terminated(p)
 
 
-def test_on_failure_restarts_the_container(cluster: tuple[KubeApi, Kubelet], ns: str) -> None:
+def test_on_failure_restarts_the_container(cluster: tuple[KubeClient, Kubelet], ns: str) -> None:
     kube, kubelet = cluster
     script = (
         "import os, sys; first = not os.path.exists('/tmp/seen'); open('/tmp/seen', 'w'); "
@@ -491,21 +629,56 @@ def pids_of(netns: str) -> list[int]:
     return [int(p) for p in kubelet_network.run("ip", "netns", "pids", netns, check=False).split()]
 
 
-def test_deleting_a_pod_kills_its_processes(cluster: tuple[KubeApi, Kubelet], ns: str) -> None:
+def test_deleting_a_pod_kills_its_processes(cluster: tuple[KubeClient, Kubelet], ns: str) -> None:
     kube, kubelet = cluster
     create(kube, pod(ns, "sleeper", SLEEPER))
     running(kube, kubelet, ns, "sleeper")
     netns = kubelet.pod(ns, "sleeper").net.netns
     kubelet.wait(lambda: len(pids_of(netns)) >= 2, 20, "python and its child")
     pids = pids_of(netns)
-    kube.emulator.delete("v1/pods", ns, "sleeper")
+    kube.delete("v1/pods", ns, "sleeper")
     kubelet.wait(lambda: kubelet.pod(ns, "sleeper").stopped.is_set(), 30, "pod stopped")
     kubelet.wait(lambda: not alive(pids), 10, f"processes {alive(pids)} gone")
     assert netns not in kubelet_network.run("ip", "netns", "list")
+    kube.wait_gone("v1/pods", ns, "sleeper", 10)  # the kubelet's final DELETE
+
+
+GRACEFUL = """
+import signal, sys, time
+def bye(*_):
+    time.sleep(0.5)
+    open("/out/said-goodbye", "w").write("yes")
+    sys.exit(0)
+signal.signal(signal.SIGTERM, bye)
+open("/out/started", "w").write("yes")
+time.sleep(600)
+"""
+
+
+def test_graceful_deletion_terminates_then_removes_the_pod(
+    cluster: tuple[KubeClient, Kubelet], ns: str
+) -> None:
+    """The API server only marks a pod deleted; the kubelet sends SIGTERM, waits for the
+    process (within the grace period), and only then removes the object for good."""
+    kube, kubelet = cluster
+    create(kube, claim(ns, "out"))
+    create(kube, pod(ns, "polite", GRACEFUL, mounts=[{"name": "out", "mountPath": "/out"}],
+                     volumes=[{"name": "out", "persistentVolumeClaim": {"claimName": "out"}}],
+                     terminationGracePeriodSeconds=30))  # fmt: skip
+    running(kube, kubelet, ns, "polite")
+    out_dir = kubelet.claim_dir(ns, "out")
+    kubelet.wait(lambda: (out_dir / "started").exists(), 20, "the pod started")
+    kube.delete("v1/pods", ns, "polite")
+    marked = kube.get("v1/pods", ns, "polite")
+    assert marked is not None and marked["metadata"]["deletionTimestamp"]  # not gone yet
+    kube.wait_gone("v1/pods", ns, "polite", 30)
+    assert (out_dir / "said-goodbye").read_text() == "yes"  # it ran its SIGTERM handler
+    stopped = [t for t, key, what in kubelet.events if key == f"{ns}/polite" and what == "stopped"]
+    assert stopped, kubelet.events
 
 
 def test_garbage_collection_follows_owner_references(
-    cluster: tuple[KubeApi, Kubelet], ns: str
+    cluster: tuple[KubeClient, Kubelet], ns: str
 ) -> None:
     kube, kubelet = cluster
     owner = create(kube, {"apiVersion": "v1", "kind": "ConfigMap",
@@ -517,28 +690,33 @@ def test_garbage_collection_follows_owner_references(
     create(kube, child)
     create(kube, pod(ns, "bystander", SLEEPER))
     running(kube, kubelet, ns, "child")
-    kube.emulator.delete("v1/configmaps", ns, "owner")
-    kubelet.wait(lambda: kube.emulator.get("v1/pods", ns, "child") is None, 20, "child collected")
+    kube.delete("v1/configmaps", ns, "owner")
+    kubelet.wait(lambda: kube.get("v1/pods", ns, "child") is None, 20, "child collected")
     kubelet.wait(lambda: kubelet.pod(ns, "child").stopped.is_set(), 30, "child stopped")
-    assert kube.emulator.get("v1/pods", ns, "bystander") is not None
+    assert kube.get("v1/pods", ns, "bystander") is not None
 
 
-def test_stopping_the_kubelet_leaves_nothing_behind(tmp_path: Path) -> None:
-    with kube_api() as kube:
-        kubelet = Kubelet(kube.url, kube.token, max_grace=0.5).start()
-        try:
-            create(kube, pod("default", "a", SLEEPER))
-            running(kube, kubelet, "default", "a")
-            netns = kubelet.pod("default", "a").net.netns
-            pids = pids_of(netns)
-            assert pids
-        finally:
-            left = kubelet.stop()
+def test_stopping_the_kubelet_leaves_nothing_behind(control: ControlPlane) -> None:
+    kube = KubeClient(control)
+    kubelet = Kubelet(control, node="second-node", max_grace=0.5).start()
+    try:
+        spec = pod("default", "a", SLEEPER)
+        spec["spec"]["nodeName"] = "second-node"  # past the scheduler, onto this node
+        create(kube, spec)
+        running(kube, kubelet, "default", "a")
+        netns = kubelet.pod("default", "a").net.netns
+        pids = pids_of(netns)
+        assert pids
+    finally:
+        left = kubelet.stop()
     assert left == [] and leftovers(kubelet.kid) == []
+    assert kube.get("v1/nodes", None, "second-node") is None
     deadline = time.monotonic() + 10
     while alive(pids) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert alive(pids) == []
+    kube.delete("v1/pods", "default", "a", grace=0)
+    kube.close()
 
 
 def test_without_root_the_harness_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -549,11 +727,14 @@ def test_without_root_the_harness_says_why(monkeypatch: pytest.MonkeyPatch) -> N
 
 KILLED_RUN = """
 import json, sys, time
+from pathlib import Path
 from tests.integration.test_kubelet_harness import SLEEPER, create, pids_of, pod, running
-from tests.support.kube_emulator import kube_api
+from tests.support.controlplane import control_plane
+from tests.support.kube_client import KubeClient
 from tests.support.kubelet import Kubelet
-with kube_api() as kube:
-    kubelet = Kubelet(kube.url, kube.token).start()
+with control_plane(Path(sys.argv[1])) as cp:
+    kube = KubeClient(cp)
+    kubelet = Kubelet(cp).start()
     create(kube, pod("default", "a", SLEEPER))
     running(kube, kubelet, "default", "a")
     netns = kubelet.pod("default", "a").net.netns
@@ -563,11 +744,11 @@ with kube_api() as kube:
 """
 
 
-def test_a_killed_test_run_leaves_nothing_running() -> None:
+def test_a_killed_test_run_leaves_nothing_running(tmp_path: Path) -> None:
     """SIGKILL gives a test no teardown: the pods die with it (parent-death signal), and the
     next kubelet's sweep removes the namespaces, links and state it left."""
-    proc = subprocess.Popen([sys.executable, "-c", KILLED_RUN], cwd=ROOT, stdout=subprocess.PIPE,
-                            text=True)  # fmt: skip
+    proc = subprocess.Popen([sys.executable, "-c", KILLED_RUN, str(tmp_path / "cp")], cwd=ROOT,
+                            stdout=subprocess.PIPE, text=True)  # fmt: skip
     try:
         seen = json.loads(proc.stdout.readline())
     finally:

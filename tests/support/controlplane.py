@@ -15,6 +15,7 @@ when a test fails.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import datetime as dt
 import ipaddress
 import json
@@ -196,6 +197,12 @@ def _builder(
 # --- processes ----------------------------------------------------------------------------------
 
 
+def _die_with_parent() -> None:
+    """SIGKILL when the test process dies, even by SIGKILL: no control plane outlives its run."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
 @dataclass
 class Component:
     """One control-plane process, its log file, and how to start it again (chaos tests restart
@@ -209,7 +216,11 @@ class Component:
     def start(self) -> None:
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(
-                self.argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+                self.argv,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=_die_with_parent,
             )
 
     def stop(self, timeout: float = 15) -> None:
@@ -336,6 +347,10 @@ class ControlPlane:
                     if time.monotonic() > deadline:
                         raise AssertionError(f"{name} not Established: {conds}")
                     time.sleep(0.1)
+
+    def issue_client(self, name: str, common_name: str, groups: Sequence[str]) -> tuple[Path, Path]:
+        """A client certificate (cert file, key file) for a user and its groups."""
+        return self.pki.issue(name, common_name, groups=groups)
 
     def user_kubeconfig(self, name: str, common_name: str, groups: Sequence[str] = ()) -> Path:
         """A kubeconfig for a user known by a client certificate (RBAC decides what they may do)."""

@@ -1,7 +1,10 @@
-"""The kubelet's view of the API server: plain HTTP to the emulator, as any client would."""
+"""The kubelet's view of the API server: HTTPS with the CA's verification and a client
+certificate (the kubelet's `system:node:<name>` one, or an agent's), as any client would."""
 
 from __future__ import annotations
 
+import ssl
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -15,10 +18,10 @@ class NotFound(LookupError):
 
 
 class Api:
-    def __init__(self, url: str, token: str) -> None:
-        self._http = httpx.Client(
-            base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=15, trust_env=False
-        )
+    def __init__(self, url: str, ca: Path, cert: tuple[Path, Path]) -> None:
+        tls = ssl.create_default_context(cafile=str(ca))
+        tls.load_cert_chain(str(cert[0]), str(cert[1]))
+        self._http = httpx.Client(base_url=url, verify=tls, timeout=15, trust_env=False)
         self._kinds: dict[tuple[str, str], tuple[str, bool]] = {}
 
     def close(self) -> None:
@@ -42,10 +45,30 @@ class Api:
         reply.raise_for_status()
         return reply.json()
 
-    def delete(self, path: str) -> None:
-        body = {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Background"}
+    def post(self, path: str, body: Obj) -> Obj:
+        reply = self._http.post(path, json=body)
+        reply.raise_for_status()
+        return reply.json()
+
+    def create(self, path: str, body: Obj) -> Obj | None:
+        """POST; None if it exists already."""
+        reply = self._http.post(path, json=body)
+        if reply.status_code == 409:
+            return None
+        reply.raise_for_status()
+        return reply.json()
+
+    def put(self, path: str, body: Obj) -> Obj:
+        reply = self._http.put(path, json=body)
+        reply.raise_for_status()
+        return reply.json()
+
+    def delete(self, path: str, **options: Any) -> None:
+        """DELETE with DeleteOptions (`gracePeriodSeconds`, `preconditions`, ...)."""
+        body = {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Background",
+                **options}  # fmt: skip
         reply = self._http.request("DELETE", path, json=body)
-        if reply.status_code not in (200, 202, 404):
+        if reply.status_code not in (200, 202, 404, 409):  # 409: a newer object of that name
             reply.raise_for_status()
 
     # -- objects by reference ------------------------------------------------------------------

@@ -91,10 +91,35 @@ def _field_ref(pod: Obj, path: str) -> str:
     raise ConfigError(f"fieldRef {path!r} is not supported")
 
 
-def environment(api: Api, pod: Obj, container: Obj) -> dict[str, str]:
-    """The env kubelet hands the runtime (without the image's ENV)."""
+def service_env(namespace: str, services: list[Obj], enable_links: bool) -> dict[str, str]:
+    """What kubelet puts first in every container's env: the API server's Service (always) and,
+    with `enableServiceLinks` (the default), `<NAME>_SERVICE_HOST/PORT` of each Service in the
+    pod's namespace."""
+    out: dict[str, str] = {}
+    for svc in services:
+        meta, spec = svc["metadata"], svc.get("spec") or {}
+        ip, ports = spec.get("clusterIP"), spec.get("ports") or []
+        api = (meta["namespace"], meta["name"]) == ("default", "kubernetes")
+        if not ip or ip == "None" or not ports:
+            continue
+        if not api and not (enable_links and meta["namespace"] == namespace):
+            continue
+        name = meta["name"].upper().replace("-", "_")
+        out[f"{name}_SERVICE_HOST"] = ip
+        out[f"{name}_SERVICE_PORT"] = str(ports[0]["port"])
+        for port in ports:
+            if port.get("name"):
+                key = port["name"].upper().replace("-", "_")
+                out[f"{name}_SERVICE_PORT_{key}"] = str(port["port"])
+    return out
+
+
+def environment(
+    api: Api, pod: Obj, container: Obj, base: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """The env kubelet hands the runtime (without the image's ENV), on top of `base`."""
     ns = pod["metadata"]["namespace"]
-    env: dict[str, str] = {}
+    env: dict[str, str] = dict(base or {})
     for source in container.get("envFrom") or []:
         prefix = source.get("prefix", "")
         for kind, key in (("ConfigMap", "configMapRef"), ("Secret", "secretRef")):
@@ -144,11 +169,13 @@ def _user(image: Image) -> tuple[int | None, int | None]:
     return int(uid), int(gid) if gid else None
 
 
-def launch(api: Api, pod: Obj, container: Obj, image: Image) -> Launch:
+def launch(
+    api: Api, pod: Obj, container: Obj, image: Image, services: Mapping[str, str] | None = None
+) -> Launch:
     spec = pod["spec"]
     psc: Mapping[str, Any] = spec.get("securityContext") or {}
     csc: Mapping[str, Any] = container.get("securityContext") or {}
-    env = environment(api, pod, container)
+    env = environment(api, pod, container, services)
     argv = [expand(a, env) for a in [*container.get("command", []), *container.get("args", [])]]
     argv = argv or _image_cmd(image)
     if argv:

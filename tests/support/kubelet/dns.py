@@ -1,12 +1,14 @@
-"""Cluster DNS as hosts files: one per pod (bind-mounted at its /etc/hosts) and one for the host
-processes (the operator and status API, bind-mounted the same way in their mount namespace).
+"""Cluster DNS as hosts files: one per pod (bind-mounted at its /etc/hosts) and one for processes
+on the host that need the cluster's names (bind-mounted the same way in their mount namespace).
 
-A pod's record `<hostname>.<subdomain>.<ns>.svc.cluster.local` exists only once a headless
-Service named `<subdomain>` in its namespace selects it, as CoreDNS publishes it. The names a
-resolver reaches through the pod's search path are listed too: `h.s.ns.svc`, `h.s.ns` from any
-namespace, `h.s` only from the pod's own. Files only ever grow (appended in place, so a bind
-mount sees the change, and a pod's address is stable across its re-creations): a reader never
-sees a half-written replacement.
+A Service with a ClusterIP has the record `<name>.<ns>.svc.cluster.local` -> its ClusterIP
+(reached through proxy.py's rules), with the same search-path forms. A pod's record
+`<hostname>.<subdomain>.<ns>.svc.cluster.local` exists only once a headless Service named
+`<subdomain>` in its namespace selects it, as CoreDNS publishes it. The names a resolver reaches
+through the pod's search path are listed too: `h.s.ns.svc`, `h.s.ns` from any namespace, `h.s`
+only from the pod's own. Files only ever grow (appended in place, so a bind mount sees the
+change, and a pod's address is stable across its re-creations): a reader never sees a
+half-written replacement.
 """
 
 from __future__ import annotations
@@ -28,6 +30,13 @@ def record(hostname: str, subdomain: str, namespace: str, ip: str, *, same_ns: b
     return f"{ip}\t{' '.join(names)}\n"
 
 
+def service_record(name: str, namespace: str, ip: str, *, same_ns: bool) -> str:
+    names = [f"{name}.{namespace}.{DOMAIN}", f"{name}.{namespace}.svc", f"{name}.{namespace}"]
+    if same_ns:
+        names.append(name)
+    return f"{ip}\t{' '.join(names)}\n"
+
+
 def own_line(pod: dict, ip: str) -> str:
     """kubelet's own entry for the pod: its FQDN (with a subdomain) and its bare hostname."""
     spec, meta = pod["spec"], pod["metadata"]
@@ -39,9 +48,8 @@ def own_line(pod: dict, ip: str) -> str:
 
 
 class ClusterDns:
-    def __init__(self, folder: Path, host_namespace: str) -> None:
+    def __init__(self, folder: Path) -> None:
         self.folder = folder
-        self.host_namespace = host_namespace
         self.host_file = folder / "hosts"
         self.host_file.write_text(HEADER)
         self._records: dict[str, tuple[str, str, str, str]] = {}  # key -> (ns, host, sub, ip)
@@ -56,6 +64,9 @@ class ClusterDns:
             lines = [HEADER, own_line(pod, ip)]
             for key in sorted(self._published):
                 rec_ns, hostname, subdomain, rec_ip = self._records[key]
+                if not subdomain:
+                    lines.append(service_record(hostname, rec_ns, rec_ip, same_ns=rec_ns == ns))
+                    continue
                 lines.append(record(hostname, subdomain, rec_ns, rec_ip, same_ns=rec_ns == ns))
             path.write_text("".join(lines))
             self._pods[uid] = (ns, path)
@@ -72,7 +83,21 @@ class ClusterDns:
             for s in services
             if (s.get("spec") or {}).get("clusterIP") == "None"
         }
+        new: list[tuple[str, str, str, str, str]] = []  # key, ns, hostname, subdomain, ip
+        for svc in services:
+            meta, ip = svc["metadata"], (svc.get("spec") or {}).get("clusterIP")
+            if ip and ip != "None":
+                new.append((f"svc:{meta['namespace']}/{meta['name']}", meta["namespace"],
+                            meta["name"], "", ip))  # fmt: skip
         with self._lock:
+            for key, ns, name, _, ip in new:
+                if key in self._published:
+                    continue
+                self._records[key] = (ns, name, "", ip)
+                self._published.add(key)
+                self._append(self.host_file, service_record(name, ns, ip, same_ns=False))
+                for pod_ns, path in list(self._pods.values()):
+                    self._append(path, service_record(name, ns, ip, same_ns=pod_ns == ns))
             for pod in pods:
                 meta, spec = pod["metadata"], pod["spec"]
                 ns, sub = meta["namespace"], spec.get("subdomain")

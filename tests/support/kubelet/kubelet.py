@@ -1,31 +1,44 @@
-"""The process kubelet: a node agent on the API server emulator, over HTTP, in a thread.
+"""The process kubelet: a Node of the real test cluster (tests/support/controlplane.py), in a
+thread.
 
-Each pass lists Pods, Services, NetworkPolicies and Namespaces; binds new pods to its node and
-starts them (volumes -> netns -> policy rules -> containers); reaps and restarts containers; writes
-each pod's status when it changes; stops pods that were deleted; keeps DNS records and every
-pod's nftables rules current; and collects garbage by ownerReferences (the controller-manager's
-job, done here because nothing else would).
+It registers its Node and renews its Lease (node.py) and talks to the API server as
+`system:node:<name>`, so the Node authorizer and NodeRestriction judge every request it makes.
+Each pass lists the pods the scheduler bound to it and starts new ones (volumes -> netns ->
+service and policy rules -> containers); reaps and restarts containers; writes each pod's status
+through `pods/status` when it changes; and honours graceful deletion: a pod with a
+deletionTimestamp gets SIGTERM, its grace period (capped by `max_grace`), SIGKILL, and then the
+kubelet's own final DELETE, as a real kubelet ends it.
 
-Use as a context manager: `stop()` kills every pod and removes every namespace, link, mount and
-directory it made, also when the test failed.
+What a cluster's node agents besides the kubelet do runs here too, under an identity of their
+own with only the reads and writes they need (a ClusterRole made at start): the CNI's
+NetworkPolicy rules (policy.py), kube-proxy's service rules (proxy.py), cluster DNS as hosts
+files (dns.py), and a local-path provisioner that binds each pending PersistentVolumeClaim to a
+hostPath PersistentVolume on this node (`claim_dir`).
+
+Use as a context manager: `stop()` kills every pod and removes every namespace, link, mount,
+rule and directory it made, and its Node, also when the test failed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import secrets
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
+from urllib.parse import urlsplit
 
+from . import proxy
 from .api import Api, NotFound
+from .containers import service_env
 from .dns import ClusterDns
-from .gc import collect_garbage
 from .network import (
+    HOST_TABLE,
     STATE_ROOT,
     Bridge,
     leftovers,
@@ -34,50 +47,80 @@ from .network import (
     sweep_stale,
     unmount_under,
 )
+from .node import DEFAULT_CAPACITY, NodeAgent
 from .pod import PodRun
 from .policy import TABLE, Endpoint, ruleset
 
 Obj = dict[str, Any]
-OPERATOR_LABELS = {"app.kubernetes.io/name": "lorarl", "app.kubernetes.io/component": "operator"}
+AGENT_ROLE = "lorarl-test:node-agents"
+AGENT_RULES = [
+    {"apiGroups": [""], "resources": ["pods", "namespaces", "services",
+                                      "persistentvolumeclaims"],
+     "verbs": ["get", "list"]},
+    {"apiGroups": [""], "resources": ["persistentvolumes"],
+     "verbs": ["get", "list", "create", "delete"]},
+    {"apiGroups": [""], "resources": ["nodes"], "verbs": ["delete"]},  # the node leaving, at stop
+    {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["list"]},
+    {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"], "verbs": ["list"]},
+]  # fmt: skip
+
+
+class Cluster(Protocol):
+    """What the kubelet needs of the control plane (tests/support/controlplane.ControlPlane)."""
+
+    url: str
+    version: str
+
+    @property
+    def ca_file(self) -> Path: ...
+
+    def issue_client(
+        self, name: str, common_name: str, groups: Sequence[str]
+    ) -> tuple[Path, Path]: ...
+
+    def http(self) -> Any: ...
 
 
 class Kubelet:
     def __init__(
         self,
-        url: str,
-        token: str,
+        cluster: Cluster,
         *,
         node: str = "process-node",
-        host_namespace: str = "lorarl-system",
-        host_labels: dict[str, str] | None = None,
+        capacity: dict[str, str] | None = None,
         max_grace: float = 5.0,
         period: float = 0.2,
     ) -> None:
-        """`host_namespace`/`host_labels`: whom the host's end of the bridge stands for when
-        policies are evaluated (by default the operator's pod in the chart's namespace)."""
         require_namespaces()
         sweep_stale()
         self.kid = secrets.token_hex(2)
         self.folder = STATE_ROOT / self.kid
         self.folder.mkdir(parents=True)
         (self.folder / "owner.pid").write_text(str(os.getpid()))
-        self.api = Api(url, token)
         self.node = node
+        node_cert = cluster.issue_client(f"kubelet-{node}", f"system:node:{node}", ["system:nodes"])
+        self.api = Api(cluster.url, cluster.ca_file, node_cert)
+        self.agents = Api(cluster.url, cluster.ca_file, _agent_identity(cluster, node))
+        self.api_port = urlsplit(cluster.url).port or 443
         self.max_grace = max_grace
         self.period = period
-        self.host_namespace = host_namespace
-        self.host_labels = dict(host_labels or OPERATOR_LABELS)
         self.bridge = Bridge(self.kid)
-        self.dns = ClusterDns(self.folder, host_namespace)
+        self.host_table = HOST_TABLE.format(kid=self.kid)
+        self.dns = ClusterDns(self.folder)
         self.pods: dict[str, PodRun] = {}
         self.errors: list[str] = []
         # (monotonic time, "namespace/pod", what): admitted, each new phase, deleted, stopped.
         self.events: list[tuple[float, str, str]] = []
         self._reported: dict[str, Obj] = {}
         self._rules: dict[str, str] = {}
+        self._svc_rules: dict[str, str] = {}
+        self._services: list[Obj] = []
+        self._routes: list[proxy.Route] = []
+        self._volumes: set[str] = set()  # PersistentVolumes this node's provisioner made
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name=f"kubelet-{self.kid}", daemon=True)
-        self._last_gc = 0.0
+        self.node_agent = NodeAgent(self.api, node, self.bridge.host_ip,
+                                    capacity or DEFAULT_CAPACITY, cluster.version)  # fmt: skip
 
     # -- public --------------------------------------------------------------------------------
     @property
@@ -121,10 +164,12 @@ class Kubelet:
             time.sleep(0.1)
 
     def raise_errors(self) -> None:
-        if self.errors:
-            raise AssertionError("the process kubelet failed:\n" + "\n".join(self.errors))
+        errors = [*self.errors, *self.node_agent.errors]
+        if errors:
+            raise AssertionError("the process kubelet failed:\n" + "\n".join(errors))
 
     def start(self) -> Kubelet:
+        self.node_agent.start()
         self._thread.start()
         return self
 
@@ -134,11 +179,18 @@ class Kubelet:
             return leftovers(self.kid)
         self._stop.set()
         self._thread.join(timeout=60)
+        self.node_agent.stop()
         for pod in list(self.pods.values()):
             if not pod.stopped.is_set():
                 pod.stop(0.5, self.bridge)
+        run("nft", "delete", "table", "ip", self.host_table, check=False)
         self.bridge.delete()
+        with contextlib.suppress(Exception):  # the API server may be gone already
+            for pv in self._volumes:
+                self.agents.delete(f"/api/v1/persistentvolumes/{pv}")
+            self.agents.delete(f"/api/v1/nodes/{self.node}")
         self.api.close()
+        self.agents.close()
         unmount_under(self.folder)
         run("rm", "-rf", "--one-file-system", str(self.folder), check=False)
         return leftovers(self.kid)
@@ -161,23 +213,29 @@ class Kubelet:
             self._stop.wait(self.period)
 
     def _pass(self) -> None:
-        pods = self.api.items("/api/v1/pods")
-        mine = [p for p in pods if p["spec"].get("nodeName") in (None, "", self.node)]
+        mine = self.api.items(f"/api/v1/pods?fieldSelector=spec.nodeName%3D{self.node}")
         live = {p["metadata"]["uid"]: p for p in mine}
         for uid, run_ in list(self.pods.items()):
-            if uid not in live and not run_.stopping:
-                run_.stopping = True
-                grace = min(
-                    self.max_grace, run_.pod["spec"].get("terminationGracePeriodSeconds", 30)
-                )
-                threading.Thread(target=self._teardown, args=(run_, grace), daemon=True).start()
-        services = self.api.items("/api/v1/services")
+            pod = live.get(uid)
+            if run_.stopping or (pod is not None and not pod["metadata"].get("deletionTimestamp")):
+                continue
+            run_.stopping = True
+            spec_grace = run_.pod["spec"].get("terminationGracePeriodSeconds", 30)
+            grace = (pod or {}).get("metadata", {}).get("deletionGracePeriodSeconds", spec_grace)
+            threading.Thread(
+                target=self._teardown, args=(run_, min(self.max_grace, grace), pod is not None),
+                daemon=True,
+            ).start()  # fmt: skip
+        self._services = self.agents.items("/api/v1/services")
+        slices = self.agents.items("/apis/discovery.k8s.io/v1/endpointslices")
+        self._routes = proxy.routes(self._services, slices, (self.bridge.host_ip, self.api_port))
         for uid, pod in live.items():
             if uid not in self.pods and not pod["metadata"].get("deletionTimestamp"):
                 self._admit(pod)
         ips = {uid: r.net.ip for uid, r in self.pods.items() if r.net and not r.stopping}
-        self.dns.publish([r.pod for r in self.pods.values() if not r.stopping], services, ips)
+        self.dns.publish([r.pod for r in self.pods.values() if not r.stopping], self._services, ips)
         self._sync_policies()
+        self._sync_services()
         for run_ in list(self.pods.values()):
             if run_.stopping:
                 continue
@@ -186,19 +244,13 @@ class Kubelet:
                 self._try_start(run_)
             run_.step()
             self._report(run_)
-        if time.monotonic() - self._last_gc > 1.0:
-            self._last_gc = time.monotonic()
-            collect_garbage(self.api)
+        self._provision_claims()
 
     def _admit(self, pod: Obj) -> None:
         meta = pod["metadata"]
         older = [r for r in self.pods.values() if r.key == f"{meta['namespace']}/{meta['name']}"]
         if any(not r.stopped.is_set() for r in older):
             return  # the previous pod of that name is still being torn down
-        if not pod["spec"].get("nodeName"):
-            path = f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}"
-            if self.api.patch(path, {"spec": {"nodeName": self.node}}) is None:
-                return
         folder = self.folder / "pods" / f"{meta['namespace']}_{meta['name']}_{meta['uid'][:8]}"
         folder.mkdir(parents=True)
         self.pods[meta["uid"]] = PodRun(pod=pod, folder=folder)
@@ -213,21 +265,32 @@ class Kubelet:
             if run_.net is None:
                 return
             hosts = self.dns.pod_file(run_.uid, run_.pod, run_.net.ip, run_.folder / "hosts")
-            run_.create_containers(self.api, hosts)
-            # Rules before the first process: a policy that blocks must block from the start.
+            links = run_.pod["spec"].get("enableServiceLinks", True)
+            env = service_env(run_.pod["metadata"]["namespace"], self._services, links)
+            run_.create_containers(self.api, hosts, env)
+            # Rules before the first process: a policy that blocks must block from the start,
+            # and the API server's Service must answer the first request.
             self._sync_policies()
+            self._sync_services()
         else:
             run_.retry_config(self.api)
         run_.start_containers()
 
-    def _teardown(self, run_: PodRun, grace: float) -> None:
+    def _teardown(self, run_: PodRun, grace: float, final_delete: bool) -> None:
+        """Stop the pod; then, if the API server still has it (a graceful deletion), remove it
+        for good: the kubelet's DELETE with grace 0 for this uid ends every pod's life."""
         self.events.append((time.monotonic(), run_.key, "deleted"))
         try:
             run_.stop(grace, self.bridge)
+            if final_delete:
+                meta = run_.pod["metadata"]
+                self.api.delete(f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}",
+                                gracePeriodSeconds=0, preconditions={"uid": run_.uid})  # fmt: skip
         except Exception:
             self.errors.append(traceback.format_exc())
         finally:
             self.dns.forget(run_.uid)
+            self._svc_rules.pop(run_.uid, None)
             run_.stopped.set()
             self.events.append((time.monotonic(), run_.key, "stopped"))
 
@@ -251,15 +314,63 @@ class Kubelet:
             if before is None or before["phase"] != status["phase"]:
                 self.events.append((time.monotonic(), run_.key, status["phase"]))
 
-    # -- NetworkPolicy -------------------------------------------------------------------------
+    # -- Services (kube-proxy's part) -----------------------------------------------------------
+    def _sync_services(self) -> None:
+        host_routes = [r for r in self._routes if r.targets != ((self.host_ip, self.api_port),)]
+        host = proxy.ruleset(
+            self.host_table,
+            self.bridge.name,
+            host_routes,
+            [proxy.api_prerouting(self.bridge.name, self.host_ip, self.api_port)],
+        )
+        if self._svc_rules.get("host") != host:
+            run("nft", "-f", "-", input=host)
+            self._svc_rules["host"] = host
+        pod_rules = proxy.ruleset(proxy.TABLE, "eth0", self._routes)
+        for r in list(self.pods.values()):
+            if r.net is None or r.stopping or self._svc_rules.get(r.uid) == pod_rules:
+                continue
+            run("ip", "netns", "exec", r.net.netns, "nft", "-f", "-", input=pod_rules)
+            self._svc_rules[r.uid] = pod_rules  # fmt: skip
+
+    # -- PersistentVolumeClaims (a local-path provisioner's part) -------------------------------
+    def _provision_claims(self) -> None:
+        for claim in self.agents.items("/api/v1/persistentvolumeclaims"):
+            meta, spec = claim["metadata"], claim.get("spec") or {}
+            name = f"lrk-{meta['uid']}"
+            if spec.get("volumeName") or name in self._volumes or meta.get("deletionTimestamp"):
+                continue
+            size = ((spec.get("resources") or {}).get("requests") or {}).get("storage", "1Gi")
+            volume: Obj = {
+                "apiVersion": "v1",
+                "kind": "PersistentVolume",
+                "metadata": {"name": name, "labels": {"lorarl.dev/test-node": self.node}},
+                "spec": {
+                    "capacity": {"storage": size},
+                    "accessModes": spec.get("accessModes") or ["ReadWriteOnce"],
+                    "persistentVolumeReclaimPolicy": "Retain",
+                    "hostPath": {"path": str(self.claim_dir(meta["namespace"], meta["name"]))},
+                    "claimRef": {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+                                 "namespace": meta["namespace"], "name": meta["name"],
+                                 "uid": meta["uid"]},
+                },
+            }  # fmt: skip
+            if spec.get("storageClassName"):
+                volume["spec"]["storageClassName"] = spec["storageClassName"]
+            self.agents.create("/api/v1/persistentvolumes", volume)
+            self._volumes.add(name)
+
+    # -- NetworkPolicy (the CNI's part) ---------------------------------------------------------
     def _sync_policies(self) -> None:
-        policies = self.api.items("/apis/networking.k8s.io/v1/networkpolicies")
+        policies = self.agents.items("/apis/networking.k8s.io/v1/networkpolicies")
         namespaces = {
             n["metadata"]["name"]: n["metadata"].get("labels") or {}
-            for n in self.api.items("/api/v1/namespaces")
+            for n in self.agents.items("/api/v1/namespaces")
         }
         running = [r for r in self.pods.values() if r.net is not None and not r.stopping]
-        host = Endpoint(self.host_namespace, self.host_labels, self.host_ip)
+        # The node itself (the API server calling a webhook, a test's request): no namespace, no
+        # labels, so only rules that admit any source (or its ipBlock) let it in.
+        host = Endpoint("", {}, self.host_ip)
         endpoints = [host, *(e for r in running if (e := r.endpoint()) is not None)]
         for r in running:
             rules = ruleset(r.endpoint(), policies, endpoints, namespaces)
@@ -280,3 +391,29 @@ class Kubelet:
         text = run("ip", "netns", "exec", pod.net.netns, "nft", "list", "chain", "inet",
                    TABLE, direction)  # fmt: skip
         return sum(int(n) for n in re.findall(r"counter packets (\d+)", text))
+
+
+def _agent_identity(cluster: Cluster, node: str) -> tuple[Path, Path]:
+    """A client certificate for the node's agents (CNI, kube-proxy, DNS, provisioner), bound to
+    a ClusterRole of only what they read and write."""
+    user = f"lorarl-test:node-agents:{node}"
+    role = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+            "metadata": {"name": AGENT_ROLE}, "rules": AGENT_RULES}  # fmt: skip
+    binding = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRoleBinding",
+        "metadata": {"name": AGENT_ROLE},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                    "name": AGENT_ROLE},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group",
+                      "name": "lorarl-test:node-agents"}],
+    }  # fmt: skip
+    with cluster.http() as http:
+        for path, body in (
+            ("/apis/rbac.authorization.k8s.io/v1/clusterroles", role),
+            ("/apis/rbac.authorization.k8s.io/v1/clusterrolebindings", binding),
+        ):
+            reply = http.post(path, json=body)
+            if reply.status_code not in (201, 409):
+                reply.raise_for_status()  # fmt: skip
+    return cluster.issue_client(f"agents-{node}", user, ["lorarl-test:node-agents"])

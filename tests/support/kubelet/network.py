@@ -98,6 +98,11 @@ def sweep_stale() -> list[str]:
         if m and not owner_alive(m.group(1)):
             run("ip", "link", "del", name, check=False)
             removed.append(f"link/{name}")
+    for table in host_tables():
+        kid = table.rsplit("_", 1)[1]
+        if not owner_alive(kid):
+            run("nft", "delete", "table", "ip", table, check=False)
+            removed.append(f"nft/{table}")
     if STATE_ROOT.is_dir():
         for state in STATE_ROOT.iterdir():
             if re.fullmatch(r"[0-9a-f]{4}", state.name) and not owner_alive(state.name):
@@ -105,6 +110,16 @@ def sweep_stale() -> list[str]:
                 run("rm", "-rf", "--one-file-system", str(state), check=False)
                 removed.append(f"state/{state.name}")
     return removed
+
+
+HOST_TABLE = "lorarl_kubelet_svc_{kid}"  # the kubelet's service rules on the host
+
+
+def host_tables() -> list[str]:
+    """The host's nftables tables that some kubelet made."""
+    text = run("nft", "list", "tables", "ip", check=False)
+    pattern = HOST_TABLE.format(kid=r"([0-9a-f]{4})")
+    return [m.group(0) for m in re.finditer(pattern, text)]
 
 
 def unmount_under(path: Path) -> None:
@@ -169,6 +184,8 @@ class Bridge:
             run("ip", "link", "add", self.name, "type", "bridge")
             run("ip", "addr", "add", f"{self.host_ip}/24", "dev", self.name)
             run("ip", "link", "set", self.name, "up")
+            # Service DNAT (proxy.py) sends loopback-sourced packets out of the bridge.
+            run("sysctl", "-qw", f"net.ipv4.conf.{self.name}.route_localnet=1")
 
     @property
     def host_ip(self) -> str:
@@ -198,6 +215,8 @@ class Bridge:
         run("ip", "-n", ns, "link", "set", "eth0", "up")
         run("ip", "-n", ns, "link", "set", "lo", "up")
         run("ip", "-n", ns, "route", "add", "default", "via", self.host_ip)
+        run("ip", "netns", "exec", ns, "sysctl", "-qw", "net.ipv4.conf.all.route_localnet=1",
+            "net.ipv4.conf.eth0.route_localnet=1")  # fmt: skip
         return net
 
     @staticmethod
@@ -229,6 +248,7 @@ def leftovers(kid: str) -> list[str]:
         name = line.split(":")[1].strip().split("@")[0] if ":" in line else ""
         if name.startswith(f"{PREFIX}{kid}"):
             found.append(f"link/{name}")
+    found += [f"nft/{t}" for t in host_tables() if t == HOST_TABLE.format(kid=kid)]
     state = str(STATE_ROOT / kid)
     with open("/proc/self/mountinfo") as f:
         found += [f"mount/{ln.split()[4]}" for ln in f if ln.split()[4].startswith(state)]

@@ -40,6 +40,7 @@ class PodRun:
     tried: float = 0.0  # when starting was last attempted (monotonic)
     running_at: float | None = None  # when the pod was first Running (monotonic)
     hosts_file: Path | None = None
+    services: dict[str, str] = field(default_factory=dict)  # the service env (containers.py)
 
     @property
     def uid(self) -> str:
@@ -86,8 +87,9 @@ class PodRun:
             return
         self.net = bridge.attach(self.key)
 
-    def create_containers(self, api: Api, hosts_file: Path) -> None:
+    def create_containers(self, api: Api, hosts_file: Path, services: dict[str, str]) -> None:
         self.hosts_file = hosts_file
+        self.services = services
         for c in self.pod["spec"]["containers"]:
             run = ContainerRun(
                 name=c["name"],
@@ -103,7 +105,7 @@ class PodRun:
     def _configure(self, api: Api, run: ContainerRun, c: Obj) -> None:
         try:
             image = load(c.get("image", ""))
-            run.launch = launch(api, self.pod, c, image)
+            run.launch = launch(api, self.pod, c, image, self.services)
             run.mounts = self._mounts(c, self.hosts_file)
             if any(m["mountPath"] == SHM_PATH for m in c.get("volumeMounts") or []):
                 run.shm = "0"  # replaced by the pod's own volume

@@ -126,6 +126,7 @@ class Rootfs:
     def ensure(self, path: str, is_file: bool) -> str:
         """`path` (inside the container) exists; missing parts are made without touching the
         host: in the root tmpfs, or in an overlay on the nearest host directory."""
+        path = self.inside(path)
         target = self.root + path
         if os.path.lexists(target):
             return target
@@ -143,6 +144,29 @@ class Rootfs:
                     self._make(nxt, is_file and i == len(parts) - 1)
             current = nxt
         return target
+
+    def inside(self, path: str) -> str:
+        """`path` with each symlink on the way resolved within the root: an absolute link (the
+        host's /var/run -> /run) names a path in the container, never one on the host."""
+        parts, out, hops = list(Path(path).parts[1:]), "", 0
+        while parts:
+            part = parts.pop(0)
+            if part in (".", ""):
+                continue
+            if part == "..":
+                out = out.rsplit("/", 1)[0]
+                continue
+            if os.path.islink(self.root + f"{out}/{part}"):
+                hops += 1
+                if hops > 40:
+                    raise OSError(errno.ELOOP, f"too many links resolving {path}")
+                link = os.readlink(self.root + f"{out}/{part}")
+                if link.startswith("/"):
+                    out = ""
+                parts = [*Path(link).parts[1 if link.startswith("/") else 0 :], *parts]
+                continue
+            out += f"/{part}"
+        return out or "/"
 
     @staticmethod
     def _make(path: str, is_file: bool) -> None:

@@ -4,7 +4,8 @@ A pod selected by no policy of a direction accepts everything in that direction;
 accepts only what some rule of some selecting policy allows (policies are additive). Loopback
 (which includes a pod reaching its own IP) and replies to allowed connections always pass, as
 they do with real CNIs. Peers are every endpoint the kubelet knows: its pods and the host's end
-of the bridge, which plays the operator pod (the tests' operator and status API run there).
+of the bridge (the node: the API server calling a webhook, a test's own request), which only an
+ipBlock or a rule without `from` admits.
 """
 
 from __future__ import annotations
@@ -77,6 +78,8 @@ def _peer_ips(
         ]
     out = []
     for e in endpoints:
+        if not e.namespace:  # the node: pod and namespace selectors never pick it
+            continue
         if "namespaceSelector" in peer:
             labels = {**ns_labels.get(e.namespace, {}), NAME_LABEL: e.namespace}
             if not matches(peer["namespaceSelector"], labels):

@@ -7,6 +7,10 @@
 - persistentVolumeClaim: the claim must exist in the API server (else the pod stays Pending, as
   an unbound claim keeps it unscheduled); its data is one directory per claim for the kubelet's
   whole life (`Kubelet.claim_dir`), so tests put models and data there and read outputs back;
+- projected: ServiceAccount tokens from TokenRequest (bound to the pod, for its audience and
+  expiry; not refreshed: a test is shorter than a token's life), configMap, secret and
+  downwardAPI (metadata fields) sources in one directory: the `kube-api-access-*` volume the
+  API server adds to every pod, and the chart's own projected volumes;
 - fsGroup: volumes are group-owned by it and group-writable (setgid directories), as kubelet does.
 
 Other volume kinds are refused by name: better a clear failure than a silent half-emulation.
@@ -124,6 +128,11 @@ def prepare(
             folder.mkdir(parents=True)
             _write_items(folder, data, source, source.get("defaultMode", 0o644))
             out[name] = Volume(name, folder, read_only=True)
+        elif "projected" in vol:
+            source = vol["projected"] or {}
+            folder.mkdir(parents=True)
+            _project(api, pod, folder, source)
+            out[name] = Volume(name, folder, read_only=True)
         elif "persistentVolumeClaim" in vol:
             source = vol["persistentVolumeClaim"]
             claim = source["claimName"]
@@ -144,6 +153,69 @@ def prepare(
         if fs_group is not None and not out[name].read_only:
             give_group(out[name].path, fs_group, recursive="persistentVolumeClaim" in vol)
     return out
+
+
+def _project(api: Api, pod: Obj, folder: Path, volume: Obj) -> None:
+    meta = pod["metadata"]
+    ns = meta["namespace"]
+    mode = volume.get("defaultMode", 0o644)
+    for source in volume.get("sources") or []:
+        if "serviceAccountToken" in source:
+            token = source["serviceAccountToken"]
+            account = pod["spec"].get("serviceAccountName") or "default"
+            request: Obj = {
+                "apiVersion": "authentication.k8s.io/v1",
+                "kind": "TokenRequest",
+                "spec": {
+                    "expirationSeconds": token.get("expirationSeconds", 3600),
+                    "boundObjectRef": {
+                        "kind": "Pod",
+                        "apiVersion": "v1",
+                        "name": meta["name"],
+                        "uid": meta["uid"],
+                    },
+                },
+            }
+            if token.get("audience"):
+                request["spec"]["audiences"] = [token["audience"]]
+            path = f"/api/v1/namespaces/{ns}/serviceaccounts/{account}/token"
+            try:
+                issued = api.post(path, request)["status"]["token"]
+            except Exception as exc:
+                raise VolumeError("FailedMount", f"token for {account}: {exc}") from None
+            items = {"items": [{"key": "token", "path": token["path"]}]}
+            _write_items(folder, {"token": issued.encode()}, items, mode)
+        elif "configMap" in source or "secret" in source:
+            is_secret = "secret" in source
+            ref = source["secret"] if is_secret else source["configMap"]
+            kind = "Secret" if is_secret else "ConfigMap"
+            try:
+                obj = api.object(ns, kind, ref["name"])
+            except NotFound:
+                if ref.get("optional"):
+                    continue
+                raise VolumeError(
+                    "FailedMount", f'{kind.lower()} "{ref["name"]}" not found'
+                ) from None
+            data = secret_data(obj) if is_secret else config_map_data(obj)
+            _write_items(folder, data, ref, mode)
+        elif "downwardAPI" in source:
+            for item in source["downwardAPI"].get("items") or []:
+                field = (item.get("fieldRef") or {}).get("fieldPath", "")
+                value = _metadata_field(meta, field)
+                _write_items(folder, {"v": value.encode()}, {"items": [
+                    {"key": "v", "path": item["path"]}]}, item.get("mode", mode))  # fmt: skip
+        else:
+            raise VolumeError("FailedMount", f"projected source {sorted(source)} is not supported")
+
+
+def _metadata_field(meta: Obj, field: str) -> str:
+    if field in ("metadata.name", "metadata.namespace", "metadata.uid"):
+        return str(meta.get(field.split(".", 1)[1], ""))
+    if field in ("metadata.labels", "metadata.annotations"):
+        values = meta.get(field.split(".", 1)[1]) or {}
+        return "".join(f'{k}="{v}"\n' for k, v in sorted(values.items()))
+    raise VolumeError("FailedMount", f"downwardAPI field {field!r} is not supported")
 
 
 def _tmpfs_size(quantity: str) -> str:
