@@ -334,3 +334,30 @@ def test_seq_mean_token_sum_norm_divides_by_a_constant_length():
     close(loss, aggregate(LOSS, MASK, "seq-mean-token-sum", norm_len=10))
     with pytest.raises(ValueError, match="needs norm_len"):
         aggregate(LOSS, MASK, "seq-mean-token-sum-norm")
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_chunked_logprobs_value_gradient_and_entropy_match_log_softmax(temperature, dtype):
+    from lorarl.trainer.losses import chunked_logprobs
+
+    g = torch.Generator().manual_seed(3)
+    logits = (torch.randn(3, 5, 11, generator=g) * 3).to(dtype)
+    logits[0, 1, 4] = float("-inf")  # a masked vocabulary entry
+    labels = torch.randint(0, 11, (3, 5), generator=g)
+    labels[2, 4] = -100
+    weights = torch.randn(3, 5, generator=g)
+    a = logits.clone().requires_grad_(True)
+    lp, ent = chunked_logprobs(a, labels, temperature=temperature, chunk_rows=4, with_entropy=True)
+    (lp * weights).sum().backward()
+    b = logits.clone().requires_grad_(True)
+    logp = torch.log_softmax(b.float() / temperature, -1)
+    want = logp.gather(-1, labels.clamp(min=0)[..., None])[..., 0].masked_fill(labels < 0, 0.0)
+    (want * weights).sum().backward()
+    torch.testing.assert_close(lp, want.detach(), rtol=1e-5, atol=1e-5)
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    torch.testing.assert_close(a.grad, b.grad, rtol=tol, atol=tol)
+    assert a.grad.dtype == dtype and torch.isfinite(a.grad).all()
+    h = -(logp.exp() * logp.masked_fill(logp == float("-inf"), 0.0)).sum(-1)
+    torch.testing.assert_close(ent, h.detach(), rtol=1e-5, atol=1e-5)
+    assert not ent.requires_grad

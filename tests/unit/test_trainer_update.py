@@ -401,3 +401,82 @@ def test_with_a_kl_or_entropy_term_every_sample_is_run(policy, monkeypatch):
     assert gradient_free(tensors, UpdateConfig(LossConfig(entropy_coef=0.01), 2)) is None
     skip = gradient_free(tensors, UpdateConfig(LossConfig(), 2))
     assert skip.tolist() == [True] * 4 + [False] * 4
+
+
+# ------------------------------------------- no full-vocabulary fp32 tensor (issue 35 #6)
+
+
+class _Fp32VocabTensors(torch.utils._python_dispatch.TorchDispatchMode):
+    """Records, for each fp32 tensor over the vocabulary (last dim) that got memory of its own,
+    how many positions' worth of vocabulary rows it holds. Views share their base's memory and
+    the parameters' memory exists before: neither counts."""
+
+    def __init__(self, vocab: int, params):
+        super().__init__()
+        self.vocab, self.rows = vocab, []
+        self.seen = {p.untyped_storage().data_ptr() for p in params}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if not isinstance(t, torch.Tensor) or t.dtype != torch.float32 or t.dim() < 2:
+                continue
+            storage = t.untyped_storage()
+            if t.shape[-1] == self.vocab and storage.data_ptr() not in self.seen:
+                self.seen.add(storage.data_ptr())
+                self.rows.append(storage.nbytes() // (4 * self.vocab))
+        return out
+
+
+def _logit_rows_seen(monkeypatch, entropy_coef: float) -> tuple[int, list[int]]:
+    """(positions the LM head scored, rows of every other new fp32 vocabulary tensor)."""
+    from lorarl.trainer import logprobs
+
+    monkeypatch.setattr(logprobs, "CHUNK_ROWS", 4, raising=False)
+    config = tiny_config("llama", init_std=0.1)
+    config.vocab_size = 301  # no other dimension of the model is 301
+    torch.manual_seed(0)
+    base = AutoModelForCausalLM.from_config(config)
+    model = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear"))
+    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.0)
+    cfg = UpdateConfig(LossConfig(entropy_coef=entropy_coef), micro_batch_size=6)
+    with _Fp32VocabTensors(config.vocab_size, model.parameters()) as seen:
+        metrics = update_policy(model, opt, batch(), cfg)
+    assert metrics["entropy"] > 0  # the entropy is still reported
+    # the LM head's output and its gradient: the largest ones, one row per scored position
+    head = max(seen.rows)
+    return head, [r for r in seen.rows if r != head]
+
+
+def test_without_an_entropy_term_no_full_vocabulary_fp32_tensor_is_built(monkeypatch):
+    head, others = _logit_rows_seen(monkeypatch, entropy_coef=0.0)
+    chunk = 4
+    assert head > 4 * chunk  # the batch is many chunks long, so the check below means something
+    # every other fp32 tensor over the vocabulary is one chunk: no [B, T, V] log-softmax, no
+    # entropy graph (exp, products) over the whole batch
+    assert others and max(others) <= chunk, sorted(others)
+
+
+def test_with_an_entropy_term_its_gradient_is_the_full_one(policy):
+    """The entropy bonus still trains: its gradient equals the one from an explicit full
+    log-softmax entropy."""
+    from lorarl.trainer.logprobs import sequence_logprobs
+
+    b = batch()
+    model = copy.deepcopy(policy)
+    params = [p for p in model.parameters() if p.requires_grad]
+    _, ent = sequence_logprobs(
+        model, b.input_ids, b.attention_mask, b.response_mask,
+        micro_batch_size=6, with_entropy=True, entropy_grad=True,
+    )  # fmt: skip
+    got = torch.autograd.grad(ent.sum(), params)
+    logits = model(input_ids=b.input_ids, attention_mask=b.attention_mask).logits[:, :-1].float()
+    logp = torch.log_softmax(logits, -1)
+    full = -(logp.exp() * logp).sum(-1)
+    want = torch.autograd.grad((full * b.response_mask[:, 1:]).sum(), params)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-6)
+    _, metric = sequence_logprobs(model, b.input_ids, b.attention_mask, b.response_mask,
+                                  micro_batch_size=6, with_entropy=True)  # fmt: skip
+    assert not metric.requires_grad
+    torch.testing.assert_close(metric, ent.detach(), rtol=1e-5, atol=1e-6)

@@ -18,6 +18,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from lorarl.trainer.lora_precision import lora_compute
+from lorarl.trainer.losses import chunked_logprobs, entropy_from_logits
 from lorarl.trainer.model import lora_parameters
 
 
@@ -48,18 +49,28 @@ def _check_temperature(temperature: float) -> None:
         raise ValueError(f"temperature must be > 0, got {temperature}")
 
 
+# Rows (positions) of logits upcast to fp32 at a time in the logprob and entropy passes.
+CHUNK_ROWS = 1024
+
+
 def token_logprobs_from_logits(
     logits: torch.Tensor,
     input_ids: torch.Tensor,
     with_entropy: bool,
     first: int = 1,
     temperature: float = 1.0,
+    *,
+    entropy_grad: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Shifted gather of log-softmax(logits / temperature) in fp32; [B, T], zero before `first`.
 
     `logits` hold positions `first - 1 .. T - 1` (all of them when `first` is 1): the logits at
     t - 1 score token t, so the last position is never used. The temperature is the sampling
     one: the engines sample from softmax(z / T), so that is the policy being scored (verl, TRL).
+
+    Computed `CHUNK_ROWS` positions at a time (`losses.chunked_logprobs`): no full-vocabulary
+    fp32 log-softmax is materialised, with grad or without. The entropy is a detached metric
+    unless `entropy_grad` (an entropy term in the loss), which builds its graph.
     """
     _check_temperature(temperature)
     if not 1 <= first <= input_ids.shape[1]:
@@ -67,16 +78,22 @@ def token_logprobs_from_logits(
     expected = input_ids.shape[1] - first + 1
     if logits.shape[1] != expected:
         raise ValueError(f"logits cover {logits.shape[1]} positions, expected {expected}")
-    scaled = logits[:, :-1].float()
-    if temperature != 1.0:
-        scaled = scaled / temperature
-    logp = torch.log_softmax(scaled, dim=-1)
-    picked = logp.gather(-1, input_ids[:, first:].unsqueeze(-1)).squeeze(-1)
+    # The last position scores nothing: label -1 (logprob 0) rather than a slice of the logits,
+    # whose gradient autograd would build as a second logits-sized tensor.
+    labels = F.pad(input_ids[:, first:], (0, 1), value=-1)
+    picked, entropy = chunked_logprobs(
+        logits, labels, temperature=temperature, chunk_rows=CHUNK_ROWS,
+        with_entropy=with_entropy and not entropy_grad,
+    )  # fmt: skip
+    picked = picked[:, :-1]
+    if with_entropy and entropy_grad:
+        entropy = entropy_from_logits(logits, chunk_rows=CHUNK_ROWS, temperature=temperature)
+    if entropy is not None:
+        entropy = entropy[:, :-1]
     zeros = picked.new_zeros(picked.shape[0], first)
     out = torch.cat([zeros, picked], dim=1)
     if not with_entropy:
         return out, None
-    entropy = -(logp.exp() * logp).sum(-1)
     return out, torch.cat([zeros, entropy], dim=1)
 
 
@@ -114,9 +131,11 @@ def sequence_logprobs(
     micro_batch_size: int,
     with_entropy: bool = False,
     temperature: float = 1.0,
+    entropy_grad: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Logprobs [B, T] (fp32, zero outside `response_mask`) and optionally entropy [B, T], of
-    the distribution sampled at `temperature`.
+    the distribution sampled at `temperature`. The entropy is detached (a metric) unless
+    `entropy_grad` (an entropy bonus in the loss).
 
     Keeps the autograd graph when grad is enabled, so the caller can backprop a loss on them.
     The LM head and log-softmax run only from the micro-batch's first completion position on:
@@ -144,7 +163,9 @@ def sequence_logprobs(
                 **extra,
             )
         logits = out.logits if head_on_demand else out.logits[:, first - 1 :]
-        lp, ent = token_logprobs_from_logits(logits, ids, with_entropy, first, temperature)
+        lp, ent = token_logprobs_from_logits(
+            logits, ids, with_entropy, first, temperature, entropy_grad=entropy_grad
+        )
         keep = resp.bool()  # where(), not multiply: 0 * -inf would be NaN
         pad = (0, full_width - width)  # back to the batch's width: zeros on the trimmed columns
         lps.append(F.pad(torch.where(keep, lp, 0.0), pad))

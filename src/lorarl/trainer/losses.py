@@ -18,6 +18,7 @@ __all__ = [
     "KL_ESTIMATORS",
     "LossConfig",
     "aggregate",
+    "chunked_logprobs",
     "entropy_from_logits",
     "kl_penalty",
     "policy_loss",
@@ -218,20 +219,7 @@ def kl_penalty(logprobs: Tensor, ref_logprobs: Tensor, estimator: str = "low_var
     return (torch.exp(d) - d - 1.0).clamp(-10.0, 10.0)
 
 
-def _row_chunks(flat: Tensor, chunk_rows: int) -> list[Tensor]:
-    if chunk_rows <= 0:
-        raise ValueError(f"chunk_rows must be > 0, got {chunk_rows}")
-    return list(flat.split(chunk_rows, dim=0))
-
-
-def token_logprobs_from_logits(logits: Tensor, labels: Tensor, *, chunk_rows: int = 4096) -> Tensor:
-    """``log p(label)`` per position, ``[B, T, V] x [B, T] -> [B, T]`` in fp32.
-
-    Computed as ``logit[label] - logsumexp(logits)`` on row chunks: no log_softmax is ever
-    materialized, and under ``no_grad`` (old/ref logprobs) at most one chunk is upcast at a time.
-    The caller aligns labels with logits (no shift here). Negative labels (ignore index, padding)
-    give 0.
-    """
+def _check_logits_labels(logits: Tensor, labels: Tensor) -> None:
     if logits.dim() != 3:
         raise ValueError(f"logits must be 3-D [batch, tokens, vocab], got {tuple(logits.shape)}")
     if labels.shape != logits.shape[:2]:
@@ -240,38 +228,144 @@ def token_logprobs_from_logits(logits: Tensor, labels: Tensor, *, chunk_rows: in
         )
     if labels.dtype not in (torch.long, torch.int32, torch.int64):
         raise ValueError(f"labels must be integer token ids, got dtype {labels.dtype}")
-    vocab = logits.shape[-1]
-    if bool((labels >= vocab).any()):
-        raise ValueError(f"labels contain ids >= vocab size {vocab}")
-    flat_logits = logits.reshape(-1, vocab)
-    flat_labels = labels.reshape(-1).long()
-    out = []
-    for lg, lb in zip(
-        _row_chunks(flat_logits, chunk_rows), flat_labels.split(chunk_rows), strict=True
-    ):
-        lg32 = lg.float()
-        picked = lg32.gather(1, lb.clamp(min=0).unsqueeze(1)).squeeze(1)
-        lp = picked - torch.logsumexp(lg32, dim=-1)
-        out.append(lp.masked_fill(lb < 0, 0.0))
-    return torch.cat(out).view(labels.shape)
+    if bool((labels >= logits.shape[-1]).any()):
+        raise ValueError(f"labels contain ids >= vocab size {logits.shape[-1]}")
 
 
-def entropy_from_logits(logits: Tensor, *, chunk_rows: int = 4096) -> Tensor:
-    """Entropy of the next-token distribution per position, ``[B, T, V] -> [B, T]`` in fp32.
+def _scaled(chunk: Tensor, temperature: float) -> Tensor:
+    z = chunk.float()
+    return z / temperature if temperature != 1.0 else z
+
+
+def _chunks(batch: int, tokens: int, chunk_rows: int) -> list[tuple[slice, slice]]:
+    """(rows, positions) index pairs covering ``[batch, tokens]`` in pieces of at most
+    ``chunk_rows`` positions: whole rows together when they are short, else parts of one row."""
+    if tokens == 0 or batch == 0:
+        return []
+    if tokens <= chunk_rows:
+        step = chunk_rows // tokens
+        return [(slice(b, b + step), slice(None)) for b in range(0, batch, step)]
+    return [
+        (slice(b, b + 1), slice(t, t + chunk_rows))
+        for b in range(batch)
+        for t in range(0, tokens, chunk_rows)
+    ]
+
+
+class _ChunkedLogprob(torch.autograd.Function):
+    """``log softmax(z / T)[label]`` per position of ``[B, T, V]`` logits, a chunk of positions
+    at a time, and optionally the (non-differentiable) entropy of each position's distribution.
+
+    Autograd keeps only the logits it was given (no copy: a slice of the model's output stays a
+    view) and one logsumexp per position; the backward recomputes ``softmax`` a chunk at a time.
+    Neither pass holds a full-vocabulary fp32 tensor for more than ``chunk_rows`` positions,
+    where ``log_softmax`` under autograd keeps a ``[B, T, V]`` fp32 output until the backward.
+    """
+
+    @staticmethod
+    def forward(ctx, logits, labels, temperature, chunk_rows, with_entropy):
+        b, t = logits.shape[:2]
+        out = torch.empty(b, t, dtype=torch.float32, device=logits.device)
+        lse = torch.empty_like(out)
+        ent = torch.empty_like(out) if with_entropy else out.new_empty(0)
+        safe = labels.clamp(min=0).unsqueeze(-1)
+        for rows, cols in _chunks(b, t, chunk_rows):
+            z = _scaled(logits[rows, cols], temperature)
+            chunk_lse = torch.logsumexp(z, dim=-1)
+            lse[rows, cols] = chunk_lse
+            out[rows, cols] = z.gather(-1, safe[rows, cols]).squeeze(-1) - chunk_lse
+            if with_entropy:
+                p = torch.exp(z - chunk_lse.unsqueeze(-1))
+                # H = lse - sum p z; -inf logits have p = 0 and contribute nothing
+                ent[rows, cols] = chunk_lse - (p * z.masked_fill(p == 0, 0.0)).sum(-1)
+        out.masked_fill_(labels < 0, 0.0)
+        ctx.save_for_backward(logits, labels, lse)
+        ctx.temperature, ctx.chunk_rows = temperature, chunk_rows
+        ctx.mark_non_differentiable(ent)
+        return out, ent
+
+    @staticmethod
+    def backward(ctx, grad_out, _grad_ent):
+        logits, labels, lse = ctx.saved_tensors
+        temperature = ctx.temperature
+        grad = torch.empty_like(logits, memory_format=torch.contiguous_format)
+        g = grad_out.float().masked_fill(labels < 0, 0.0).unsqueeze(-1)
+        safe = labels.clamp(min=0).unsqueeze(-1)
+        for rows, cols in _chunks(*labels.shape, ctx.chunk_rows):
+            p = torch.exp(_scaled(logits[rows, cols], temperature) - lse[rows, cols].unsqueeze(-1))
+            gc = g[rows, cols]
+            d = (-p * gc).scatter_add_(-1, safe[rows, cols], gc)  # g * (onehot - p)
+            if temperature != 1.0:
+                d = d / temperature
+            grad[rows, cols] = d.to(grad.dtype)
+        return grad, None, None, None, None
+
+
+def chunked_logprobs(
+    logits: Tensor,
+    labels: Tensor,
+    *,
+    temperature: float = 1.0,
+    chunk_rows: int = 4096,
+    with_entropy: bool = False,
+) -> tuple[Tensor, Tensor | None]:
+    """``(log p(label), entropy or None)`` per position of ``softmax(logits / temperature)``,
+    ``[B, T, V] x [B, T] -> [B, T]`` in fp32, differentiable in the logprobs only.
+
+    The memory-lean path of the update: see `_ChunkedLogprob`. The entropy is a metric here
+    (no graph); an entropy *loss* needs `entropy_from_logits`. Negative labels give 0.
+    """
+    _check_logits_labels(logits, labels)
+    if chunk_rows <= 0:
+        raise ValueError(f"chunk_rows must be > 0, got {chunk_rows}")
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    lp, ent = _ChunkedLogprob.apply(
+        logits, labels.long(), float(temperature), chunk_rows, with_entropy
+    )
+    return lp, (ent if with_entropy else None)
+
+
+def token_logprobs_from_logits(logits: Tensor, labels: Tensor, *, chunk_rows: int = 4096) -> Tensor:
+    """``log p(label)`` per position, ``[B, T, V] x [B, T] -> [B, T]`` in fp32.
+
+    Computed as ``logit[label] - logsumexp(logits)`` on row chunks: no log_softmax is ever
+    materialized, and at most one chunk is upcast at a time, with or without grad
+    (`chunked_logprobs`). The caller aligns labels with logits (no shift here). Negative labels
+    (ignore index, padding) give 0.
+    """
+    return chunked_logprobs(logits, labels, chunk_rows=chunk_rows)[0]
+
+
+def entropy_from_logits(
+    logits: Tensor, *, chunk_rows: int = 4096, temperature: float = 1.0
+) -> Tensor:
+    """Entropy of the next-token distribution ``softmax(logits / temperature)`` per position,
+    ``[B, T, V] -> [B, T]`` in fp32, differentiable (the entropy bonus).
 
     ``H = -sum p log p`` with ``log p = logits - logsumexp``; ``-inf`` logits (masked vocabulary)
     contribute 0 instead of ``0 * -inf = NaN``, in the value and in the gradient.
     """
     if logits.dim() != 3:
         raise ValueError(f"logits must be 3-D [batch, tokens, vocab], got {tuple(logits.shape)}")
-    flat = logits.reshape(-1, logits.shape[-1])
-    out = []
-    for lg in _row_chunks(flat, chunk_rows):
-        logp = torch.log_softmax(lg.float(), dim=-1)
+    if chunk_rows <= 0:
+        raise ValueError(f"chunk_rows must be > 0, got {chunk_rows}")
+    batch, tokens = logits.shape[:2]
+    if batch == 0 or tokens == 0:
+        return logits.new_zeros((batch, tokens), dtype=torch.float32)
+
+    def entropy(z: Tensor) -> Tensor:
+        logp = torch.log_softmax(_scaled(z, temperature), dim=-1)
         p = logp.exp()
-        logp_safe = logp.masked_fill(p == 0, 0.0)
-        out.append(-(p * logp_safe).sum(dim=-1))
-    return torch.cat(out).view(logits.shape[:2])
+        return -(p * logp.masked_fill(p == 0, 0.0)).sum(dim=-1)
+
+    if tokens <= chunk_rows:  # whole rows per chunk, as `_chunks`
+        step = chunk_rows // tokens
+        return torch.cat([entropy(logits[b : b + step]) for b in range(0, batch, step)])
+    return torch.stack([
+        torch.cat([entropy(logits[b, t : t + chunk_rows]) for t in range(0, tokens, chunk_rows)])
+        for b in range(batch)
+    ])  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -192,9 +192,8 @@ def update_policy(
                 lp, ent = sequence_logprobs(
                     model, sub.input_ids, sub.attention_mask, sub.response_mask,
                     micro_batch_size=mbs, with_entropy=True, temperature=cfg.temperature,
+                    entropy_grad=cfg.loss.entropy_coef > 0,  # else a metric: no graph
                 )  # fmt: skip
-                if cfg.loss.entropy_coef == 0:
-                    ent = ent.detach()
                 idx = rows[mb]  # these samples' rows in `batch`
                 old_lp = lp.detach() if old is None else old[idx]
                 loss, metrics = rl_loss(
