@@ -50,7 +50,7 @@ def _check_temperature(temperature: float) -> None:
 
 
 # Rows (positions) of logits upcast to fp32 at a time in the logprob and entropy passes.
-CHUNK_ROWS = 1024
+CHUNK_ROWS = 256
 
 
 def token_logprobs_from_logits(

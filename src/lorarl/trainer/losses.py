@@ -276,8 +276,8 @@ class _ChunkedLogprob(torch.autograd.Function):
             out[rows, cols] = z.gather(-1, safe[rows, cols]).squeeze(-1) - chunk_lse
             if with_entropy:
                 p = torch.exp(z - chunk_lse.unsqueeze(-1))
-                # H = lse - sum p z; -inf logits have p = 0 and contribute nothing
-                ent[rows, cols] = chunk_lse - (p * z.masked_fill(p == 0, 0.0)).sum(-1)
+                # H = lse - sum p z; a -inf logit has p = 0 and its 0 * -inf (NaN) counts 0
+                ent[rows, cols] = chunk_lse - torch.nansum(p.mul_(z), dim=-1)
         out.masked_fill_(labels < 0, 0.0)
         ctx.save_for_backward(logits, labels, lse)
         ctx.temperature, ctx.chunk_rows = temperature, chunk_rows
