@@ -161,14 +161,15 @@ def test_limits_cut_episodes_and_keep_what_was_done(engine):
     assert chatty.sample.turn_rewards == tuple((i, 0.5) for i in ends) and len(ends) == 2
 
 
-def test_an_environment_prompt_over_the_prompt_budget_is_refused(engine):
-    from lorarl.trainer.data import DataError
-
+def test_an_environment_prompt_over_the_prompt_budget_skips_its_row(engine, caplog):
+    """Not fatal (issue 35 #2): each such row's group comes back empty (the rollout worker
+    skips and counts it) and the log says why."""
     params = SamplingParams(max_tokens=4)
-    with pytest.raises(DataError, match=r"over data.maxPromptTokens=8 .*raise data.maxPrompt"):
-        runner(engine, LetterRelay, max_prompt_tokens=8).run(
-            ITEMS[:1], 1, params, model="base", version=0, seed=0
-        )
+    groups = runner(engine, LetterRelay, max_prompt_tokens=8).run(
+        ITEMS[:2], 2, params, model="base", version=0, seed=0
+    )
+    assert groups == [[], []]
+    assert "over data.maxPromptTokens=8" in caplog.text and "raise data.maxPrompt" in caplog.text
 
 
 def test_episode_rewards_add_the_final_score_only_when_asked():

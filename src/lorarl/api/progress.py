@@ -92,6 +92,11 @@ class StepRecord(ReportModel):
         default=None,
         description="Tool calls this step that failed (unknown tool, bad arguments, tool error).",
     )
+    skipped_prompts: int | None = Field(
+        default=None,
+        description="Prompts skipped this step because the environment's first messages came "
+        "out over maxPromptTokens at run time (the load-time filter measures them with seed 0).",
+    )
     environment_seconds: float | None = Field(
         default=None,
         description="Wall seconds of generateSeconds during which an environment was running "
@@ -148,6 +153,12 @@ class Progress(ReportModel):
     )
     dropped_prompts: int = Field(
         default=0, ge=0, description="Training prompts dropped at load: over maxPromptTokens."
+    )
+    skipped_prompts: int = Field(
+        default=0,
+        ge=0,
+        description="Training prompts skipped at run time, summed over the recorded steps: the "
+        "environment's first messages came out over maxPromptTokens.",
     )
     message: str = ""
     started_at: float | None = None

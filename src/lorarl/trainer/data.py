@@ -242,18 +242,28 @@ def encode_prompts(
 
 
 def drop_long_prompts(
-    dataset: PromptDataset, tokenizer: Any, max_prompt_tokens: int
+    dataset: PromptDataset,
+    tokenizer: Any,
+    max_prompt_tokens: int,
+    *,
+    lengths: Sequence[int] | None = None,
 ) -> tuple[PromptDataset, int]:
     """The prompts that fit `max_prompt_tokens` once rendered, and how many were dropped.
 
     Done once at load time (verl's `filter_overlong_prompts`): a long prompt sampled mid-run
-    would otherwise fail the step. Fails only if nothing is left.
+    would otherwise fail the step. `lengths` are the prompts' token counts as they will be sent
+    when something else renders them (an environment's first messages, tool description
+    included: `episodes.episode_prompt_lengths`); default: the chat template's rendering of the
+    row. Fails only if nothing is left.
     """
-    prompts = [it.prompt for it in dataset]
-    encoded = encode_prompts(
-        tokenizer, prompts, 2**62, chat_template_kwargs=dataset.chat_template_kwargs
-    )
-    lengths = [len(ids) for ids in encoded]
+    if lengths is None:
+        prompts = [it.prompt for it in dataset]
+        encoded = encode_prompts(
+            tokenizer, prompts, 2**62, chat_template_kwargs=dataset.chat_template_kwargs
+        )
+        lengths = [len(ids) for ids in encoded]
+    elif len(lengths) != len(dataset):
+        raise ValueError(f"{len(lengths)} lengths for {len(dataset)} prompts")
     kept = [it for it, n in zip(dataset, lengths, strict=True) if n <= max_prompt_tokens]
     if not kept:
         raise DataError(

@@ -33,6 +33,10 @@ log = logging.getLogger(__name__)
 ENDINGS = ("done", "tokens", "length", "turns", "timeout", "error")
 
 
+class PromptTooLong(DataError):
+    """An environment's first messages came out over data.maxPromptTokens at run time."""
+
+
 @dataclass
 class Episode:
     """One finished episode: a `Sample` whose completion holds every turn, plus what the
@@ -101,14 +105,48 @@ class EpisodeRunner:
             async with self.client:
                 flat = await asyncio.gather(
                     *(
-                        self._episode(pool, item, params, model, version, seed, i * n + j)
+                        self._fitting_episode(pool, item, params, model, version, seed, i * n + j)
                         for i, item in enumerate(items)
                         for j in range(n)
                     )
                 )
         finally:
             pool.shutdown(wait=False, cancel_futures=True)
-        return [list(flat[i * n : (i + 1) * n]) for i in range(len(items))]
+        groups = [flat[i * n : (i + 1) * n] for i in range(len(items))]
+        # A group is trained whole or not at all: one episode over the budget skips its row.
+        return [[] if any(e is None for e in g) else list(g) for g in groups]
+
+    async def _fitting_episode(self, pool, item, params, model, version, seed, k):
+        try:
+            return await self._episode(pool, item, params, model, version, seed, k)
+        except PromptTooLong as exc:
+            log.warning("skipping a prompt this step: %s", exc)
+            return None
+
+    async def prompt_lengths(self, items: Sequence[PromptItem]) -> list[int]:
+        """The first prompt's token count of each item as an episode would send it: the
+        environment's `reset` messages (e.g. with `tool_calling`'s tool description), rendered.
+        Uses seed 0; an environment whose first messages depend on the seed can still come out
+        longer at run time (that episode's row is then skipped for the step)."""
+        pool = ThreadPoolExecutor(min(32, max(1, len(items))), "lorarl-env")
+
+        async def one(item: PromptItem) -> int:
+            env = self.factory()
+            try:
+                messages = await _call(
+                    pool, env.reset, EpisodeItem(item.prompt, item.answer, item.metadata, 0)
+                )
+                _check_messages(env, messages, "reset")
+                return len(self.turn_tokens.prompt(messages))
+            finally:
+                close = getattr(env, "close", None)
+                if close is not None:
+                    await _call(pool, close)
+
+        try:
+            return list(await asyncio.gather(*(one(item) for item in items)))
+        finally:
+            pool.shutdown(wait=False, cancel_futures=True)
 
     async def _episode(
         self,
@@ -127,7 +165,10 @@ class EpisodeRunner:
         trace = _Trace(self.turn_tokens.prompt(first))
         limit = self.max_prompt_tokens
         if limit is not None and len(trace.prompt_ids) > limit:
-            raise DataError(
+            close = getattr(env, "close", None)
+            if close is not None:
+                await _call(pool, close)
+            raise PromptTooLong(
                 f"{type(env).__name__}.reset's messages are {len(trace.prompt_ids)} tokens, over "
                 f"data.maxPromptTokens={limit} (which counts what the environment adds, e.g. a "
                 "tool description): raise data.maxPromptTokens"
@@ -228,6 +269,32 @@ def build_episode_runner(
         timeout_s=env.episode_timeout_seconds,
         max_prompt_tokens=spec.data.max_prompt_tokens,
     )
+
+
+def episode_prompt_lengths(
+    job: LoRARLJob, tokenizer: Any, items: Sequence[PromptItem]
+) -> list[int] | None:
+    """What the load-time prompt filter measures with spec.environment: each row's first prompt
+    as the environment sends it (None without an environment: the row's own rendering)."""
+    env = job.spec.environment
+    if env is None:
+        return None
+    from lorarl.environments.registry import environment_factory
+
+    try:
+        factory = environment_factory(env.entrypoint, env.params)
+    except (ImportError, ValueError, TypeError) as exc:
+        raise ConfigError(f"spec.environment: {exc}") from exc
+    runner = EpisodeRunner(
+        client=None,  # type: ignore[arg-type]  # measuring generates nothing
+        turn_tokens=TurnTokens(tokenizer, job.spec.data.chat_template_kwargs),
+        factory=factory,
+        max_turns=env.max_turns,
+        max_total_tokens=env.max_total_tokens,
+        max_response_tokens=job.spec.data.max_response_tokens,
+        timeout_s=env.episode_timeout_seconds,
+    )
+    return asyncio.run(runner.prompt_lengths(items))
 
 
 def _append(trace: _Trace, ids: Sequence[int], logprobs: Sequence[float], mask: int) -> None:

@@ -32,7 +32,7 @@ from lorarl.trainer.critic import (
 )
 from lorarl.trainer.data import DataPosition, PromptDataset, PromptSampler, drop_long_prompts
 from lorarl.trainer.engine_memory import EngineMemory
-from lorarl.trainer.episodes import build_episode_runner
+from lorarl.trainer.episodes import build_episode_runner, episode_prompt_lengths
 from lorarl.trainer.eval import Evaluator, build_evaluator
 from lorarl.trainer.export import export_final
 from lorarl.trainer.fleet import Fleet
@@ -86,8 +86,9 @@ class Trainer:
         base = load_base_model(spec.model.path, spec.model.dtype, trust_remote_code=remote)
         self.tokenizer = AutoTokenizer.from_pretrained(spec.model.path, trust_remote_code=remote)
         self.dataset, self.dropped_prompts = drop_long_prompts(
-            loaded, self.tokenizer, spec.data.max_prompt_tokens
-        )
+            loaded, self.tokenizer, spec.data.max_prompt_tokens,
+            lengths=self._prompt_lengths(loaded),
+        )  # fmt: skip
         if self.dropped_prompts and ctx.is_main:
             log.warning(
                 "dropped %d of %d prompts longer than data.maxPromptTokens=%d",
@@ -125,6 +126,18 @@ class Trainer:
         self._prefetched: Future[Collected] | None = None
         if ctx.is_main:
             self._setup_main()
+
+    def _prompt_lengths(self, loaded: PromptDataset) -> list[int] | None:
+        """With spec.environment, each row's first prompt as the environment sends it (tool
+        description included): measured on rank 0, the same list on every rank."""
+        if self.job.spec.environment is None:
+            return None
+        box: list = [None]
+        if self.ctx.is_main:
+            box[0] = episode_prompt_lengths(self.job, self.tokenizer, list(loaded))
+        if dist.is_initialized():
+            dist.broadcast_object_list(box, src=0)
+        return box[0]
 
     def _setup_main(self) -> None:
         spec, ep = self.job.spec, self.endpoints

@@ -75,6 +75,7 @@ class ProgressTracker:
             self.history = kept
             self.samples = samples
             self.progress.step = upto_step
+            self.progress.skipped_prompts = sum(r.skipped_prompts or 0 for r in kept)
             self.progress.latest = kept[-1] if kept else None
             self.progress.baseline_eval = baseline
             self.progress.eval = evals[-1] if evals else baseline
@@ -98,6 +99,7 @@ class ProgressTracker:
             self.history.append(record)
             self.progress.phase = "Running"
             self.progress.step = record.step
+            self.progress.skipped_prompts += record.skipped_prompts or 0
             self.progress.latest = record
             self.progress.last_sync = sync
             if record.eval is not None:

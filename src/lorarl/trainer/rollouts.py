@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -11,6 +12,7 @@ import torch
 from lorarl.trainer.advantages import compute_advantages
 from lorarl.trainer.batch import TrainSample
 from lorarl.trainer.data import (
+    DataError,
     DataPosition,
     PromptDataset,
     PromptSampler,
@@ -23,6 +25,11 @@ from lorarl.trainer.overlong import OverlongConfig, soft_overlong_penalty, trunc
 from lorarl.trainer.rollout_client import RolloutClient
 from lorarl.trainer.rollout_types import Sample, SamplingParams
 from lorarl.trainer.sampling import round_seed
+
+log = logging.getLogger(__name__)
+
+# Batches in a row whose every row was skipped before a step gives up (a data problem).
+MAX_EMPTY_BATCHES = 8
 
 
 @dataclass
@@ -38,6 +45,7 @@ class Collected:
     episode_stats: dict[str, float] | None = None  # multi-turn only (episodes.episode_stats)
     engine_requests: dict[str, int] | None = None  # replica name -> requests (set by the loop)
     engine_rewards: dict[str, float] | None = None  # endpoint -> mean reward (names: the loop)
+    skipped_prompts: int = 0  # multi-turn: rows over maxPromptTokens at run time, not trained
 
 
 @dataclass
@@ -68,6 +76,7 @@ class RolloutWorker:
         all_rewards: list[torch.Tensor] = []
         by_endpoint: dict[str, list[float]] = {}
         n_truncated = n_samples = 0
+        skipped = empty_batches = 0
         episodes: list[Episode] = []
         dynamic = None
         if self.dynamic_rounds:
@@ -96,6 +105,21 @@ class RolloutWorker:
                     seed=_episode_seed(self.sampling.seed, step, len(all_rewards)),
                 )  # fmt: skip
                 gen_s += time.perf_counter() - t0
+                # Rows whose first prompt came out over maxPromptTokens are skipped, not fatal
+                # (the load-time filter measures each row with seed 0: a seed-dependent
+                # environment can still overflow); the step trains on the others.
+                kept = [(it, g) for it, g in zip(items, runs, strict=True) if g]
+                skipped += len(items) - len(kept)
+                if not kept:
+                    empty_batches += 1
+                    if empty_batches > MAX_EMPTY_BATCHES:
+                        raise DataError(
+                            f"{empty_batches} batches in a row had every prompt over "
+                            "data.maxPromptTokens once the environment rendered it: raise "
+                            "data.maxPromptTokens"
+                        )
+                    continue  # the next batch, with the same seeds (nothing was generated)
+                items, runs = [it for it, _ in kept], [g for _, g in kept]
                 t0 = time.perf_counter()
                 scorer = self.scorer if self.final_reward else None
                 rewards = torch.tensor(episode_rewards(items, runs, scorer, prompt_text))
@@ -124,6 +148,11 @@ class RolloutWorker:
                 else:
                     chosen, chosen_rewards = taken.samples, taken.rewards
                 break
+        if skipped:
+            log.warning(
+                "step %d: skipped %d prompt(s) over data.maxPromptTokens once the environment "
+                "rendered them", step, skipped,
+            )  # fmt: skip
         advantages = compute_advantages(
             self.estimator, chosen_rewards, self.group_size, token_counts=_token_counts(chosen)
         )
@@ -149,6 +178,7 @@ class RolloutWorker:
             truncated_fraction=n_truncated / max(n_samples, 1),
             episode_stats=episode_stats(episodes) if self.episodes is not None else None,
             engine_rewards={url: sum(rs) / len(rs) for url, rs in by_endpoint.items()},
+            skipped_prompts=skipped,
         )
 
     def _params(self, step: int, round_: int) -> SamplingParams:

@@ -71,6 +71,7 @@ def step_record(
         sync_members=sync.members if sync else None,
         engine_requests=collected.engine_requests,
         engine_rewards=collected.engine_rewards,
+        skipped_prompts=collected.skipped_prompts if collected.episode_stats is not None else None,
         **{k: metrics[k] for k in _OPTIONAL if k in metrics},
         **(collected.episode_stats or {}),
     )
