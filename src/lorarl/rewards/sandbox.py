@@ -4,13 +4,14 @@ The boundary itself (namespaces, a read-only root with a private size-capped tmp
 the caller's environment cleared) is built in `isolation.py` with bubblewrap. This module adds the
 per-run limits and the bookkeeping:
 
-- rlimits the interpreter sets on itself before any untrusted code runs (hard = soft, so the code
-  cannot raise them back): CPU seconds (SIGXCPU), address space (big allocations raise
-  MemoryError), file size (SIGXFSZ / EFBIG), open files, no core dumps, and processes;
+- the bootstrap first drops to the sandbox's unprivileged uid (`isolation.DROP_PRIVILEGES`), then
+  sets rlimits on itself before any untrusted code runs (hard = soft, so the code cannot raise
+  them back): CPU seconds (SIGXCPU), address space (big allocations raise MemoryError), file size
+  (SIGXFSZ / EFBIG), open files, no core dumps, and tasks (RLIMIT_NPROC: threads and processes
+  together, `max_threads + max_processes`). The kernel counts RLIMIT_NPROC per user namespace and
+  kernel uid, so the count is this sandbox's own, and it applies because that uid is never 0;
 - process creation is off by default (seccomp makes fork/vfork/clone fail with EPERM; threads
-  still work). `max_processes > 0` allows forking, bounded by RLIMIT_NPROC, which the kernel
-  enforces for a non-root uid outside the user namespace (the reward image's user); when lorarl
-  itself runs as root the wall-clock kill and the pid namespace are what bound them;
+  still work, up to the cap). `max_processes > 0` allows forking, bounded by the same cap;
 - the wall-clock timeout SIGKILLs the pid namespace's init, and the kernel then kills every
   process in the namespace, double-forked daemons included, before `run_python` returns;
 - stdout/stderr go to files outside the sandbox, bounded by the file size limit and truncated to
@@ -33,10 +34,11 @@ from pathlib import Path
 from typing import Literal
 
 from lorarl.rewards.isolation import (
+    DROP_PRIVILEGES,
     SandboxUnavailable,
-    bwrap_argv,
     check_available,
     interpreter,
+    launch,
     seccomp_filter,
 )
 
@@ -64,10 +66,12 @@ class SandboxLimits:
     cpu_seconds: int = 10
     memory_bytes: int = 512 * _MIB
     max_processes: int = 0  # 0: fork/clone of processes fails (EPERM); threads still work
+    max_threads: int = 32  # threads of the program, the main one included (RLIMIT_NPROC)
     max_file_bytes: int = 8 * _MIB
     max_open_files: int = 64
     max_output_bytes: int = 1 * _MIB
-    tmpfs_bytes: int = 64 * _MIB  # the only writable place, /tmp, counts against memory
+    tmpfs_bytes: int = 64 * _MIB  # /tmp, writable, in memory outside the address-space limit
+    shm_bytes: int = 16 * _MIB  # /dev/shm, the same; the other writable place
     temp_root: str | None = None  # where stdout/stderr files are kept (outside the sandbox)
 
     def __post_init__(self) -> None:
@@ -77,6 +81,7 @@ class SandboxLimits:
             "memory_bytes",
             "max_file_bytes",
             "tmpfs_bytes",
+            "shm_bytes",
         ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"SandboxLimits.{name} must be > 0 (got {getattr(self, name)})")
@@ -85,6 +90,8 @@ class SandboxLimits:
                 f"SandboxLimits.max_open_files must be >= 16 (got {self.max_open_files}): "
                 "the interpreter itself needs a few"
             )
+        if self.max_threads < 1:
+            raise ValueError(f"SandboxLimits.max_threads must be >= 1 (got {self.max_threads})")
         if self.max_processes < 0:
             raise ValueError(f"SandboxLimits.max_processes must be >= 0 (got {self.max_processes})")
 
@@ -105,7 +112,9 @@ class SandboxResult:
 
 # The interpreter's first code inside the sandbox: lower its own limits, then run the program.
 # Kept as source (run with `-c`) so nothing importable from lorarl is needed in there.
-_BOOTSTRAP = r"""
+_BOOTSTRAP = (
+    DROP_PRIVILEGES
+    + r"""
 import io, json, os, resource, sys
 _cfg = json.loads(sys.argv[1])
 _payload = json.loads(sys.stdin.read())
@@ -124,6 +133,7 @@ _program = _payload["program"]
 del _cfg, _payload, _fd, _name, _soft, _hard, _cap, _res
 exec(compile(_program, "<sandbox>", "exec"), {"__name__": "__main__", "__builtins__": __builtins__})
 """
+)
 
 
 class Sandbox:
@@ -158,32 +168,24 @@ class Sandbox:
         config = {"rlimits": _rlimits(limits), "args": [str(fd) for fd in pass_fds]}
         exe, _ = interpreter()
         inner = [exe, "-I", "-S", "-B", "-c", _BOOTSTRAP, json.dumps(config)]
-        seccomp_r, seccomp_w = os.pipe()
-        info_r, info_w = os.pipe()
+        self._out = open(self._root / "stdout", "wb")  # noqa: SIM115 (closed in wait)
+        self._err = open(self._root / "stderr", "wb")  # noqa: SIM115
+        self._start_time = time.monotonic()
         try:
-            os.write(seccomp_w, seccomp_filter(limits.max_processes > 0))
-            os.close(seccomp_w)
-            seccomp_w = -1
-            argv = bwrap_argv(
-                seccomp_fd=seccomp_r, info_fd=info_w, tmpfs_bytes=limits.tmpfs_bytes, argv=inner
-            )
-            self._out = open(self._root / "stdout", "wb")  # noqa: SIM115 (closed in wait)
-            self._err = open(self._root / "stderr", "wb")  # noqa: SIM115
-            self._start_time = time.monotonic()
-            self._proc = subprocess.Popen(
-                argv,
-                stdin=subprocess.PIPE,
+            self._proc, self._init_pidfd = launch(
+                inner,
+                seccomp=seccomp_filter(limits.max_processes > 0),
+                tmpfs_bytes=limits.tmpfs_bytes,
+                shm_bytes=limits.shm_bytes,
                 stdout=self._out,
                 stderr=self._err,
-                env={},
-                pass_fds=(seccomp_r, info_w, *pass_fds),
-                start_new_session=True,
+                pass_fds=pass_fds,
+                deadline=self._start_time + limits.wall_seconds,
             )
-        finally:
-            for fd in (seccomp_r, seccomp_w, info_w):
-                if fd >= 0:
-                    os.close(fd)
-        self._init_pidfd = _open_init(info_r, self._start_time + limits.wall_seconds)
+        except BaseException:
+            self._out.close()
+            self._err.close()
+            raise
         payload = json.dumps({"program": program, "stdin": stdin}).encode()
         assert self._proc.stdin is not None
         try:  # the bootstrap reads all of it first thing
@@ -240,28 +242,6 @@ class Sandbox:
             self._init_pidfd = -1
 
 
-def _open_init(info_r: int, deadline: float) -> int:
-    """A pidfd for the sandbox's pid-namespace init, from bubblewrap's `--info-fd` JSON."""
-    data = b""
-    try:
-        while time.monotonic() < deadline:
-            ready, _, _ = select.select([info_r], [], [], max(deadline - time.monotonic(), 0))
-            if not ready:
-                break
-            chunk = os.read(info_r, 4096)
-            if not chunk:
-                break
-            data += chunk
-            with contextlib.suppress(ValueError):
-                pid = int(json.loads(data)["child-pid"])
-                return os.pidfd_open(pid)
-    except OSError:
-        pass
-    finally:
-        os.close(info_r)
-    return -1
-
-
 def run_python(
     program: str, *, limits: SandboxLimits | None = None, stdin: str = ""
 ) -> SandboxResult:
@@ -280,9 +260,8 @@ def _rlimits(limits: SandboxLimits) -> list[tuple[str, int, int]]:
         ("RLIMIT_FSIZE", int(limits.max_file_bytes)),
         ("RLIMIT_NOFILE", int(limits.max_open_files)),
         ("RLIMIT_CORE", 0),
+        ("RLIMIT_NPROC", int(limits.max_threads) + int(limits.max_processes)),
     ]
-    if limits.max_processes > 0:
-        fixed.append(("RLIMIT_NPROC", int(limits.max_processes)))
     return [("RLIMIT_CPU", cpu, cpu + 1), *((name, v, v) for name, v in fixed)]
 
 
