@@ -218,12 +218,6 @@ def test_hundreds_of_threads_fail_early():
     assert int(started) < FAST.max_threads, run.stdout
 
 
-def test_a_thread_bomb_in_a_completion_scores_zero(reward):
-    body = THREADS.replace("print(started", "assert False, (started").replace("stop.set()", "")
-    result = reward("", f"```python\n{body}{ADD}```", ADD_TESTS, {})
-    assert result.score == 0.0, result.info
-
-
 def test_processes_count_against_the_same_cap_when_forking_is_allowed():
     program = (
         "import os, time\n"

@@ -8,25 +8,38 @@ before the tests run). So the solution and the tests run in two separate sandbox
   "call object 3 with (1, 2)" and gets back a plain value (None, bool, int, float, str, bytes and
   lists/tuples/dicts/sets of them, encoded as tagged JSON) or a reference to an object that stays
   in the solution sandbox (a class instance, a method);
-- the *judge* sandbox executes the test code with every name the solution defined bound to a
-  proxy, evaluates the asserts itself on the decoded values and writes one verdict per test to its
-  own stdout, which only the caller reads. It never runs solution code or unpickles anything.
+- the *judge* sandbox executes the test code in a namespace of its own: its own copy of the
+  builtins, and the solution's API bound to proxies. The API is the names the task declares
+  (`entry_point` or `api` in the sample's metadata) or, when it declares none, every name the
+  solution defines; either way a name of a builtin is never taken from the solution (a solution's
+  `set` or `abs` cannot stand in for the ones the tests call), and a module the solution imported
+  reaches the tests only as the judge's own import of the standard-library module of the same
+  name. It evaluates the asserts itself on the decoded values and writes one verdict per test,
+  then a count, to a file descriptor only it holds (a file the caller opened; neither its own
+  stdout nor anything the solution's sandbox can reach). It never runs solution code or
+  unpickles anything.
 
 The best a hostile solution can do is return values, i.e. answer the tests. Costs: two sandboxes
 per sample, one pipe round trip per call; objects other than plain values cross only as proxies
-that support calls and attribute access, and in-place changes to arguments are not seen.
+that support calls and attribute access, and in-place changes to arguments are not seen. Not
+held without a declared API: a test that uses a name the solution defines for it as something
+other than a module (e.g. `math` bound to a class, in a test that never imports math) gets the
+solution's object; tasks close that by declaring their entry points.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from lorarl.rewards.sandbox import Sandbox, SandboxLimits, SandboxResult
 
 __all__ = ["AssertVerdict", "judge_asserts"]
+
+_MAX_VERDICTS_BYTES = 4 * 1024 * 1024
 
 # Shared by both sides: the value codec and line-based framing on raw fds.
 _CODEC = r"""
@@ -181,10 +194,10 @@ while True:
 _JUDGE = (
     _CODEC
     + r"""
-import signal as _signal, sys as _sys, importlib as _importlib
-_RECV, _SEND = int(_sys.argv[1]), int(_sys.argv[2])
+import builtins as _builtins, signal as _signal, sys as _sys, importlib as _importlib
+_RECV, _SEND, _OUT = int(_sys.argv[1]), int(_sys.argv[2]), int(_sys.argv[3])
 _cfg = _json.loads(_sys.stdin.read())
-_OUT = _os.dup(1)
+_BUILTINS = dict(vars(_builtins))  # before any test runs: the tests get this copy
 _PER_TEST = _cfg["per_test"]
 _lines = _Lines(_RECV)
 _next_id = [0]
@@ -250,15 +263,33 @@ if not (isinstance(_ready, dict) and _ready.get("ready") is True):
     _why = _ready.get("error") if isinstance(_ready, dict) else None
     _report({"solution_error": str(_why or "the solution did not load")[:300]})
     raise SystemExit(0)
-_ns = {"__name__": "__tests__"}
+_API = _cfg["api"]
+_STDLIB = getattr(_sys, "stdlib_module_names", frozenset())
+
+def _binding(name, desc):  # what the tests see for one of the solution's names (None: nothing)
+    if not isinstance(name, str) or name.startswith("__") or name in _BUILTINS:
+        return None
+    if not isinstance(desc, dict):
+        return None
+    if "module" in desc:
+        # Only the judge's own import of the stdlib module of this very name (`import math`,
+        # `import xml.dom.minidom as minidom`): a solution's "module" is a claim, not a module.
+        module = str(desc["module"])
+        if name != module.rsplit(".", 1)[-1] or module.split(".")[0] not in _STDLIB:
+            return None
+        return _importlib.import_module(module)
+    if _API is not None and name not in _API:
+        return None
+    return _decode(desc["value"], _Remote)
+
+_ns = {"__name__": "__tests__", "__builtins__": _BUILTINS}
 for _k, _desc in _ready.get("names", {}).items():
     try:
-        if "module" in _desc:
-            _ns[_k] = _importlib.import_module(str(_desc["module"]))
-        else:
-            _ns[_k] = _decode(_desc["value"], _Remote)
+        _v = _binding(_k, _desc)
     except BaseException:
-        pass
+        continue
+    if _v is not None:
+        _ns[_k] = _v
 for _i, _test in enumerate(_cfg["tests"]):
     _deadline[0] = _time.monotonic() + _PER_TEST + 0.5
     _signal.setitimer(_signal.ITIMER_REAL, _PER_TEST + 1.0)
@@ -272,6 +303,7 @@ for _i, _test in enumerate(_cfg["tests"]):
     finally:
         _signal.setitimer(_signal.ITIMER_REAL, 0)
     _report({"test": _i, "error": _err})
+_report({"done": len(_cfg["tests"])})
 """
 )
 
@@ -285,41 +317,60 @@ class AssertVerdict:
 
 
 def judge_asserts(
-    code: str, tests: Sequence[str], limits: SandboxLimits, per_test: float
+    code: str,
+    tests: Sequence[str],
+    limits: SandboxLimits,
+    per_test: float,
+    api: Sequence[str] | None = None,
 ) -> AssertVerdict:
-    """Run `code` and `tests` in two sandboxes joined by two pipes; the judge's stdout decides."""
+    """Run `code` and `tests` in two sandboxes joined by two pipes; the judge's channel decides.
+
+    `api`: the names of the solution the tests may use (None: every name it defines but the
+    builtins'). The verdicts come from a file only the judge's sandbox gets a descriptor of; what
+    either sandbox prints is never read as a verdict.
+    """
     to_solution_r, to_solution_w = os.pipe()
     to_judge_r, to_judge_w = os.pipe()
     fds = [to_solution_r, to_solution_w, to_judge_r, to_judge_w]
-    try:
-        solution = Sandbox(
-            _SERVER,
-            limits=limits,
-            stdin=json.dumps({"solution": code, "per_test": per_test}),
-            pass_fds=(to_solution_r, to_judge_w),
-        )
+    with tempfile.TemporaryFile(dir=limits.temp_root) as verdicts:
         try:
-            judge = Sandbox(
-                _JUDGE,
+            solution = Sandbox(
+                _SERVER,
                 limits=limits,
-                stdin=json.dumps(
-                    {"tests": list(tests), "per_test": per_test, "load_seconds": per_test + 1.0}
-                ),
-                pass_fds=(to_judge_r, to_solution_w),
+                stdin=json.dumps({"solution": code, "per_test": per_test}),
+                pass_fds=(to_solution_r, to_judge_w),
             )
-        except BaseException:
-            solution.kill()
-            solution.wait()
-            raise
-    finally:
-        for fd in fds:  # the sandboxes hold their own ends: EOF reaches each when the other ends
-            os.close(fd)
-    judged = judge.wait()
-    solution.kill()
-    served = solution.wait()
+            try:
+                judge = Sandbox(
+                    _JUDGE,
+                    limits=limits,
+                    stdin=json.dumps(
+                        {
+                            "tests": list(tests),
+                            "per_test": per_test,
+                            "load_seconds": per_test + 1.0,
+                            "api": None if api is None else list(api),
+                        }
+                    ),
+                    pass_fds=(to_judge_r, to_solution_w, verdicts.fileno()),
+                )
+            except BaseException:
+                solution.kill()
+                solution.wait()
+                raise
+        finally:
+            for (
+                fd
+            ) in fds:  # the sandboxes hold their own ends: EOF reaches each when the other ends
+                os.close(fd)
+        judged = judge.wait()
+        solution.kill()
+        served = solution.wait()
+        verdicts.seek(0)
+        lines = verdicts.read(_MAX_VERDICTS_BYTES).decode("utf-8", errors="replace").splitlines()
     errors: dict[int, str | None] = {}
     solution_error = None
-    for line in judged.stdout.splitlines():
+    for line in lines:
         try:
             report = json.loads(line)
         except ValueError:

@@ -4,7 +4,9 @@ Tests come from `metadata[tests_key]` or else the ground truth (a JSON string or
 - assert tests: a list of Python snippets (`["assert add(1, 2) == 3", ...]`, MBPP style) or one
   string of test code. The solution runs in one sandbox and the tests in another that calls into
   it over a pipe and judges the asserts itself (`assert_judge.py`), so a solution cannot forge a
-  pass: it can only return values.
+  pass: it can only return values. The tests keep their own builtins and see only the solution's
+  API: `metadata["entry_point"]` / `metadata["api"]` where the task declares it, else every name
+  the solution defines except the builtins' (`declared_api`).
 - stdin/stdout tests: `[{"input": "1 2\\n", "output": "3\\n"}, ...]` or `{"inputs": [...],
   "outputs": [...]}` (APPS style). Each case is a separate sandbox run and the comparison happens
   here, outside the sandbox.
@@ -27,7 +29,7 @@ from lorarl.rewards.assert_judge import judge_asserts
 from lorarl.rewards.registry import RewardResult, register
 from lorarl.rewards.sandbox import SandboxLimits, check_available, run_python
 
-__all__ = ["IOCase", "TestSuite", "extract_code", "load_tests", "python_tests"]
+__all__ = ["IOCase", "TestSuite", "declared_api", "extract_code", "load_tests", "python_tests"]
 
 _FENCE = re.compile(r"```[ \t]*(python3?|py)?[ \t]*\n(.*?)```", re.DOTALL | re.IGNORECASE)
 _MAX_FAILURES_IN_INFO = 3
@@ -141,7 +143,8 @@ def python_tests(
         memory_bytes=int(memory_mb) * 1024 * 1024,
     )
     if suite.asserts:
-        outcome = _run_asserts(code, suite.asserts, limits, float(test_timeout_seconds))
+        api = declared_api(metadata)
+        outcome = _run_asserts(code, suite.asserts, limits, float(test_timeout_seconds), api)
     else:
         outcome = _run_io(code, suite.io, limits, float(test_timeout_seconds))
     return _result(outcome, suite.total)
@@ -168,10 +171,35 @@ def _result(o: _Outcome, total: int) -> RewardResult:
     return RewardResult(o.passed / total, info)
 
 
+def declared_api(metadata: Mapping[str, Any]) -> tuple[str, ...] | None:
+    """The solution's names the task lets its tests use: `metadata["api"]` (a list of names) or
+    `metadata["entry_point"]` (HumanEval's field), else None (every name but the builtins')."""
+    for key in ("api", "entry_point"):
+        value = metadata.get(key)
+        if value is None:
+            continue
+        names = [value] if isinstance(value, str) else value
+        if (
+            not isinstance(names, Sequence)
+            or not names
+            or not all(isinstance(n, str) and n.isidentifier() for n in names)
+        ):
+            raise ValueError(
+                f"python_tests: metadata[{key!r}] must be a name or a non-empty list of names "
+                f"(got {_show(value)})"
+            )
+        return tuple(names)
+    return None
+
+
 def _run_asserts(
-    code: str, tests: Sequence[str], limits: SandboxLimits, per_test: float
+    code: str,
+    tests: Sequence[str],
+    limits: SandboxLimits,
+    per_test: float,
+    api: Sequence[str] | None = None,
 ) -> _Outcome:
-    verdict = judge_asserts(code, tests, limits, per_test)
+    verdict = judge_asserts(code, tests, limits, per_test, api)
     judge = verdict.judge
     failures = []
     for i in range(len(tests)):
