@@ -1,14 +1,17 @@
-"""The python_tests sandbox, before (in-process audit hook) and after (bubblewrap OS boundary).
+"""The python_tests sandbox: the in-process audit hook, bubblewrap as first built, and bubblewrap
+hardened by issue 34 (unprivileged kernel uid, read-only /proc and /dev, capped /dev/shm, thread
+cap, AF_UNIX-only seccomp, a judge that keeps its own builtins and verdict channel).
 
     python -m bench.sandbox [--runs 30]
 
 Start-up: one `run_python("pass")`. Per-test overhead: a python_tests sample with 1 and with 50
-assert tests (stdin/stdout cases cost one start-up each). The old sandbox and reward are loaded
-from git (the commit before the OS sandbox) so both run in this process on the same machine.
+assert tests (stdin/stdout cases cost one start-up each). The two older versions are loaded from
+git (`BEFORE`: the commit before the OS sandbox; `BEFORE_ISSUE34`: the last one before issue 34's
+hardening) so all three run in this process on the same machine, alternating run by run.
 Everything is pinned to one core (children inherit the affinity) and runs one at a time, so
 "runs per second" is what one core sustains (on a shared box: see the load recorded with it;
 rusage cannot count the sandboxed grandchildren, so there is no CPU-time column).
-Writes bench/results/sandbox.json.
+Writes bench/results/sandbox.json; the figures it replaces are kept there as `previous_record`.
 """
 
 from __future__ import annotations
@@ -30,14 +33,15 @@ from bench.common import machine, write_results
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results" / "sandbox.json"
 BEFORE = "7b22de5"  # the last commit with the audit-hook sandbox
+BEFORE_ISSUE34 = "0b59d4d"  # the last commit before issue 34's sandbox and judge hardening
 SOLUTION = "def add(a, b):\n    return a + b\n"
 MANY = 50
 TESTS = [f"assert add({i}, {i + 1}) == {2 * i + 1}" for i in range(MANY)]
 
 
-def _git_source(path: str) -> str:
+def _git_source(path: str, commit: str = BEFORE) -> str:
     return subprocess.run(
-        ["git", "show", f"{BEFORE}:{path}"], cwd=ROOT, capture_output=True, text=True, check=True
+        ["git", "show", f"{commit}:{path}"], cwd=ROOT, capture_output=True, text=True, check=True
     ).stdout
 
 
@@ -57,6 +61,27 @@ def old_path() -> tuple[Callable[..., Any], Callable[..., Any]]:
         "from old_sandbox import SandboxLimits, SandboxResult, run_python",
     ).replace('@register("python_tests", check=_check)\n', "")
     reward = _load("old_code_reward", source)
+    return sandbox.run_python, reward.python_tests
+
+
+def bubblewrap_before_issue34() -> tuple[Callable[..., Any], Callable[..., Any]]:
+    """(run_python, python_tests) as they were at BEFORE_ISSUE34, under private module names."""
+    names = {
+        "lorarl.rewards.isolation": "i34_isolation",
+        "lorarl.rewards.sandbox": "i34_sandbox",
+        "lorarl.rewards.assert_judge": "i34_assert_judge",
+    }
+
+    def source(path: str) -> str:
+        text = _git_source(path, BEFORE_ISSUE34)
+        for real, private in names.items():
+            text = text.replace(f"from {real} import", f"from {private} import")
+        return text.replace('@register("python_tests", check=_check)\n', "")
+
+    _load("i34_isolation", source("src/lorarl/rewards/isolation.py"))
+    sandbox = _load("i34_sandbox", source("src/lorarl/rewards/sandbox.py"))
+    _load("i34_assert_judge", source("src/lorarl/rewards/assert_judge.py"))
+    reward = _load("i34_code_reward", source("src/lorarl/rewards/code_reward.py"))
     return sandbox.run_python, reward.python_tests
 
 
@@ -127,19 +152,32 @@ def main(argv: list[str] | None = None) -> None:
     os.sched_setaffinity(0, {core})
     info = machine(pinned_core=core, uptime_at_start=uptime())
     report: dict[str, Any] = {"benchmark": "sandbox", "machine": info}
+    previous = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
     report |= measure(
-        {"before_audit_hook": cases(*old_path()), "after_bubblewrap": cases(*new_path())},
+        {
+            "before_audit_hook": cases(*old_path()),
+            "bubblewrap_before_issue34": cases(*bubblewrap_before_issue34()),
+            "after_issue34": cases(*new_path()),
+        },
         args.runs,
     )
     info["load_avg_1m_at_end"] = round(os.getloadavg()[0], 2)
     info["uptime_at_end"] = uptime()
-    b, a = report["before_audit_hook"], report["after_bubblewrap"]
-    report["after_over_before"] = {
-        "startup_p50": round(a["startup"]["wall_p50_ms"] / b["startup"]["wall_p50_ms"], 2),
-        f"sample_{MANY}_tests_p50": round(
-            a[f"sample_{MANY}_tests"]["wall_p50_ms"] / b[f"sample_{MANY}_tests"]["wall_p50_ms"], 2
-        ),
-    }
+
+    def ratio(a: str, b: str) -> dict[str, float]:
+        out = {}
+        for case in ("startup", "sample_1_test", f"sample_{MANY}_tests"):
+            out[f"{case}_p50"] = round(
+                report[a][case]["wall_p50_ms"] / report[b][case]["wall_p50_ms"], 2
+            )
+        return out
+
+    report["issue34_over_before"] = ratio("after_issue34", "bubblewrap_before_issue34")
+    report["issue34_over_audit_hook"] = ratio("after_issue34", "before_audit_hook")
+    if previous:
+        # the figures this run replaces (another day's load: compare within one run, not across)
+        kept = {k: v for k, v in previous.items() if k not in ("benchmark", "previous_record")}
+        report["previous_record"] = {"date": previous.get("machine", {}).get("date"), **kept}
     write_results(RESULTS, report)
     print(json.dumps(report, indent=2))
 
