@@ -1,6 +1,7 @@
-"""The cluster path for real: the Helm chart applied with kubectl, the operator and status API run
-as the chart's Deployments, and a job applied with `kubectl apply` whose every Pod runs under the
-process kubelet (own netns, read-only root, its volumes, the job's NetworkPolicy in nftables).
+"""The cluster path for real: a real control plane, the Helm chart installed with Helm, the operator
+and status API running as the chart's Deployments' pods, and a job applied with `kubectl apply`
+whose every Pod the scheduler binds to the process kubelet (own netns, read-only root, its
+volumes, the job's NetworkPolicy in nftables).
 
 The job is the quickstart (a tiny Llama learning the next-letter task; settings known to learn)
 reshaped for a cluster: model and data on read-only claims, outputs on a claim, 1 trainer pod with
@@ -100,7 +101,7 @@ def test_merged_job_learns_on_the_cluster_path(c: Cluster) -> None:
                                        "e2e-merged-rollout-1"}  # fmt: skip
     for pod in ("e2e-merged-rollout-0", "e2e-merged-rollout-1"):
         c.kubelet.wait(lambda p=pod: c.kubelet.pod("default", p).stopped.is_set(), 60, pod)
-    kept = c.kube.emulator.get("v1/pods", "default", "e2e-merged-trainer-0")
+    kept = c.kube.get("v1/pods", "default", "e2e-merged-trainer-0")
     assert kept["status"]["phase"] == "Succeeded"
 
     # Deleting the job collects its children.
@@ -122,7 +123,7 @@ def test_colocated_adapter_sync_scored_by_the_reward_service_pod(c: Cluster) -> 
     assert printed_columns(c, "e2e-adapter")["STEP"] == "5"
     # No rollout pod: the trainer pod's own engine generated every step.
     assert set(run.pods_running_s) == {"e2e-adapter-trainer-0", "e2e-adapter-reward-0"}
-    (container,) = c.kube.emulator.get("v1/pods", "default", "e2e-adapter-trainer-0")["spec"][
+    (container,) = c.kube.get("v1/pods", "default", "e2e-adapter-trainer-0")["spec"][
         "containers"
     ]
     assert container["command"] == ["python", "-m", "lorarl.colocate"]

@@ -1,20 +1,15 @@
-"""A whole cluster on one machine for end-to-end tests and benchmarks: the API server emulator,
-the Helm chart installed with kubectl, the operator and the status API run as the chart's
-Deployments say, and the process kubelet running every Pod the operator creates.
+"""A whole cluster on one machine for end-to-end tests and benchmarks: the real control plane
+(tests/support/controlplane.py: etcd, API server, controller-manager, scheduler), the process
+kubelet as its one Node, and the Helm chart installed with Helm as the README says. The operator
+and the status API run as the chart's Deployments: the controller-manager makes their
+ReplicaSets and Pods, the scheduler binds them, the kubelet runs them with their ServiceAccount
+tokens projected, and the API server calls the webhook through its Service.
 
-Stand-ins, each where a cluster has something this machine cannot run (see chart_release.py for
-the operator's): the status API reaches the API server through `kube_front` (TLS, tokens, RBAC)
-with its service account's files at the usual path in a mount namespace of its own, and both the
-operator and the status API see the kubelet's cluster DNS as /etc/hosts. They run on the host,
-which the kubelet's policy evaluation treats as the operator's pod.
+Tests reach the status API as a person on the node would, at its Service's ClusterIP.
 """
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -22,27 +17,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import helm_python as helm
 import httpx
+import yaml
 
-from lorarl.local.ports import free_port
-from tests.support.chart_release import (
-    Release,
-    container_env,
-    find,
-    install,
-    kubectl_ok,
-    wait_for,
-)
-from tests.support.kube_emulator import KubeApi, kube_api
-from tests.support.kube_front import ApiFront, User, api_front, service_account
+from tests.support.controlplane import ControlPlane, control_plane
+from tests.support.kube_client import KubeClient
 from tests.support.kubelet import Kubelet
-from tests.unit.test_helm_chart import NS, render_chart
 
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts" / "lorarl"
+NS = "lorarl-system"
+RELEASE = "lorarl"
 Obj = dict[str, Any]
 LRJ = "lorarl.dev/v1alpha1/lorarljobs"
-SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
-STATUS_API_TOKEN = "lorarl-status-api-service-account-token"
-READER_TOKEN, OUTSIDER_TOKEN = "job-reader-token", "outsider-token"
+COMPONENT = "app.kubernetes.io/component"
 # A person allowed to read jobs in `default` by a Role, and one who is not.
 READERS = """
 apiVersion: v1
@@ -72,114 +61,97 @@ subjects:
 
 @dataclass
 class Cluster:
-    kube: KubeApi
+    cp: ControlPlane
+    kube: KubeClient  # the admin's client
     kubelet: Kubelet
-    release: Release
-    front: ApiFront
+    objs: list[Obj]  # the release's manifest
     status_url: str
-    status_log: Path
+    reader_token: str
+    outsider_token: str
 
     def kubectl(self, *args: str) -> str:
-        return kubectl_ok(self.kube, *args)
+        return self.cp.kubectl_ok(*args)
 
     def apply(self, manifest: str) -> str:
         """`kubectl apply -f -`."""
-        return _apply_ok(self.kube, manifest)
+        return self.cp.kubectl_ok("apply", "-f", "-", input=manifest)
 
     def job(self, name: str, namespace: str = "default") -> Obj | None:
-        return self.kube.emulator.get(LRJ, namespace, name)
+        return self.kube.get(LRJ, namespace, name)
 
     def metrics(self, name: str, token: str, namespace: str = "default") -> httpx.Response:
         url = f"{self.status_url}/v1/jobs/{namespace}/{name}/metrics"
         return httpx.get(url, headers={"Authorization": f"Bearer {token}"}, timeout=10)
 
+    def component_pods(self, component: str) -> list[Obj]:
+        """The release's running pods of one component ("operator", "status-api")."""
+        pods = self.kube.list_objects("v1/pods", NS, f"{COMPONENT}={component}")
+        return [p for p in pods if not p["metadata"].get("deletionTimestamp")]
 
-def _apply_ok(kube: KubeApi, manifest: str) -> str:
-    done = kube.kubectl("apply", "-f", "-", input=manifest)
-    assert done.returncode == 0, done.stderr
-    return done.stdout
+    def component_log(self, component: str) -> str:
+        """The newest log of the component's newest pod (empty if none ran here)."""
+        runs = [r for r in list(self.kubelet.pods.values()) if r.key.startswith(f"{NS}/")
+                and (r.pod["metadata"].get("labels") or {}).get(COMPONENT) == component]  # fmt: skip
+        if not runs:
+            return ""
+        (container,) = runs[-1].containers
+        return container.log_path.read_text(errors="replace") if container.log_path.exists() else ""
+
+    def wait_ready(self, component: str, timeout: float = 120) -> Obj:
+        """The component's pod once it is Ready (its readiness probe passes)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            self.kubelet.raise_errors()
+            for pod in self.component_pods(component):
+                conditions = (pod.get("status") or {}).get("conditions") or []
+                if any(c["type"] == "Ready" and c["status"] == "True" for c in conditions):
+                    return pod
+            if time.monotonic() > deadline:
+                raise AssertionError(
+                    f"{component} not Ready in {timeout:.0f} s: "
+                    f"{[p.get('status') for p in self.component_pods(component)]}\n"
+                    f"{self.component_log(component)[-4000:]}"
+                )
+            time.sleep(0.5)
 
 
-def _status_api_argv(argv: list[str], sa_dir: Path, hosts_file: Path) -> list[str]:
-    """The container's command in a mount namespace with its service account's files at the
-    in-cluster path (a private /run: the host's is not touched) and the cluster DNS."""
-    script = (
-        'mount -t tmpfs lorarl-sa /run && mkdir -p "$2" && mount --bind "$0" "$2" && '
-        'mount --bind "$1" /etc/hosts && shift 3 && exec "$@"'
-    )
-    target = SA_DIR.replace("/var/run", "/run")  # /var/run is a link to /run
-    return ["unshare", "--mount", "--propagation", "private", "--", "/bin/sh", "-c", script,
-            str(sa_dir), str(hosts_file), target, "_", *argv]  # fmt: skip
-
-
-@contextmanager
-def status_api(rel: Release, front: ApiFront, hosts_file: Path, tmp: Path) -> Iterator[str]:
-    """`python -m lorarl.server` as the chart's status-api Deployment runs it; yields its URL."""
-    deployment = find(rel.objs, "Deployment", "lorarl-status-api")
-    (container,) = deployment["spec"]["template"]["spec"]["containers"]
-    account = deployment["spec"]["template"]["spec"]["serviceAccountName"]
-    front.users[STATUS_API_TOKEN] = service_account(NS, account)
-    sa_dir = tmp / "status-api-sa"
-    sa_dir.mkdir()
-    (sa_dir / "token").write_text(STATUS_API_TOKEN)
-    shutil.copy(front.ca_file, sa_dir / "ca.crt")
-    (sa_dir / "namespace").write_text(NS)
-    port = free_port()
-    env = {
-        **{k: v for k, v in os.environ.items() if not k.startswith("KUBERNETES_")},
-        **container_env(container),
-        "LORARL_SERVER_PORT": str(port),  # the chart's port -> a free local one
-        "KUBERNETES_SERVICE_HOST": "127.0.0.1",
-        "KUBERNETES_SERVICE_PORT": str(front.port),
-        "HOME": str(tmp),
-        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
-    }
-    argv = _status_api_argv(list(container["command"]), sa_dir, hosts_file)
-    argv = ["setpriv", "--pdeathsig", "TERM", "--", *argv]  # never outlives the test
-    log = tmp / "status-api.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=tmp)
-    url = f"http://127.0.0.1:{port}"
+def helm_install(cp: ControlPlane, values: Obj | None = None) -> list[Obj]:
+    """`helm install lorarl charts/lorarl -n lorarl-system --create-namespace`; the manifest."""
+    config = helm.Config(kubeconfig_path=str(cp.kubeconfig_path), namespace=NS)
     try:
-        wait_for(lambda: _healthy(proc, url, log), 60, "status API /healthz")
-        yield url
+        release = config.install(str(CHART), RELEASE, values or {}, create_namespace=True,
+                                 timeout=120)  # fmt: skip
     finally:
-        proc.terminate()
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
-
-
-def _healthy(proc: subprocess.Popen[bytes], url: str, log: Path) -> bool:
-    if proc.poll() is not None:
-        raise AssertionError(f"status API exited {proc.returncode}:\n{log.read_text()[-3000:]}")
-    try:
-        return httpx.get(f"{url}/healthz", timeout=1).status_code == 200
-    except httpx.HTTPError:
-        return False
+        config.close()
+    manifest = release.manifest if hasattr(release, "manifest") else release["manifest"]
+    return [d for d in yaml.safe_load_all(manifest) if d]
 
 
 @contextmanager
-def cluster(tmp: Path) -> Iterator[Cluster]:
-    """Everything up (emulator, kubelet, chart, operator, status API), torn down in reverse."""
-    objs = render_chart(namespace=NS)
-    operator = find(objs, "Deployment", "lorarl-operator")["spec"]["template"]["metadata"]
+def cluster(tmp: Path, values: Obj | None = None) -> Iterator[Cluster]:
+    """Everything up (control plane, kubelet, release, its pods Ready), torn down in reverse."""
     with ExitStack() as stack:
-        kube = stack.enter_context(kube_api(namespaces=("default",)))
-        kubelet = stack.enter_context(
-            Kubelet(kube.url, kube.token, host_namespace=NS, host_labels=operator["labels"])
-        )
-        rel = stack.enter_context(install(kube, objs, tmp, NS, hosts_file=kubelet.hosts_file))
-        _apply_ok(kube, READERS)
-        users = {
-            READER_TOKEN: service_account("default", "job-reader"),
-            OUTSIDER_TOKEN: service_account("default", "outsider"),
-        }
-        front = stack.enter_context(api_front(kube.url, users))
-        url = stack.enter_context(status_api(rel, front, kubelet.hosts_file, tmp))
-        yield Cluster(kube, kubelet, rel, front, url, tmp / "status-api.log")
+        cp = stack.enter_context(control_plane(tmp / "cp"))
+        kube = KubeClient(cp)
+        stack.callback(kube.close)
+        kubelet = stack.enter_context(Kubelet(cp))
+        objs = helm_install(cp, values)
+        cp.kubectl_ok("apply", "-f", "-", input=READERS)
+        c = Cluster(cp, kube, kubelet, objs, "", kube.token("default", "job-reader"),
+                    kube.token("default", "outsider"))  # fmt: skip
+        try:
+            c.wait_ready("operator")
+            c.wait_ready("status-api")
+        except BaseException:
+            print(c.component_log("operator")[-6000:])
+            raise
+        service = next(o for o in objs if o["kind"] == "Service"
+                       and o["metadata"]["labels"].get(COMPONENT) == "status-api")  # fmt: skip
+        live = kube.get("v1/services", NS, service["metadata"]["name"])
+        assert live is not None
+        port = live["spec"]["ports"][0]["port"]
+        c.status_url = f"http://{live['spec']['clusterIP']}:{port}"
+        yield c
 
 
 def wait_phase(c: Cluster, name: str, phases: tuple[str, ...], timeout: float) -> Obj:
@@ -195,4 +167,4 @@ def wait_phase(c: Cluster, name: str, phases: tuple[str, ...], timeout: float) -
         time.sleep(1)
 
 
-__all__ = ["Cluster", "User", "cluster", "wait_phase"]
+__all__ = ["NS", "Cluster", "cluster", "helm_install", "wait_phase"]

@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from tests.support.cluster import OUTSIDER_TOKEN, READER_TOKEN, Cluster
+from tests.support.cluster import Cluster
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = yaml.safe_load((ROOT / "examples" / "quickstart.yaml").read_text())
@@ -120,10 +120,10 @@ def run_job(c: Cluster, job: Obj, timeout: float) -> Run:
                                  f"\n{trainer_log(c, name)}")  # fmt: skip
         if time.monotonic() >= next_read:
             next_read = time.monotonic() + 5
-            reply = c.metrics(name, READER_TOKEN)
+            reply = c.metrics(name, c.reader_token)
             assert reply.status_code == 200, reply.text
             served = reply.json()["steps"] or served
-            forbidden = c.metrics(name, OUTSIDER_TOKEN).status_code
+            forbidden = c.metrics(name, c.outsider_token).status_code
         time.sleep(0.5)
     seconds = time.monotonic() - start
     assert phase == "Succeeded", f"{name}: {obj.get('status')}\n{trainer_log(c, name)}"
@@ -170,7 +170,7 @@ def history(c: Cluster, name: str) -> list[Obj]:
 
 
 def job_pods(c: Cluster, name: str) -> list[Obj]:
-    pods = c.kube.emulator.list_objects("v1/pods", "default")
+    pods = c.kube.list_objects("v1/pods", "default")
     return [p for p in pods if p["metadata"]["labels"].get(JOB_LABEL) == name]
 
 

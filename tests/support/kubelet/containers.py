@@ -50,6 +50,8 @@ class Launch:
     read_only_root: bool = False
     reachable: list[str] = field(default_factory=list)  # host paths the user must be able to exec
     host_paths: list[str] = field(default_factory=list)  # host dirs the container must see as is
+    passwd: list[str] = field(default_factory=list)  # the image's own accounts (images.accounts)
+    group: list[str] = field(default_factory=list)
 
 
 # Host folders every container sees at their own paths: the checkout holding the venvs that stand
@@ -201,4 +203,6 @@ def launch(
         read_only_root=bool(csc.get("readOnlyRootFilesystem")),
         reachable=[os.path.realpath(image.python)],
         host_paths=[str(p) for p in HOST_PATHS],
+        passwd=list(image.passwd),
+        group=list(image.group),
     )

@@ -45,6 +45,8 @@ class Image:
     env: dict[str, str] = field(default_factory=dict)
     user: str | None = None  # "uid[:gid]" from USER
     workdir: str = "/"
+    passwd: tuple[str, ...] = ()  # /etc/passwd lines the image's `useradd` adds
+    group: tuple[str, ...] = ()  # /etc/group lines (`--user-group`)
 
     def program(self, argv0: str) -> str:
         """The image's `python` and its venv's console scripts -> the local interpreter's."""
@@ -72,6 +74,38 @@ def buildable(root: Path = ROOT) -> dict[str, Path]:
         ref = re.sub(r"\$\((\w+)\)", lambda m: values.get(m.group(1), m.group(0)), tag)
         out[ref] = root / dockerfile
     return out
+
+
+def accounts(final_instructions: list[tuple[str, str]]) -> tuple[list[str], list[str]]:
+    """The users an image's `useradd` created: (passwd lines, group lines). A process of that
+    uid finds its name (getpass, kopf's peering id) as it would in the image."""
+    passwd, group = [], []
+    for keyword, args in final_instructions:
+        if keyword != "RUN":
+            continue
+        for command in re.findall(r"useradd\s+((?:[^&;|\n]|\\\n)+)", args):
+            words = [w for w in shlex.split(command.replace("\\\n", " ")) if w != "\\"]
+            opts: dict[str, str] = {}
+            flags, name, i = set(), "", 0
+            while i < len(words):
+                word = words[i]
+                if word in ("--uid", "-u", "--gid", "-g", "--home-dir", "-d", "--shell", "-s"):
+                    opts[word.lstrip("-")[0]] = words[i + 1]
+                    i += 2
+                    continue
+                if word.startswith("-"):
+                    flags.add(word)
+                else:
+                    name = word
+                i += 1
+            if not name or "u" not in opts:
+                continue
+            gid = opts.get("g", opts["u"])
+            home, shell = opts.get("h", f"/home/{name}"), opts.get("s", "/bin/sh")
+            passwd.append(f"{name}:x:{opts['u']}:{gid}::{home}:{shell}")
+            if {"--user-group", "-U"} & flags:
+                group.append(f"{name}:x:{gid}:")
+    return passwd, group
 
 
 def _engine(text: str) -> str | None:
@@ -133,6 +167,7 @@ def load(ref: str, root: Path = ROOT) -> Image:
     final = stages(text)[-1].instructions
     users = [a for k, a in final if k == "USER"]
     workdirs = [a for k, a in final if k == "WORKDIR"]
+    passwd, group = accounts(final)
     return Image(
         ref=ref,
         dockerfile=dockerfile,
@@ -141,4 +176,6 @@ def load(ref: str, root: Path = ROOT) -> Image:
         env=_image_env(final, python, root),
         user=users[-1] if users else None,
         workdir=workdirs[-1] if workdirs else "/",
+        passwd=tuple(passwd),
+        group=tuple(group),
     )

@@ -49,7 +49,7 @@ from .network import (
 )
 from .node import DEFAULT_CAPACITY, NodeAgent
 from .pod import PodRun
-from .policy import TABLE, Endpoint, ruleset
+from .policy import TABLE, ruleset
 
 Obj = dict[str, Any]
 AGENT_ROLE = "lorarl-test:node-agents"
@@ -243,6 +243,7 @@ class Kubelet:
                 run_.tried = time.monotonic()
                 self._try_start(run_)
             run_.step()
+            run_.probe()
             self._report(run_)
         self._provision_claims()
 
@@ -368,12 +369,9 @@ class Kubelet:
             for n in self.agents.items("/api/v1/namespaces")
         }
         running = [r for r in self.pods.values() if r.net is not None and not r.stopping]
-        # The node itself (the API server calling a webhook, a test's request): no namespace, no
-        # labels, so only rules that admit any source (or its ipBlock) let it in.
-        host = Endpoint("", {}, self.host_ip)
-        endpoints = [host, *(e for r in running if (e := r.endpoint()) is not None)]
+        endpoints = [e for r in running if (e := r.endpoint()) is not None]
         for r in running:
-            rules = ruleset(r.endpoint(), policies, endpoints, namespaces)
+            rules = ruleset(r.endpoint(), policies, endpoints, namespaces, self.host_ip)
             if self._rules.get(r.uid) != rules:
                 run("ip", "netns", "exec", r.net.netns, "nft", "-f", "-", input=rules)
                 self._rules[r.uid] = rules

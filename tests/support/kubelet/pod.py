@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 from .api import Api
 from .containers import ConfigError, launch
 from .images import ImagePullError, load
@@ -70,6 +72,11 @@ class PodRun:
     def sandbox(self, api: Api, bridge: Bridge, claim_dir: Any) -> None:
         """Volumes, then the network; a failure leaves the pod Pending with the reason."""
         unsupported = sorted(UNSUPPORTED & {k for k, v in self.pod["spec"].items() if v})
+        unsupported += [
+            f"{c['name']}.readinessProbe (not httpGet)"
+            for c in self.pod["spec"]["containers"]
+            if c.get("readinessProbe") and "httpGet" not in c["readinessProbe"]
+        ]
         if unsupported:  # said, never half-emulated; not retried
             self.pending = ("UnsupportedByHarness", f"the process kubelet cannot run {unsupported}")
             self.tried = float("inf")
@@ -98,6 +105,7 @@ class PodRun:
                 hostname=self.hostname,
                 netns=self.net.netns if self.net else "",
                 termination_policy=c.get("terminationMessagePolicy", "File"),
+                probe=c.get("readinessProbe"),
             )
             self.containers.append(run)
             self._configure(api, run, c)
@@ -128,7 +136,14 @@ class PodRun:
         return any(r.waiting and r.waiting[0] == ConfigError.reason for r in self.containers)
 
     def _mounts(self, container: Obj, hosts_file: Path) -> list[dict[str, Any]]:
-        out = [{"src": str(hosts_file), "dst": "/etc/hosts", "ro": True}]
+        # The cluster's names are in the hosts file; any other name fails at once (a refused
+        # query on the pod's own loopback), as a cluster DNS answers NXDOMAIN, instead of
+        # waiting out the host's resolver, which a pod's network cannot reach.
+        resolv = self.folder / "resolv.conf"
+        resolv.write_text("nameserver 127.0.0.1\noptions ndots:1 attempts:1 timeout:1\n")
+        resolv.chmod(0o644)
+        out = [{"src": str(hosts_file), "dst": "/etc/hosts", "ro": True},
+               {"src": str(resolv), "dst": "/etc/resolv.conf", "ro": True}]  # fmt: skip
         for m in container.get("volumeMounts") or []:
             vol = self.volumes.get(m["name"])
             if vol is None:
@@ -155,6 +170,30 @@ class PodRun:
                     run.restart_at = time.monotonic() + delay
             if run.restart_at is not None and time.monotonic() >= run.restart_at:
                 run.restart()
+
+    def probe(self) -> None:
+        """Readiness probes, from the node as kubelet sends them: an httpGet to the pod's
+        address every periodSeconds (at most 2 s here: tests cannot wait 10), a 2xx/3xx
+        within timeoutSeconds is ready. Other probe kinds are refused when the pod starts."""
+        for run in self.containers:
+            if run.probe is None or run.proc is None or run.proc.poll() is not None:
+                run.probe_ok = False
+                continue
+            period = min(2.0, float(run.probe.get("periodSeconds", 10)))
+            if time.monotonic() - run.probed_at < period or self.net is None:
+                continue
+            run.probed_at = time.monotonic()
+            get = run.probe["httpGet"]
+            port = get["port"]
+            if isinstance(port, str):
+                port = next(p["containerPort"] for c in self.pod["spec"]["containers"]
+                            for p in c.get("ports") or [] if p.get("name") == port)  # fmt: skip
+            url = f"http://{self.net.ip}:{port}{get.get('path', '/')}"
+            try:
+                code = httpx.get(url, timeout=float(run.probe.get("timeoutSeconds", 1))).status_code
+                run.probe_ok = 200 <= code < 400
+            except httpx.HTTPError:
+                run.probe_ok = False
 
     def phase(self) -> str:
         runs = self.containers

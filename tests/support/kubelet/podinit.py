@@ -185,6 +185,7 @@ class Rootfs:
         self.overlays.append(directory)
 
     def finish(self) -> None:
+        self._accounts()
         volumes = sorted(self.spec["mounts"], key=lambda m: m["dst"].count("/"))
         targets = [self.ensure(m["dst"], os.path.isfile(m["src"])) for m in volumes]
         workdir = self.spec.get("workdir") or "/"
@@ -193,11 +194,29 @@ class Rootfs:
             for point in [*self.overlays, self.root]:
                 mount("-o", "remount,bind,ro", point)
         for m, target in zip(volumes, targets, strict=True):
+            if not os.path.lexists(target):
+                # Hidden by a volume mounted over a parent (a cert dir under a /tmp emptyDir):
+                # made inside that volume, as runtimes make nested mount points.
+                os.makedirs(os.path.dirname(target), exist_ok=True)
+                self._make(target, os.path.isfile(m["src"]))
             mount("--bind", m["src"], target)
             if m.get("ro"):
                 mount("-o", "remount,bind,ro", target)
         for path in self.spec.get("host_paths") or []:
             self._host_path(path)
+
+    def _accounts(self) -> None:
+        """The image's users in /etc/passwd and /etc/group (the host's, plus those lines), bound
+        over the root's copies: the image's user has a name, as it has in the image."""
+        for name in ("passwd", "group"):
+            lines = self.spec.get(name) or []
+            if not lines:
+                continue
+            made = f"{self.scratch}/{name}"
+            with open(f"/etc/{name}") as host, open(made, "w") as out:
+                out.write(host.read().rstrip("\n") + "\n" + "\n".join(lines) + "\n")
+            os.chmod(made, 0o644)
+            mount("--bind", made, f"{self.root}/etc/{name}")
 
     def _host_path(self, path: str) -> None:
         """The checkout that holds the local venvs, where the root view leaves it out: a clone

@@ -4,8 +4,8 @@ A pod selected by no policy of a direction accepts everything in that direction;
 accepts only what some rule of some selecting policy allows (policies are additive). Loopback
 (which includes a pod reaching its own IP) and replies to allowed connections always pass, as
 they do with real CNIs. Peers are every endpoint the kubelet knows: its pods and the host's end
-of the bridge (the node: the API server calling a webhook, a test's own request), which only an
-ipBlock or a rule without `from` admits.
+of the bridge (the node), whose traffic always passes (Kubernetes' rule: kubelet probes, and the
+API server's calls, which reach pods through the node).
 """
 
 from __future__ import annotations
@@ -159,8 +159,11 @@ def ruleset(
     policies: Sequence[Obj],
     endpoints: Sequence[Endpoint],
     ns_labels: Mapping[str, Mapping] | None = None,
+    node_ip: str | None = None,
 ) -> str:
-    """The complete nft script for `pod`'s network namespace (replaces the table atomically)."""
+    """The complete nft script for `pod`'s network namespace (replaces the table atomically).
+    Traffic to and from `node_ip` (the node the pod runs on) always passes, as Kubernetes
+    defines it: kubelet probes, and the API server's calls that reach pods through the node."""
     ns_labels = ns_labels or {}
     lines = [f"table inet {TABLE}", f"delete table inet {TABLE}", f"table inet {TABLE} {{"]
     for direction, hook in (("Ingress", "input"), ("Egress", "output")):
@@ -173,6 +176,11 @@ def ruleset(
             f"    type filter hook {hook} priority 0; policy drop;",
             f'    {iface} "lo" accept',
             "    ct state established,related accept",
+            *(
+                [f"    ip {'saddr' if hook == 'input' else 'daddr'} {node_ip} accept"]
+                if node_ip
+                else []
+            ),
             *(f"    {r}" for r in rules),
             "    counter drop",  # what the policy refused, countable (`Kubelet.dropped`)
             "  }",

@@ -54,6 +54,9 @@ class ContainerRun:
     last_terminated: dict[str, Any] | None = None
     restart_at: float | None = None
     started_once: bool = False
+    probe: dict[str, Any] | None = None  # the container's readinessProbe (httpGet only)
+    probe_ok: bool = False  # the last readiness probe passed
+    probed_at: float = 0.0  # monotonic
 
     @property
     def log_path(self) -> Path:
@@ -82,6 +85,8 @@ class ContainerRun:
             "drop_caps": launch.drop_caps,
             "reachable": launch.reachable,
             "host_paths": launch.host_paths,
+            "passwd": launch.passwd,
+            "group": launch.group,
             "argv": launch.argv,
             "env": launch.env,
             "status_file": str(status),
@@ -194,7 +199,7 @@ class ContainerRun:
             "image": self.image,
             "imageID": "",
             "state": state,
-            "ready": "running" in state,
+            "ready": "running" in state and (self.probe is None or self.probe_ok),
             "started": "running" in state,
             "restartCount": self.restarts,
         }

@@ -72,8 +72,10 @@ def config_map_data(config_map: Obj) -> dict[str, bytes]:
     return out
 
 
-def give_group(path: Path, gid: int, recursive: bool) -> None:
-    """fsGroup: group ownership, group rw, setgid directories (what kubelet does to volumes)."""
+def give_group(path: Path, gid: int, recursive: bool, read_only: bool = False) -> None:
+    """fsGroup: group ownership, group rw (r for a Secret, ConfigMap or projected volume, whose
+    files get 0440 added as kubelet does: a 0400 key stays readable by the pod's group),
+    setgid directories (what kubelet does to volumes)."""
     paths = [path, *(path.rglob("*") if recursive else ())]
     for p in paths:
         if p.is_symlink():
@@ -81,7 +83,9 @@ def give_group(path: Path, gid: int, recursive: bool) -> None:
         os.chown(p, -1, gid)
         mode = os.stat(p).st_mode & 0o7777
         if p.is_dir():
-            os.chmod(p, mode | 0o2070)
+            os.chmod(p, mode | (0o2050 if read_only else 0o2070))
+        elif read_only:
+            os.chmod(p, mode | 0o440)
         else:
             os.chmod(p, mode | 0o060 | (0o010 if mode & 0o100 else 0))
 
@@ -150,8 +154,12 @@ def prepare(
                 "CreateContainerConfigError",
                 f"volume {name}: {kinds} volumes are not supported by the process kubelet",
             )
-        if fs_group is not None and not out[name].read_only:
+        if fs_group is None:
+            continue
+        if not out[name].read_only:
             give_group(out[name].path, fs_group, recursive="persistentVolumeClaim" in vol)
+        elif any(k in vol for k in ("secret", "configMap", "projected")):
+            give_group(out[name].path, fs_group, recursive=True, read_only=True)
     return out
 
 
