@@ -69,8 +69,9 @@ def test_a_right_solution_that_defines_builtin_names_still_passes(reward):
 
 
 def test_a_declared_api_is_all_the_tests_see(reward):
-    """With `entry_point` (HumanEval's field) or `api`, no other name of the solution reaches the
-    tests: a fake `math` does not answer a test that relied on the solution's own import."""
+    """With `entry_point` (HumanEval's field) or `solution_api`, no other name of the solution
+    reaches the tests: a fake `math` does not answer a test that relied on the solution's own
+    import."""
     tests = json.dumps(["assert math.isclose(area(1.0), 3.14159, rel_tol=1e-4)"])
     fake_math = (
         "class math:\n"
@@ -80,7 +81,7 @@ def test_a_declared_api_is_all_the_tests_see(reward):
         "def area(r):\n    return 0.0\n"
     )
     assert reward("", fake_math, tests, {"entry_point": "area"}).score == 0.0
-    assert reward("", fake_math, tests, {"api": ["area"]}).score == 0.0
+    assert reward("", fake_math, tests, {"solution_api": ["area"]}).score == 0.0
     honest = "import math\ndef area(r):\n    return math.pi * r * r\n"
     assert reward("", honest, tests, {"entry_point": "area"}).score == 1.0
 

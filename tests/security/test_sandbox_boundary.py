@@ -69,6 +69,17 @@ def test_the_program_runs_as_an_unprivileged_kernel_uid():
     assert out[3:] == ["CapInh 0", "CapPrm 0", "CapEff 0", "CapAmb 0"]
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs a caller whose uid is kernel uid 0")
+def test_a_mapping_onto_kernel_uid_0_stops_before_any_untrusted_code(monkeypatch, tmp_path):
+    """Force the old way (bubblewrap mapping 65534 onto the caller, root): the bootstrap refuses."""
+    monkeypatch.setattr(isolation, "_as_root", lambda: False)
+    marker = tmp_path / "ran"
+    run = run_python(f"open({str(marker)!r}, 'w')", limits=FAST)  # would fail anyway; never runs
+    assert run.returncode == 125, run
+    assert "refusing to run untrusted code: uid 65534 maps to kernel uid 0" in run.stderr, run
+    assert not marker.exists()
+
+
 @pytest.mark.parametrize("path", ["/proc/sys/kernel/core_pattern", "/proc/sys/fs/lease-break-time"])
 def test_global_kernel_knobs_cannot_be_opened_for_writing(path):
     """Writing core_pattern would run a program of the sandbox's choice as root on the host."""

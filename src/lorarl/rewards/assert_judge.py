@@ -10,14 +10,14 @@ before the tests run). So the solution and the tests run in two separate sandbox
   in the solution sandbox (a class instance, a method);
 - the *judge* sandbox executes the test code in a namespace of its own: its own copy of the
   builtins, and the solution's API bound to proxies. The API is the names the task declares
-  (`entry_point` or `api` in the sample's metadata) or, when it declares none, every name the
-  solution defines; either way a name of a builtin is never taken from the solution (a solution's
-  `set` or `abs` cannot stand in for the ones the tests call), and a module the solution imported
-  reaches the tests only as the judge's own import of the standard-library module of the same
-  name. It evaluates the asserts itself on the decoded values and writes one verdict per test,
-  then a count, to a file descriptor only it holds (a file the caller opened; neither its own
-  stdout nor anything the solution's sandbox can reach). It never runs solution code or
-  unpickles anything.
+  (`entry_point` or `solution_api` in the sample's metadata) or, when it declares none, every
+  name the solution defines; either way a name of a builtin is never taken from the solution (a
+  solution's `set` or `abs` cannot stand in for the ones the tests call), and a module the
+  solution imported reaches the tests only as the judge's own import of the standard-library
+  module of the same name. It evaluates the asserts itself on the decoded values and writes one
+  verdict per test, then a count, to a file descriptor only it holds (a file the caller opened;
+  neither its own stdout nor anything the solution's sandbox can reach). It never runs solution
+  code or unpickles anything.
 
 The best a hostile solution can do is return values, i.e. answer the tests. Costs: two sandboxes
 per sample, one pipe round trip per call; objects other than plain values cross only as proxies

@@ -5,8 +5,8 @@ Tests come from `metadata[tests_key]` or else the ground truth (a JSON string or
   string of test code. The solution runs in one sandbox and the tests in another that calls into
   it over a pipe and judges the asserts itself (`assert_judge.py`), so a solution cannot forge a
   pass: it can only return values. The tests keep their own builtins and see only the solution's
-  API: `metadata["entry_point"]` / `metadata["api"]` where the task declares it, else every name
-  the solution defines except the builtins' (`declared_api`).
+  API: `metadata["entry_point"]` / `metadata["solution_api"]` where the task declares it, else
+  every name the solution defines except the builtins' (`declared_api`).
 - stdin/stdout tests: `[{"input": "1 2\\n", "output": "3\\n"}, ...]` or `{"inputs": [...],
   "outputs": [...]}` (APPS style). Each case is a separate sandbox run and the comparison happens
   here, outside the sandbox.
@@ -172,9 +172,10 @@ def _result(o: _Outcome, total: int) -> RewardResult:
 
 
 def declared_api(metadata: Mapping[str, Any]) -> tuple[str, ...] | None:
-    """The solution's names the task lets its tests use: `metadata["api"]` (a list of names) or
-    `metadata["entry_point"]` (HumanEval's field), else None (every name but the builtins')."""
-    for key in ("api", "entry_point"):
+    """The solution's names the task lets its tests use: `metadata["solution_api"]` (a list of
+    names) or `metadata["entry_point"]` (HumanEval's field), else None (every name but the
+    builtins')."""
+    for key in ("solution_api", "entry_point"):
         value = metadata.get(key)
         if value is None:
             continue
