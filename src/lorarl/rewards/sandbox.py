@@ -110,7 +110,8 @@ class SandboxResult:
         return self.status == "ok"
 
 
-# The interpreter's first code inside the sandbox: lower its own limits, then run the program.
+# The interpreter's first code inside the sandbox: drop to the unprivileged uid, lower its own
+# limits, then run the program.
 # Kept as source (run with `-c`) so nothing importable from lorarl is needed in there.
 _BOOTSTRAP = (
     DROP_PRIVILEGES
