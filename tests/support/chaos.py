@@ -4,7 +4,8 @@ is read back to judge them (shared by tests/e2e/test_cluster_chaos.py and bench/
 Injectors act as the thing that fails would: a container's main process SIGKILLed (its PID 1 in
 the pod's PID namespace, as an OOM kill does), one torchrun worker SIGKILLed, a pod deleted with
 kubectl (gracefully, or with grace 0 after its processes are killed, as a reclaimed node), the
-operator SIGKILLed and started again as its Deployment would, `kubectl scale`.
+operator's pod killed (its container restarted by the kubelet, or the pod replaced by its
+ReplicaSet), the API server or etcd restarted, `kubectl scale`.
 
 Probes read what a person could: the pods in the API server, each sidecar's `/status` and the
 trainer's `/progress` from inside the pod's own network namespace (no NetworkPolicy between a
@@ -24,12 +25,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from lorarl.operator.builders import INDEX_LABEL, ROLE_LABEL
 from lorarl.trainer.checkpoint import STEP_RE, CheckpointManager
-from tests.support.chart_release import local_port, operator_container, with_hosts_file
-from tests.support.cluster import Cluster
+from tests.support.cluster import NS, Cluster
 from tests.support.cluster_jobs import JOB_LABEL, job_pods
 from tests.support.kubelet.pod import PodRun
 
@@ -40,8 +38,8 @@ ROLE, INDEX = ROLE_LABEL, INDEX_LABEL
 # -- probes ------------------------------------------------------------------------------------
 
 
-def pod_run(c: Cluster, pod: str) -> PodRun:
-    run = c.kubelet.pod("default", pod)
+def pod_run(c: Cluster, pod: str, namespace: str = "default") -> PodRun:
+    run = c.kubelet.pod(namespace, pod)
     assert run is not None and run.net is not None, f"pod {pod} is not running here"
     return run
 
@@ -169,9 +167,9 @@ def _signal(pid: int | None, sig: int = signal.SIGKILL) -> bool:
     return True
 
 
-def kill_container(c: Cluster, pod: str, container: str) -> str:
+def kill_container(c: Cluster, pod: str, container: str, namespace: str = "default") -> str:
     """SIGKILL the container's main process (its PID 1): the kernel ends the PID namespace."""
-    (run,) = [r for r in pod_run(c, pod).containers if r.name == container]
+    (run,) = [r for r in pod_run(c, pod, namespace).containers if r.name == container]
     pid = run.pid1
     assert _signal(pid), f"{pod}/{container}: no main process to kill"
     return f"SIGKILL {pod}/{container} pid {pid}"
@@ -223,36 +221,31 @@ def scale(c: Cluster, name: str, replicas: int) -> str:
     return f"kubectl scale lrj {name} --replicas={replicas}"
 
 
-def kill_operator(c: Cluster) -> str:
-    proc = c.release.proc
-    proc.kill()
-    proc.wait(30)
-    return f"SIGKILL operator pid {proc.pid}"
+def kill_operator(c: Cluster, replace: bool = False) -> str:
+    """The operator's pod dies: its process SIGKILLed (the kubelet restarts the container, as
+    after an OOM kill), or with `replace` the pod deleted at once with grace 0 (its ReplicaSet
+    makes a new one, as after a node loss)."""
+    (pod,) = c.component_pods("operator")
+    name = pod["metadata"]["name"]
+    if replace:
+        for container in pod_run(c, name, NS).containers:
+            _signal(container.pid1)
+        c.kubectl("delete", "pod", name, "-n", NS, "--grace-period=0", "--force", "--wait=false")
+        return f"operator pod {name} deleted (SIGKILL, grace 0)"
+    return kill_container(c, name, "operator", NS)
 
 
-def start_operator(c: Cluster, timeout: float = 60) -> None:
-    """What the Deployment's ReplicaSet does after the operator's pod died: the same command,
-    env and ports again (the webhook Service still points there), then its readiness probe."""
-    rel = c.release
-    argv = ["setpriv", "--pdeathsig", "TERM", "--", *with_hosts_file(rel.argv,
-            c.kubelet.hosts_file)]  # fmt: skip
-    with rel.log.open("ab") as out:
-        rel.proc = subprocess.Popen(argv, env=rel.env, stdout=out, stderr=subprocess.STDOUT,
-                                    cwd=rel.log.parent)  # fmt: skip
-    deployment = next(o for o in rel.objs if o["kind"] == "Deployment"
-                      and o["metadata"]["name"] == "lorarl-operator")  # fmt: skip
-    probe = operator_container(deployment)["readinessProbe"]["httpGet"]
-    url = f"http://127.0.0.1:{local_port(operator_container(deployment), rel.env, probe['port'])}"
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        assert rel.proc.poll() is None, f"operator exited:\n{rel.logs()}"
-        try:
-            if httpx.get(url + probe["path"], timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise AssertionError(f"restarted operator not ready in {timeout} s:\n{rel.logs()}")
+def wait_operator(c: Cluster, timeout: float = 120) -> None:
+    """Until the operator's (restarted or new) pod passes its readiness probe again."""
+    time.sleep(1.0)  # its Ready condition is stale until the kubelet's next report
+    c.wait_ready("operator", timeout)
+
+
+def restart_control_plane(c: Cluster, component: str) -> str:
+    """Stop the API server or etcd (SIGTERM) and start it again: every client, the operator's
+    watches and the kubelet included, must ride it out."""
+    c.cp.restart(component)
+    return f"restarted {component}"
 
 
 # -- the watcher -------------------------------------------------------------------------------

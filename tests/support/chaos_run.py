@@ -62,14 +62,21 @@ def _trainer_kill(c: Cluster, name: str, rng: random.Random, i: int) -> str:
 
 
 def _operator_kill(c: Cluster, name: str, rng: random.Random, i: int) -> str:
-    """Mid-reconcile: a rollout pod is deleted and the operator dies 0-0.5 s later, while it
-    recreates it; its Deployment starts it again 1-3 s after."""
+    """Mid-reconcile: a rollout pod is deleted and the operator's pod dies 0-0.5 s later, while
+    it recreates it: its container SIGKILLed (restarted by the kubelet), or every other time
+    the pod deleted with grace 0 (replaced by its ReplicaSet)."""
     deleted = chaos.delete_pod(c, f"{name}-rollout-{rng.randrange(2)}")
     time.sleep(rng.uniform(0, 0.5))
-    killed = chaos.kill_operator(c)
-    time.sleep(rng.uniform(1, 3))
-    chaos.start_operator(c)
-    return f"{deleted}; {killed}; restarted"
+    killed = chaos.kill_operator(c, replace=i % 2 == 1)
+    chaos.wait_operator(c)
+    return f"{deleted}; {killed}; ready again"
+
+
+def _control_plane_restart(component: str) -> Any:
+    def inject(c: Cluster, name: str, rng: random.Random, i: int) -> str:
+        return chaos.restart_control_plane(c, component)
+
+    return inject
 
 
 def _reward_kill(c: Cluster, name: str, rng: random.Random, i: int) -> str:
@@ -77,7 +84,10 @@ def _reward_kill(c: Cluster, name: str, rng: random.Random, i: int) -> str:
 
 
 _DELETE = "kubectl delete a rollout pod; every other one preempted (SIGKILL, grace-0 delete)"
-_OPERATOR = "SIGKILL the operator 0-0.5 s after a rollout pod is deleted, restarted 1-3 s later"
+_OPERATOR = (
+    "kill the operator's pod 0-0.5 s after a rollout pod is deleted (SIGKILL, or every "
+    "other time deleted with grace 0)"
+)
 FAULTS = {
     f.name: f
     for f in (
@@ -88,6 +98,18 @@ FAULTS = {
         Fault("operator_kill", _OPERATOR, _operator_kill, 55),
         Fault("scale", "kubectl scale lrj --replicas=3, then 1, then back to 2", None, 105),
         Fault("reward_kill", "SIGKILL the reward pod's process", _reward_kill, 5, {}, 1, True),
+        Fault(
+            "apiserver_restart",
+            "restart kube-apiserver (SIGTERM, start again)",
+            _control_plane_restart("kube-apiserver"),
+            30,
+        ),
+        Fault(
+            "etcd_restart",
+            "restart etcd (SIGTERM, start again)",
+            _control_plane_restart("etcd"),
+            30,
+        ),
     )
 }
 

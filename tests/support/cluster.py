@@ -90,8 +90,12 @@ class Cluster:
 
     def component_log(self, component: str) -> str:
         """The newest log of the component's newest pod (empty if none ran here)."""
-        runs = [r for r in list(self.kubelet.pods.values()) if r.key.startswith(f"{NS}/")
-                and (r.pod["metadata"].get("labels") or {}).get(COMPONENT) == component]  # fmt: skip
+        runs = [
+            r
+            for r in list(self.kubelet.pods.values())
+            if r.key.startswith(f"{NS}/")
+            and (r.pod["metadata"].get("labels") or {}).get(COMPONENT) == component
+        ]
         if not runs:
             return ""
         (container,) = runs[-1].containers
