@@ -1,6 +1,6 @@
-"""Seams between the operator's Pod objects and the code they run, shown under the process
-kubelet: the pod shape before each fix fails the way a cluster would fail it, and the operator's
-current shape passes.
+"""Seams between the operator's Pod objects and the code they run, shown on the real control
+plane under the process kubelet: the pod shape before each fix fails the way a cluster would
+fail it, and the operator's current shape passes.
 
 The pods are the operator's own (`lorarl.operator.builders`, from the plan of the quickstart job);
 only the container command is swapped for a probe that runs the same library call the trainer or
@@ -22,7 +22,8 @@ from lorarl.api.job import LoRARLJob
 from lorarl.operator import builders
 from lorarl.plan import plan
 from lorarl.plan.addressing import CLUSTER_PORTS
-from tests.support.kube_emulator import KubeApi, kube_api
+from tests.support.controlplane import control_plane
+from tests.support.kube_client import KubeClient
 from tests.support.kubelet import Kubelet
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -35,13 +36,15 @@ PLURALS = {"Pod": "v1/pods", "Service": "v1/services", "Secret": "v1/secrets",
 
 
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[tuple[KubeApi, Kubelet]]:
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[KubeClient, Kubelet]]:
     with (
-        kube_api(namespaces=("default", OPERATOR_NS)) as kube,
-        Kubelet(kube.url, kube.token, max_grace=1.0) as kubelet,
+        control_plane(tmp_path_factory.mktemp("cp")) as cp,
+        Kubelet(cp, max_grace=1.0) as kubelet,
     ):
+        kube = KubeClient(cp)
         yield kube, kubelet
         kubelet.raise_errors()
+        kube.close()
 
 
 def job(namespace: str, **training: Any) -> LoRARLJob:
@@ -53,11 +56,11 @@ def job(namespace: str, **training: Any) -> LoRARLJob:
     return LoRARLJob.model_validate(doc)
 
 
-def apply(kube: KubeApi, namespace: str, *objs: Obj) -> None:
-    if kube.emulator.get("v1/namespaces", None, namespace) is None:
-        kube.emulator.create("v1/namespaces", {"metadata": {"name": namespace}})
+def apply(kube: KubeClient, namespace: str, *objs: Obj) -> None:
+    if kube.get("v1/namespaces", None, namespace) is None:
+        kube.cp.create_namespace(namespace)
     for obj in objs:
-        kube.emulator.create(PLURALS[obj["kind"]], obj)
+        kube.create(PLURALS[obj["kind"]], obj)
 
 
 def probe(pod: Obj, container: str, script: str) -> Obj:
@@ -68,9 +71,9 @@ def probe(pod: Obj, container: str, script: str) -> Obj:
     return pod
 
 
-def finished(kube: KubeApi, kubelet: Kubelet, ns: str, name: str, timeout: float = 120) -> Obj:
+def finished(kube: KubeClient, kubelet: Kubelet, ns: str, name: str, timeout: float = 120) -> Obj:
     def done() -> Obj | None:
-        p = kube.emulator.get("v1/pods", ns, name)
+        p = kube.get("v1/pods", ns, name)
         return p if p and (p.get("status") or {}).get("phase") in ("Succeeded", "Failed") else None
 
     return kubelet.wait(done, timeout, f"pod {ns}/{name} finished")
@@ -101,7 +104,8 @@ def claims(j: LoRARLJob) -> list[Obj]:
     if volume is None:
         return []
     meta = {"name": volume.claim_name, "namespace": j.namespace}
-    return [{"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": meta, "spec": {}}]
+    spec = {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}}}
+    return [{"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": meta, "spec": spec}]
 
 
 def trainer_objects(j: LoRARLJob) -> list[Obj]:
@@ -111,7 +115,7 @@ def trainer_objects(j: LoRARLJob) -> list[Obj]:
     return [*claims(j), builders.config_map(p), secret, trainer]
 
 
-def test_output_dir_before_and_after_the_fix(cluster: tuple[KubeApi, Kubelet]) -> None:
+def test_output_dir_before_and_after_the_fix(cluster: tuple[KubeClient, Kubelet]) -> None:
     """Before: `outputDir` defaulted to /workspace/output with no volume, on the read-only root.
     After: cluster jobs keep outputs on `training.volume` (a claim), under its mountPath."""
     kube, kubelet = cluster
@@ -191,7 +195,7 @@ def sync_objects(j: LoRARLJob, policy: Obj) -> list[Obj]:
             builders.engine_key_secret(p, "key", "sync-key"), policy, trainer, rollout]  # fmt: skip
 
 
-def test_sync_group_under_the_job_network_policy(cluster: tuple[KubeApi, Kubelet]) -> None:
+def test_sync_group_under_the_job_network_policy(cluster: tuple[KubeClient, Kubelet]) -> None:
     """The sync group's TCPStore is on the named sync port, but gloo then connects each pair of
     ranks on ephemeral ports: a policy that admits only the named ports drops those, and the
     first sync hangs (gloo retries its connects; the trainer would wait out its timeout). Both
@@ -211,7 +215,7 @@ def test_sync_group_under_the_job_network_policy(cluster: tuple[KubeApi, Kubelet
     # The old shape had as long as the new one took, and 10 s more: its trainer still waits
     # while the kubelet's counters show the policy dropping gloo's connections.
     time.sleep(10)
-    stuck = kube.emulator.get("v1/pods", "seam-sync-before", "quickstart-trainer-0")
+    stuck = kube.get("v1/pods", "seam-sync-before", "quickstart-trainer-0")
     assert stuck["status"]["phase"] == "Running"
     assert "received" not in kubelet.logs("seam-sync-before", "quickstart-rollout-0", "sidecar")
     refused = sum(
@@ -221,4 +225,4 @@ def test_sync_group_under_the_job_network_policy(cluster: tuple[KubeApi, Kubelet
     assert refused > 0, "the old policy should have dropped gloo's connections"
     for ns in shapes:
         for pod in ("quickstart-trainer-0", "quickstart-rollout-0"):
-            kube.emulator.delete("v1/pods", ns, pod)
+            kube.delete("v1/pods", ns, pod)

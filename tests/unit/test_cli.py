@@ -11,11 +11,10 @@ import yaml
 from click.testing import CliRunner
 
 from lorarl.cli import main
-from tests.support.kube_emulator import kube_api, write_kubeconfig
+from tests.support.controlplane import control_plane
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = ROOT / "examples" / "quickstart.yaml"
-CRD = yaml.safe_load((ROOT / "crds" / "lorarljobs.lorarl.dev.yaml").read_text())
 
 
 def lorarl(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
@@ -163,26 +162,30 @@ def test_run_local_without_an_engine_interpreter_says_how_to_build_it(tmp_path, 
 def test_run_without_a_cluster(tmp_path: Path):
     line = one_line_error(invoke("run", str(QUICKSTART), env={"KUBECONFIG": str(tmp_path / "x")}))
     assert line.startswith("Error: no cluster configured") and "--local" in line
-    kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", "http://127.0.0.1:9", "t", "default")
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "c",
+        "clusters": [{"name": "c", "cluster": {"server": "http://127.0.0.1:9"}}],
+        "users": [{"name": "u", "user": {"token": "t"}}],
+        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+    }))  # fmt: skip
     line = one_line_error(invoke("run", str(QUICKSTART), "--kubeconfig", str(kubeconfig)))
     assert line.startswith("Error: cannot reach the cluster at http://127.0.0.1:9")
 
 
 def test_run_applies_to_a_cluster_and_says_when_the_crd_is_missing(tmp_path: Path):
-    with kube_api(crds=[CRD]) as kube:
-        args = ("run", str(QUICKSTART), "--kubeconfig", str(kube.kubeconfig_path))
+    with control_plane(tmp_path / "cp", controllers=False, scheduler=False) as cp:
+        args = ("run", str(QUICKSTART), "--kubeconfig", str(cp.kubeconfig_path))
+        line = one_line_error(invoke(*args))  # no CRD yet
+        assert "has no lorarljobs.lorarl.dev in namespace 'default'" in line
+        assert "helm install lorarl charts/lorarl" in line
+        cp.apply_crds(ROOT / "crds" / "lorarljobs.lorarl.dev.yaml")
         first, second = invoke(*args), invoke(*args)
         assert first.exit_code == 0 and second.exit_code == 0, (first.output, second.output)
         assert first.output == "lorarljob.lorarl.dev/quickstart created\n"
         assert second.output == "lorarljob.lorarl.dev/quickstart configured\n"
-        stored = kube.emulator.get("lorarl.dev/v1alpha1/lorarljobs", "default", "quickstart")
+        stored = yaml.safe_load(cp.kubectl_ok("get", "lrj", "quickstart", "-o", "yaml"))
         assert stored["spec"]["rollout"]["engine"] == "vllm"
-    with kube_api() as kube:  # no CRD
-        line = one_line_error(
-            invoke("run", str(QUICKSTART), "--kubeconfig", str(kube.kubeconfig_path))
-        )
-        assert "has no lorarljobs.lorarl.dev in namespace 'default'" in line
-        assert "helm install lorarl charts/lorarl" in line
 
 
 def test_crds_to_an_unwritable_path_is_one_line(tmp_path: Path):
