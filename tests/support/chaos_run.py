@@ -1,6 +1,6 @@
 """One fault of the matrix, injected N times at seeded random steps into one tiny job on the
-process-kubelet cluster, and the figures issue #17 asks for (bench/chaos.py writes them for all
-seven faults; tests/e2e/test_cluster_chaos.py runs a short mix).
+real control plane with the process kubelet, and the figures issue #17 asks for (bench/chaos.py
+writes them for every fault; tests/e2e/test_cluster_chaos.py runs a short mix).
 
 Each injection waits for the fleet to be whole again (every expected pod running once with all
 its containers, every rollout sidecar in sync, a new step recorded) before the next one, so

@@ -146,6 +146,8 @@ def cluster(tmp: Path, values: Obj | None = None) -> Iterator[Cluster]:
         try:
             c.wait_ready("operator")
             c.wait_ready("status-api")
+            c.cp.kubectl_ok("-n", NS, "rollout", "status", "deploy/lorarl-operator",
+                            "--timeout=120s")  # fmt: skip
         except BaseException:
             print(c.component_log("operator")[-6000:])
             raise

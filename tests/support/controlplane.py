@@ -592,6 +592,18 @@ def control_plane(
         yield cp
 
 
+def wait_for(condition: Any, timeout: float = 15.0, what: str = "condition") -> Any:
+    """Poll `condition` every 50 ms until it returns something truthy, and return that."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} not met within {timeout}s")
+        time.sleep(0.05)
+
+
 def wait_until(check: Any, timeout: float, what: str) -> None:
     """Poll `check` until it holds; an AssertionError naming `what` after `timeout` seconds."""
     deadline = time.monotonic() + timeout

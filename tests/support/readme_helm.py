@@ -1,20 +1,18 @@
-"""The `helm` the README test puts on PATH (readme_cluster.py): `helm install` only.
+"""The `helm` the README test puts on PATH (readme_cluster.py): `helm install` through the Helm
+SDK (helm-python-sdk, Helm's own engine and install action), into the cluster KUBECONFIG names.
 
-There is no Helm binary here. `helm install NAME CHART -n NS [--create-namespace]` is parsed as
-Helm parses it and sent to the harness, which renders CHART with helm-python-sdk (the Helm
-engine), applies the render with the real kubectl and starts the operator and status API as
-their Deployments say (tests/support/chart_release.py, cluster.py). It prints what Helm prints
-on success; any other helm command fails with a one-line error.
+There is no Helm binary here; this is a thin command line over the same library, so the
+README's `helm install NAME CHART -n NS [--create-namespace]` installs exactly as Helm would:
+CRDs first, then every template, into the real API server. It prints what Helm prints on
+success; any other helm command fails with a one-line error.
 
-    python readme_helm.py CONTROL_URL [helm args...]
+    python readme_helm.py [helm args...]
 """
 
 from __future__ import annotations
 
-import json
+import os
 import sys
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 
@@ -40,20 +38,33 @@ def parse_install(args: list[str]) -> dict[str, object]:
 
 
 def main(argv: list[str]) -> int:
-    control, *args = argv
-    if not args or args[0] != "install":
-        print(f"Error: the README harness's helm serves `helm install` only, not {args}",
+    if not argv or argv[0] != "install":
+        print(f"Error: the README harness's helm serves `helm install` only, not {argv}",
               file=sys.stderr)  # fmt: skip
         return 1
-    body = json.dumps(parse_install(args[1:])).encode()
-    request = urllib.request.Request(control + "/install", data=body, method="POST")
+    req = parse_install(argv[1:])
+    import helm_python as helm
+
+    config = helm.Config(kubeconfig_path=os.environ["KUBECONFIG"], namespace=str(req["namespace"]))
     try:
-        with urllib.request.urlopen(request, timeout=240) as reply:
-            print(reply.read().decode(), end="")
-            return 0
-    except urllib.error.HTTPError as exc:
-        print(exc.read().decode(), file=sys.stderr, end="")
+        release = config.install(
+            str(req["chart"]),
+            str(req["name"]),
+            {},
+            create_namespace=bool(req["create_namespace"]),
+            timeout=120,
+        )
+    except Exception as exc:  # Helm's own error, as helm prints it
+        print(f"Error: INSTALLATION FAILED: {exc}", file=sys.stderr)
         return 1
+    finally:
+        config.close()
+    get = release.get if isinstance(release, dict) else lambda k, d="": getattr(release, k, d)
+    info = get("info", {}) or {}
+    notes = info.get("notes", "") if isinstance(info, dict) else getattr(info, "notes", "")
+    print(f"NAME: {req['name']}\nNAMESPACE: {req['namespace']}\nSTATUS: deployed\n"
+          f"REVISION: {get('version', 1)}\nNOTES:\n{notes}")  # fmt: skip
+    return 0
 
 
 if __name__ == "__main__":

@@ -1,11 +1,12 @@
 """`kubectl port-forward svc/lorarl-status-api L:8000` for the README test (readme_cluster.py).
 
-The API emulator has no pods to stream a port from (port-forward is a SPDY/websocket upgrade on
-`pods/portforward`), so the harness's `kubectl` hands this command here: it checks that the
-target is the status API Service the chart installs, listens on 127.0.0.1:L as kubectl would,
-prints kubectl's "Forwarding from" line and relays every connection to the status API the
-harness runs. Its pid goes to a folder the harness empties on teardown (the README starts it
-with `&`, so nothing else would stop it); it also exits after IDLE_S without a connection.
+The process kubelet serves no streaming endpoint (port-forward is a SPDY/websocket upgrade on
+`pods/portforward` that the API server tunnels to the kubelet), so the harness's `kubectl` hands
+this command here: it checks that the target is the status API Service the chart installs,
+listens on 127.0.0.1:L as kubectl would, prints kubectl's "Forwarding from" line and relays
+every connection to that Service's ClusterIP. Its pid goes to a folder the harness empties on
+teardown (the README starts it with `&`, so nothing else would stop it); it also exits after
+IDLE_S without a connection.
 
     python readme_port_forward.py STATUS_URL PID_DIR NAMESPACE [kubectl args...]
 """

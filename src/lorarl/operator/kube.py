@@ -114,7 +114,7 @@ def ssl_context(creds: Credentials) -> ssl.SSLContext | bool:
     """The TLS settings as one context: the cluster's CA (or the system's), the client
     certificate when the user has one. False only where the kubeconfig turns checks off."""
     if not creds.server.startswith("https:"):
-        return True  # plain HTTP (a local emulator): aiohttp's default, unused
+        return True  # plain HTTP (an API server behind a local proxy): nothing to set
     if creds.verify is False:
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
         ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE

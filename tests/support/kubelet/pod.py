@@ -43,6 +43,7 @@ class PodRun:
     running_at: float | None = None  # when the pod was first Running (monotonic)
     hosts_file: Path | None = None
     services: dict[str, str] = field(default_factory=dict)  # the service env (containers.py)
+    transitions: dict[str, tuple[str, str]] = field(default_factory=dict)  # type -> (status, at)
 
     @property
     def uid(self) -> str:
@@ -222,6 +223,13 @@ class PodRun:
             reason, message = self.pending
             out["conditions"][0] = {"type": "PodScheduled", "status": "False", "reason": reason,
                                     "message": message}  # fmt: skip
+        for condition in out["conditions"]:
+            # When each condition last changed, as kubelet records it: the Deployment
+            # controller counts minReadySeconds from the Ready condition's transition.
+            seen = self.transitions.get(condition["type"])
+            if seen is None or seen[0] != condition["status"]:
+                seen = self.transitions[condition["type"]] = (condition["status"], now())
+            condition["lastTransitionTime"] = seen[1]
         if self.net is not None:
             out["podIP"] = self.net.ip
             out["podIPs"] = [{"ip": self.net.ip}]
