@@ -1,9 +1,10 @@
 """Faults on a running job on the cluster path (issue #17's matrix, short: `python -m
-bench.chaos` injects each of the seven faults 10 times).
+bench.chaos` injects each fault 10 times).
 
-One job (the quickstart on claims, 2 vLLM rollout pods, checkpointInterval 3) on the process
-kubelet takes, while it trains: a rollout pod preempted (processes SIGKILLed, deleted with grace
-0), `kubectl scale lrj --replicas=3`, and one torchrun worker of the trainer SIGKILLed. Then:
+One job (the quickstart on claims, 2 vLLM rollout pods, checkpointInterval 3) on the real control
+plane and the process kubelet takes, while it trains: a rollout pod preempted (processes
+SIGKILLed, deleted with grace 0), `kubectl scale lrj --replicas=3`, one torchrun worker of the
+trainer SIGKILLed, and later the API server and then etcd restarted. Then:
 the job Succeeds; the trainer restarted once (the rank kill; the rollout faults cost none) and
 redid no more steps than checkpointInterval; every checkpoint on the claim verifies; no role and
 index ever had two live pods (polled every 0.2 s); the third engine got generation requests
@@ -69,6 +70,12 @@ def test_preemption_scale_up_and_a_trainer_kill_on_one_running_job(tmp_path) -> 
                     break
                 time.sleep(0.5)
             assert reads[-1][0], reads[-5:]
+            # The control plane itself goes away and comes back: the API server (every watch
+            # and client drops), then etcd under it. Training goes on; nothing is redone.
+            before_restarts = w.step()
+            chaos.restart_control_plane(c, "kube-apiserver")
+            chaos.restart_control_plane(c, "etcd")
+            c.kubelet.wait(lambda: w.step() >= before_restarts + 2, 300, "steps after restarts")
             final = wait_phase(c, NAME, ("Succeeded", "Failed"), 600)
         assert final["status"]["phase"] == "Succeeded", final["status"]
         assert final["status"]["restarts"] == 1  # the rank kill; the rollout faults cost none

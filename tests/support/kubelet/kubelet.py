@@ -33,6 +33,8 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
+import httpx
+
 from . import proxy
 from .api import Api, NotFound
 from .containers import service_env
@@ -117,6 +119,7 @@ class Kubelet:
         self._services: list[Obj] = []
         self._routes: list[proxy.Route] = []
         self._volumes: set[str] = set()  # PersistentVolumes this node's provisioner made
+        self.api_outages = 0  # passes cut short by an unavailable API server
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name=f"kubelet-{self.kid}", daemon=True)
         self.node_agent = NodeAgent(self.api, node, self.bridge.host_ip,
@@ -206,6 +209,14 @@ class Kubelet:
         while not self._stop.is_set():
             try:
                 self._pass()
+            except (httpx.TransportError, httpx.HTTPStatusError) as exc:
+                if not _unavailable(exc):
+                    self.errors.append(traceback.format_exc())
+                    if len(self.errors) > 20:
+                        return
+                # The API server restarting (or etcd under it): a kubelet keeps its pods
+                # running and retries, as a real one does.
+                self.api_outages += 1
             except Exception:  # a broken pass must not go unnoticed: tests call raise_errors
                 self.errors.append(traceback.format_exc())
                 if len(self.errors) > 20:
@@ -415,3 +426,10 @@ def _agent_identity(cluster: Cluster, node: str) -> tuple[Path, Path]:
             if reply.status_code not in (201, 409):
                 reply.raise_for_status()  # fmt: skip
     return cluster.issue_client(f"agents-{node}", user, ["lorarl-test:node-agents"])
+
+
+def _unavailable(exc: Exception) -> bool:
+    """The API server is down or not ready (connection refused or reset, 429/5xx)."""
+    if isinstance(exc, httpx.HTTPStatusError):
+        return exc.response.status_code == 429 or exc.response.status_code >= 500
+    return True

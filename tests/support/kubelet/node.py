@@ -15,6 +15,8 @@ import platform
 import threading
 from collections.abc import Mapping
 
+import httpx
+
 from .api import Api, NotFound
 
 DEFAULT_CAPACITY = {"cpu": "32", "memory": "128Gi", "pods": "110", "nvidia.com/gpu": "8"}
@@ -126,6 +128,11 @@ class NodeAgent:
         while not self._stop.wait(RENEW_EVERY):
             try:
                 self._renew()
+            except httpx.TransportError:
+                continue  # the API server restarting: the next beat retries
+            except httpx.HTTPStatusError as exc:
+                if exc.response.status_code != 429 and exc.response.status_code < 500:
+                    self.errors.append(f"node heartbeat: {exc!r}")
             except Exception as exc:  # reported by the kubelet's raise_errors
                 self.errors.append(f"node heartbeat: {exc!r}")
 
