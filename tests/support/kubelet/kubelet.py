@@ -55,6 +55,7 @@ from .policy import TABLE, ruleset
 
 Obj = dict[str, Any]
 AGENT_ROLE = "lorarl-test:node-agents"
+REFUSALS_TOLERATED = 50  # passes (~10 s) a restarted API server may refuse while RBAC loads
 AGENT_RULES = [
     {"apiGroups": [""], "resources": ["pods", "namespaces", "services",
                                       "persistentvolumeclaims"],
@@ -120,6 +121,7 @@ class Kubelet:
         self._routes: list[proxy.Route] = []
         self._volumes: set[str] = set()  # PersistentVolumes this node's provisioner made
         self.api_outages = 0  # passes cut short by an unavailable API server
+        self._refused = 0  # passes refused in a row (401/403)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name=f"kubelet-{self.kid}", daemon=True)
         self.node_agent = NodeAgent(self.api, node, self.bridge.host_ip,
@@ -209,14 +211,18 @@ class Kubelet:
         while not self._stop.is_set():
             try:
                 self._pass()
+                self._refused = 0
             except (httpx.TransportError, httpx.HTTPStatusError) as exc:
-                if not _unavailable(exc):
+                # The API server restarting (or etcd under it): a kubelet keeps its pods
+                # running and retries, as a real one does. A restarted server refuses (401/403)
+                # until its authorizer has loaded RBAC again: only a refusal that lasts is one.
+                self.api_outages += 1
+                refused = isinstance(exc, httpx.HTTPStatusError) and not _unavailable(exc)
+                self._refused = self._refused + 1 if refused else 0
+                if self._refused > REFUSALS_TOLERATED:
                     self.errors.append(traceback.format_exc())
                     if len(self.errors) > 20:
                         return
-                # The API server restarting (or etcd under it): a kubelet keeps its pods
-                # running and retries, as a real one does.
-                self.api_outages += 1
             except Exception:  # a broken pass must not go unnoticed: tests call raise_errors
                 self.errors.append(traceback.format_exc())
                 if len(self.errors) > 20:

@@ -125,13 +125,18 @@ class NodeAgent:
         self._thread.join(timeout=10)
 
     def _beat(self) -> None:
+        refused = 0
         while not self._stop.wait(RENEW_EVERY):
             try:
                 self._renew()
+                refused = 0
             except httpx.TransportError:
                 continue  # the API server restarting: the next beat retries
             except httpx.HTTPStatusError as exc:
-                if exc.response.status_code != 429 and exc.response.status_code < 500:
+                code = exc.response.status_code
+                refused = refused + 1 if code in (401, 403) else 0
+                # 429/5xx, or a restarted server refusing until RBAC is loaded: retried
+                if refused > 3 or (code not in (401, 403, 429) and code < 500):
                     self.errors.append(f"node heartbeat: {exc!r}")
             except Exception as exc:  # reported by the kubelet's raise_errors
                 self.errors.append(f"node heartbeat: {exc!r}")
