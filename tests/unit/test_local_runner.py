@@ -104,10 +104,13 @@ def test_a_local_run_locks_its_engines_with_a_fresh_key(tmp_path):
     assert key not in " ".join(children["rollout-engine"].argv)  # vLLM: never on argv
 
 
-def test_sglang_gets_the_key_on_its_command_line_locally_too(tmp_path):
+def test_sglang_gets_the_key_through_its_environment_locally(tmp_path):
+    """SGLang reads its key from no variable; a local run passes it through the environment to
+    a launcher that appends `--api-key` in-process (tests/security/test_lows.py)."""
     run, children = _children("quickstart.yaml", tmp_path, rollout={"engine": "sglang"})
-    argv = children["rollout-engine"].argv
-    assert argv[argv.index("--api-key") + 1] == run.engine_api_key
+    engine = children["rollout-engine"]
+    assert run.engine_api_key not in " ".join(engine.argv) and "--api-key" not in engine.argv
+    assert engine.env["LORARL_ENGINE_API_KEY"] == run.engine_api_key
 
 
 def test_engine_sockets_fit_the_unix_path_limit_in_a_deep_run_directory(tmp_path):

@@ -3,7 +3,9 @@
 A job spec is about a hundred values. What is refused, before anything is built from it:
 documents over 1 MiB (a ConfigMap's limit, which the rendered job must fit anyway), nesting
 deeper than `MAX_DEPTH`, more than `MAX_NODES` values once YAML aliases are expanded (an "alias
-bomb" of a few lines expands to millions), and a key repeated in one mapping (YAML would keep the
+bomb" of a few lines expands to millions), an integer longer than `MAX_INT_CHARS` (Python's
+`int()` refuses one of more than 4,300 digits with a ValueError from inside the parser, and
+takes quadratic time below that), and a key repeated in one mapping (YAML would keep the
 last one silently). Depth and size are counted on the parser's event stream, stopping at the
 first value over a limit, so neither a bomb nor deep brackets is ever built (a YAML parser slows
 quadratically with depth, and Python's recursion would fail on it). `check_tree` applies the
@@ -22,6 +24,8 @@ import yaml
 MAX_DOCUMENT_BYTES = 1024 * 1024
 MAX_DEPTH = 64
 MAX_NODES = 100_000
+MAX_INT_CHARS = 100  # a job's integers fit in 64 bits (19 digits)
+_INT_TAG = "tag:yaml.org,2002:int"
 EXCERPT_CHARS = 200
 
 _Parser = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when present (faster)
@@ -57,15 +61,41 @@ def excerpt(value: Any, limit: int = EXCERPT_CHARS) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+def _long_int(node: yaml.Node) -> bool:
+    return (
+        isinstance(node, yaml.ScalarNode)
+        and node.tag == _INT_TAG
+        and len(node.value) > MAX_INT_CHARS
+    )
+
+
+def _long_int_error(node: yaml.Node, key: Any = None) -> InputLimitError:
+    mark = node.start_mark
+    field = f" for key {excerpt(key, 60)}" if key is not None else ""
+    return InputLimitError(
+        f"integer of {len(node.value)} characters{field} at line {mark.line + 1}, column "
+        f"{mark.column + 1} (at most {MAX_INT_CHARS})"
+    )
+
+
 class _Loader(_Parser):  # type: ignore[misc, valid-type]
-    """SafeLoader that refuses a key repeated in one mapping (merge keys `<<` may override)."""
+    """SafeLoader that refuses a key repeated in one mapping (merge keys `<<` may override) and
+    an integer longer than `MAX_INT_CHARS`, before `int()` sees it."""
+
+    def construct_yaml_int(self, node):
+        if _long_int(node):
+            raise _long_int_error(node)
+        return super().construct_yaml_int(node)
 
     def construct_mapping(self, node, deep=False):
         if isinstance(node, yaml.MappingNode):
             seen: set[Any] = set()
-            for key_node, _ in node.value:
+            for key_node, value_node in node.value:
                 if key_node.tag == "tag:yaml.org,2002:merge":
                     continue
+                if _long_int(value_node):  # name the key (the constructor only knows the line)
+                    key = key_node.value if isinstance(key_node, yaml.ScalarNode) else None
+                    raise _long_int_error(value_node, key)
                 key = self.construct_object(key_node, deep=True)
                 try:
                     repeated = key in seen
@@ -79,6 +109,9 @@ class _Loader(_Parser):  # type: ignore[misc, valid-type]
                         f"{mark.column + 1} (a key may appear once per mapping)"
                     )
         return super().construct_mapping(node, deep=deep)
+
+
+_Loader.add_constructor(_INT_TAG, _Loader.construct_yaml_int)
 
 
 def _check_events(text: str) -> None:

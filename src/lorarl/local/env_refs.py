@@ -10,7 +10,7 @@ import re
 from collections.abc import Mapping
 
 from lorarl.api.workloads import SYNC_KEY_ENV
-from lorarl.plan.engines import ENGINE_API_KEY_ENV
+from lorarl.plan.engines import ENGINE_API_KEY_ENV, ENGINE_API_KEY_REF
 from lorarl.sync.protocol import SYNC_KEY_CONTAINERS
 
 _REFERENCE = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
@@ -45,3 +45,29 @@ def with_job_keys(container: str, env: Mapping[str, str], engine_key: str, sync_
     if container in SYNC_KEY_CONTAINERS:
         out[SYNC_KEY_ENV] = sync_key
     return out
+
+
+# Runs `-m <module> <args>` as `python -m` would, with `--api-key <key from the environment>`
+# appended to the module's own sys.argv: the process's command line (/proc/<pid>/cmdline, which
+# any local user can read) never holds the key; its environment is readable by its owner only.
+_KEY_FROM_ENV = (
+    "import os, runpy, sys; "
+    f"sys.argv = [sys.argv[1], *sys.argv[2:], '--api-key', os.environ[{ENGINE_API_KEY_ENV!r}]]; "
+    "runpy.run_module(sys.argv[0], run_name='__main__', alter_sys=True)"
+)
+
+
+def api_key_from_env(argv: list[str]) -> list[str]:
+    """A planned `python -m <module> ... --api-key $(LORARL_ENGINE_API_KEY)` (SGLang, which reads
+    its key from no variable of its own) as a command that passes the key through the
+    environment instead; any other command is returned unchanged. In a pod the reference is the
+    kubelet's to expand, in a container no other user shares; locally the engine runs beside
+    every other process on the machine."""
+    pairs = [i for i in range(len(argv) - 1) if argv[i] == "--api-key"]
+    if len(argv) < 3 or argv[1] != "-m" or len(pairs) != 1:
+        return argv
+    at = pairs[0]
+    if argv[at + 1] != ENGINE_API_KEY_REF:
+        return argv
+    rest = argv[3:at] + argv[at + 2 :]
+    return [argv[0], "-c", _KEY_FROM_ENV, argv[2], *rest]

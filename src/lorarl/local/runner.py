@@ -27,7 +27,7 @@ from lorarl.api import safe_yaml
 from lorarl.api.job import LoRARLJob
 from lorarl.api.progress import Progress
 from lorarl.api.workloads import SYNC_KEY_ENV
-from lorarl.local.env_refs import expand, with_job_keys
+from lorarl.local.env_refs import api_key_from_env, expand, with_job_keys
 from lorarl.local.ports import free_port_block
 from lorarl.local.processes import Child
 from lorarl.plan import ContainerPlan, JobPlan, LocalAddressing, ReplicaPlan, plan
@@ -144,6 +144,8 @@ class LocalRun:
         argv = list(container.command)
         if container.name == "engine" and self.engine_command is not None:
             argv = self.engine_command(replica, container)
+        if container.name == "engine":
+            argv = api_key_from_env(argv)  # SGLang's `--api-key`: the key off the command line
         if argv and argv[0] == "python":
             engine = container.name == "engine" and self.engine_python
             argv[0] = self.engine_python if engine else sys.executable

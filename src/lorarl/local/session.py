@@ -77,7 +77,7 @@ def _start_status_api(job: LoRARLJob, run: LocalRun, port: int, console: Console
     store = LocalStore()
     store.add(run.job, run.progress_url, run_dir=run.run_dir)
     try:
-        url, stop = serve_in_thread(create_app(store), port=port)
+        url, stop = serve_in_thread(create_app(store, loopback_only=True), port=port)
     except OSError as exc:
         console.print(f"[yellow]status API not started (port {port}: {exc.strerror})[/]")
         return None

@@ -215,7 +215,8 @@ def cpu_batch_budget(max_model_len: int, max_num_seqs: int = VLLM_CPU_MAX_NUM_SE
 def engine_env(spec: LoRARLJobSpec) -> dict[str, str]:
     """Environment the engine needs: live weight updates (vLLM gates them behind flags) and,
     for vLLM, the API key (`VLLM_API_KEY` keeps it off the command line; SGLang has no such
-    variable and gets `--api-key`). SGLang: post-temperature logprobs, pinned."""
+    variable and gets `--api-key`, which a local run moves into the environment:
+    `lorarl.local.env_refs.api_key_from_env`). SGLang: post-temperature logprobs, pinned."""
     if spec.rollout.engine != "vllm":
         return {SGLANG_ORIGINAL_LOGPROB_ENV: "false"}
     r = spec.rollout

@@ -6,6 +6,7 @@ runs sync routes in its thread pool, so one slow trainer does not stall other re
 
 # No `from __future__ import annotations`: FastAPI reads the route signatures at runtime, and
 # they name a type alias local to create_app.
+import ipaddress
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -139,13 +140,52 @@ def _require(auth: Authorizer | None, user: User | None, verb: str, namespace: s
         )
 
 
+def loopback_host(host_header: str | None, server_port: int | None) -> bool:
+    """Whether a Host header names this server on a loopback address: `localhost`, `127.x.y.z`
+    or `[::1]`, with no port or the port the server listens on. A web page whose own name an
+    attacker has pointed at 127.0.0.1 (DNS rebinding) sends its own name here, and is refused."""
+    if not host_header:
+        return False
+    host, port = host_header.strip().lower(), None
+    if host.startswith("["):  # [v6] or [v6]:port
+        end = host.find("]")
+        if end < 0:
+            return False
+        host, rest = host[1:end], host[end + 1 :]
+        if rest:
+            if not rest.startswith(":"):
+                return False
+            port = rest[1:]
+    elif host.count(":") == 1:
+        host, port = host.split(":")
+    elif ":" in host:
+        return False  # an unbracketed IPv6 literal is not a valid Host
+    if port is not None and (
+        not port.isdigit() or (server_port is not None and int(port) != server_port)
+    ):
+        return False
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def _route_template(request: Request) -> str:
     route = request.scope.get("route")
     return getattr(route, "path", None) or "<unmatched>"
 
 
-def create_app(store: JobStore, *, auth: Authorizer | None = None) -> FastAPI:
-    """The status API over `store`; with `auth`, every /v1 call needs a reviewed bearer token."""
+def create_app(
+    store: JobStore, *, auth: Authorizer | None = None, loopback_only: bool = False
+) -> FastAPI:
+    """The status API over `store`; with `auth`, every /v1 call needs a reviewed bearer token.
+
+    `loopback_only` (the local server `lorarl run --local` starts): every request's Host header
+    must name a loopback address or `localhost` (see `loopback_host`), else 421. The in-cluster
+    server is reached by its Service name and authenticates every call, so it leaves this off.
+    No route sends CORS headers: a page on another origin cannot read the answers."""
     app = FastAPI(
         title="lorarl status API",
         version="v1",
@@ -180,6 +220,19 @@ def create_app(store: JobStore, *, auth: Authorizer | None = None) -> FastAPI:
         if request.url.path == "/" or request.url.path.startswith("/dashboard/"):
             response.headers.update(DASHBOARD_HEADERS)  # not /docs: FastAPI's docs use a CDN
         return response
+
+    if loopback_only:
+
+        @app.middleware("http")  # added last, so it runs first
+        async def loopback_host_only(request: Request, call_next):
+            server = request.scope.get("server")
+            port = server[1] if server and len(server) > 1 else None
+            if not loopback_host(request.headers.get("host"), port):
+                return JSONResponse(
+                    {"detail": "Host must be localhost or a loopback address (this API is local)"},
+                    status_code=421,
+                )
+            return await call_next(request)
 
     @app.exception_handler(JobNotFound)
     def not_found(_: Request, exc: JobNotFound) -> JSONResponse:
