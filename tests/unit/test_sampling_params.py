@@ -1,6 +1,8 @@
 """Sampling fields reach both engines' requests (issue 14 item 6): stop strings, minP,
 repetitionPenalty, and maxTokens for train (data.maxResponseTokens) vs eval (training.eval).
-The CRD's CEL and the models agree on the bounds and on the RL rule."""
+The CRD's CEL and the models agree on the bounds and on the RL rules: repetitionPenalty needs a
+rollout correction; topP < 1, topK and minP are refused for training (issue 35 item 1: the
+trainer scores the full distribution) and allowed at eval."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import pytest
 from pydantic import ValidationError
 
 from lorarl.api.job import LoRARLJob
+from lorarl.api.validation import check_manifest
 from lorarl.trainer.engines_wire import (
     build_sglang_generate_request,
     build_vllm_completion_request,
@@ -69,12 +72,23 @@ def verdicts(doc: dict, cel: CrdServer) -> tuple[bool, bool]:
 @pytest.mark.parametrize(
     ("sampling", "correction", "ok"),
     [
-        ({"minP": 0.05, "repetitionPenalty": 1.1, "stop": ["\n\n", "</answer>"]}, None, True),
-        ({"minP": 0.05}, "mask-token", True),
-        ({"minP": 0.05}, "off", False),  # nothing would weigh the changed distribution
-        ({"repetitionPenalty": 1.1}, "off", False),
+        ({"repetitionPenalty": 1.1, "stop": ["\n\n", "</answer>"]}, None, True),
+        ({"repetitionPenalty": 1.1}, "mask-token", True),
+        ({"repetitionPenalty": 1.1}, "off", False),  # nothing would weigh the changed distribution
         ({"repetitionPenalty": 0.9}, "off", False),
         ({"minP": 0.0, "repetitionPenalty": 1.0, "stop": ["\n\n"]}, "off", True),  # no change
+        # Truncation filters are refused for training with every correction mode: the trainer
+        # scores the full softmax(z / T), no weight can bring back the cut support.
+        ({"minP": 0.05}, None, False),
+        ({"minP": 0.05}, "mask-token", False),
+        ({"minP": 0.05}, "off", False),
+        ({"topP": 0.9}, None, False),
+        ({"topP": 0.4}, "mask-sequence", False),
+        ({"topP": 0.99}, "off", False),
+        ({"topK": 20}, "tis", False),
+        ({"topK": 1}, "off", False),
+        ({"topP": 1.0, "topK": -1, "minP": 0.0}, "off", True),  # the exact settings, spelled out
+        ({"topP": 1, "topK": 0, "temperature": 0.7}, "tis", True),  # topK 0 is off too
         ({"minP": 1.5}, None, False),
         ({"minP": -0.1}, None, False),
         ({"repetitionPenalty": 0.0}, None, False),
@@ -90,10 +104,40 @@ def test_train_sampling_bounds_and_rule(sampling, correction, ok, cel) -> None:
 
 
 def test_the_rule_names_the_fields_and_the_way_out() -> None:
-    with pytest.raises(ValidationError) as exc:
-        LoRARLJob.model_validate(doc_with({"minP": 0.1}, "off"))
-    text = str(exc.value)
-    assert "minP and repetitionPenalty" in text and "rolloutCorrection" in text
+    problems = check_manifest(doc_with({"repetitionPenalty": 1.2}, "off"), cluster=False)
+    assert [p.path for p in problems] == ["spec.rollout.sampling.repetitionPenalty"]
+    assert "rolloutCorrection" in problems[0].message
+
+
+@pytest.mark.parametrize(
+    ("sampling", "field", "value"),
+    [
+        ({"topP": 0.9}, "topP", "0.9"),
+        ({"topK": 50}, "topK", "50"),
+        ({"minP": 0.1}, "minP", "0.1"),
+    ],
+)
+@pytest.mark.parametrize("correction", ["tis", "mask-token", "mask-sequence", "off"])
+def test_truncating_filters_are_refused_for_training_naming_the_field(
+    sampling, field, value, correction
+) -> None:
+    """Issue 35 #1: vLLM reports logprobs of the truncated distribution, the trainer scores the
+    full softmax(z / T): with tis every token was scaled by the kept mass, a mask dropped most
+    tokens. No correction mode makes that exact, so the field is refused with its name."""
+    problems = check_manifest(doc_with(sampling, correction), cluster=False)
+    assert len(problems) == 1, problems
+    assert problems[0].path == f"spec.rollout.sampling.{field}"
+    assert "for training" in problems[0].message and "full softmax" in problems[0].message
+    assert f"(got {value})" in problems[0].message
+
+
+def test_the_exact_settings_pass_with_every_correction_mode() -> None:
+    for correction in ("tis", "mask-token", "mask-sequence", "off"):
+        doc = doc_with({"temperature": 0.7, "topP": 1.0, "topK": -1, "minP": 0.0}, correction)
+        assert check_manifest(doc, cluster=False) == []
+        spec = LoRARLJob.model_validate(doc).spec
+        params = train_sampling(spec, eos_token_id=2)
+        assert (params.top_p, params.top_k, params.min_p) == (1.0, None, 0.0)
 
 
 @pytest.mark.parametrize(
@@ -106,7 +150,7 @@ def test_the_rule_names_the_fields_and_the_way_out() -> None:
     ],
 )
 def test_eval_sampling_is_free_of_the_rl_rule_but_bounded(eval_, ok, cel) -> None:
-    # Eval samples are never trained on: min-p and penalties are fine even without a correction.
+    # Eval samples are never trained on: top-p, min-p and penalties are fine, with any correction.
     assert verdicts(doc_with(None, "off", eval=eval_), cel) == (ok, ok)
 
 
@@ -122,8 +166,7 @@ def test_float_fields_refuse_nan_and_inf() -> None:
 
 def _spec():
     doc = doc_with(
-        {"temperature": 0.8, "topP": 0.95, "minP": 0.05, "repetitionPenalty": 1.2,
-         "stop": ["\n\n", "</answer>"]},
+        {"temperature": 0.8, "repetitionPenalty": 1.2, "stop": ["\n\n", "</answer>"]},
         eval={"n": 4, "temperature": 0.6, "topP": 0.9, "minP": 0.1, "repetitionPenalty": 1.05,
               "maxTokens": 64},
     )  # fmt: skip
@@ -135,8 +178,8 @@ def test_train_and_eval_settings_reach_the_vllm_body() -> None:
     train = train_sampling(spec, eos_token_id=2)
     body = build_vllm_completion_request([1, 5], 4, train, model="m")
     assert body["max_tokens"] == 300  # data.maxResponseTokens
-    assert (body["temperature"], body["top_p"]) == (0.8, 0.95)
-    assert (body["min_p"], body["repetition_penalty"]) == (0.05, 1.2)
+    assert (body["temperature"], body["top_p"]) == (0.8, 1.0)  # training: the full distribution
+    assert "min_p" not in body and "top_k" not in body and body["repetition_penalty"] == 1.2
     assert body["stop"] == ["\n\n", "</answer>"] and body["stop_token_ids"] == [2]
     assert body["include_stop_str_in_output"] is False
     assert body["seed"] == spec.training.seed
@@ -154,9 +197,8 @@ def test_train_and_eval_settings_reach_the_sglang_body() -> None:
     train = train_sampling(spec, eos_token_id=2)
     sp = build_sglang_generate_request([1, 5], 4, train)["sampling_params"]
     assert sp["max_new_tokens"] == 300
-    assert (sp["min_p"], sp["repetition_penalty"], sp["stop"]) == (
-        0.05, 1.2, ["\n\n", "</answer>"],
-    )  # fmt: skip
+    assert (sp["top_p"], sp["top_k"]) == (1.0, -1) and "min_p" not in sp
+    assert (sp["repetition_penalty"], sp["stop"]) == (1.2, ["\n\n", "</answer>"])
     assert "no_stop_trim" not in sp  # SGLang's default: the stop string is cut from the text
     ev = build_sglang_generate_request([1, 5], 4, eval_sampling(spec, train))["sampling_params"]
     assert (ev["max_new_tokens"], ev["temperature"], ev["top_p"]) == (64, 0.6, 0.9)

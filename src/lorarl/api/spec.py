@@ -289,22 +289,24 @@ _KL_REFERENCE_RULE = Rule(
     check=lambda m: m.algorithm.kl.reference != "initialAdapter" or bool(m.lora.adapter_path),
     field="algorithm.kl.reference",
 )
-# vLLM reports the logprobs of the min-p / penalized distribution it sampled from; the trainer
-# scores softmax(z / T). Only an importance-sampling correction weighs that gap; without one the
-# update would treat penalized samples as the policy's own.
+# vLLM reports the logprobs of the penalized distribution it sampled from (SGLang too: the
+# penalty is applied to the logits it reports); the trainer scores softmax(z / T). Only an
+# importance-sampling correction weighs that gap (the support is the same, so the weight is
+# unbiased); without one the update would treat penalized samples as the policy's own.
+# top-p / top-k / min-p are refused outright (SamplingSpec): a truncated support cannot be
+# weighed back.
 _SHAPED_SAMPLING_RULE = Rule(
-    cel="!has(self.rollout) || !has(self.rollout.sampling) || ((!has(self.rollout.sampling.minP) "
-    "|| self.rollout.sampling.minP == 0.0) && (!has(self.rollout.sampling.repetitionPenalty) || "
-    "self.rollout.sampling.repetitionPenalty == 1.0)) || !has(self.algorithm) || "
+    cel="!has(self.rollout) || !has(self.rollout.sampling) || "
+    "!has(self.rollout.sampling.repetitionPenalty) || "
+    "self.rollout.sampling.repetitionPenalty == 1.0 || !has(self.algorithm) || "
     "!has(self.algorithm.rolloutCorrection) || !has(self.algorithm.rolloutCorrection.mode) || "
     "self.algorithm.rolloutCorrection.mode != 'off'",
-    message="minP and repetitionPenalty change the distribution the engines sample from, which "
-    "the trainer does not score: they need algorithm.rolloutCorrection (tis or a mask), not off",
+    message="needs algorithm.rolloutCorrection (tis or a mask), not off: the penalty changes the "
+    "distribution the engines sample from, which the trainer does not score",
     check=lambda m: (
-        (m.rollout.sampling.min_p == 0 and m.rollout.sampling.repetition_penalty == 1)
-        or m.algorithm.rollout_correction.mode != "off"
+        m.rollout.sampling.repetition_penalty == 1 or m.algorithm.rollout_correction.mode != "off"
     ),
-    field="rollout.sampling",
+    field="rollout.sampling.repetitionPenalty",
 )
 _SPEC_RULES = (
     _EVAL_NEEDS_VAL_RULE,

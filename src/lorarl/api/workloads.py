@@ -184,10 +184,38 @@ _TEMPERATURE_RULE = Rule(
     check=lambda m: m.temperature > 0,
     field="temperature",
 )
+# Truncation filters cannot be made exact: the engines sample from the kept tokens only, vLLM
+# reports logprobs of that truncated, renormalized distribution and SGLang those of the full one,
+# while the trainer scores the full softmax(z / T). Every ratio (or, with SGLang, the sampling
+# itself) would be off by the kept mass: with tis a hidden learning-rate cut, with a mask most
+# tokens dropped (docs/algorithms.md#sampling-and-the-logprobs-the-trainer-compares).
+_TRUNCATION = (
+    "truncates the distribution the engines sample from, and the trainer scores the full "
+    "softmax(logits / temperature)"
+)
+_TOP_P_RULE = Rule(
+    cel="self.topP == 1.0",
+    message=f"must be 1 for training: top-p {_TRUNCATION} (evals may use training.eval.topP)",
+    check=lambda m: m.top_p == 1,
+    field="topP",
+)
+_TOP_K_RULE = Rule(
+    cel="self.topK <= 0",
+    message=f"must be -1 (off) for training: top-k {_TRUNCATION}",
+    check=lambda m: m.top_k <= 0,
+    field="topK",
+)
+_MIN_P_RULE = Rule(
+    cel="self.minP == 0.0",
+    message=f"must be 0 for training: min-p {_TRUNCATION} (evals may use training.eval.minP)",
+    check=lambda m: m.min_p == 0,
+    field="minP",
+)
+_SAMPLING_RULES = (_TEMPERATURE_RULE, _TOP_P_RULE, _TOP_K_RULE, _MIN_P_RULE)
 
 
 class SamplingSpec(ApiModel):
-    model_config = ConfigDict(json_schema_extra=rules_schema_extra(_TEMPERATURE_RULE))
+    model_config = ConfigDict(json_schema_extra=rules_schema_extra(*_SAMPLING_RULES))
 
     temperature: float = Field(
         default=1.0,
@@ -196,20 +224,32 @@ class SamplingSpec(ApiModel):
         description="Sampling temperature (> 0). The trainer scores softmax(logits / "
         "temperature), the distribution the engines sample from and report logprobs of.",
     )
-    top_p: float = Field(default=1.0, gt=0, le=1, description="Nucleus sampling mass.")
-    top_k: int = Field(default=-1, ge=-1, le=1_048_576, description="Top-k (-1: off).")
+    top_p: float = Field(
+        default=1.0,
+        gt=0,
+        le=1,
+        description="Nucleus sampling mass: 1 only (the trainer scores the full distribution; "
+        "training.eval.topP may be lower).",
+    )
+    top_k: int = Field(
+        default=-1,
+        ge=-1,
+        le=1_048_576,
+        description="Top-k: -1 or 0 (off) only (the trainer scores the full distribution).",
+    )
     min_p: float = Field(
         default=0.0,
         ge=0,
         le=1,
-        description="Min-p: drop tokens less likely than minP times the most likely one (0: off).",
+        description="Min-p: 0 (off) only (the trainer scores the full distribution; "
+        "training.eval.minP may be set).",
     )
     repetition_penalty: float = Field(
         default=1.0,
         gt=0,
         le=2,
         description="Repetition penalty on tokens already in the prompt or completion (1: off; "
-        "both engines take (0, 2]).",
+        "both engines take (0, 2]); other than 1 needs algorithm.rolloutCorrection on.",
     )
     stop: list[Annotated[str, Field(min_length=1, max_length=256)]] = Field(
         default_factory=list,
@@ -218,7 +258,7 @@ class SamplingSpec(ApiModel):
         "sees leaves the stop string out; the trained tokens keep the tokens that formed it.",
     )
 
-    _rules = enforce(_TEMPERATURE_RULE)
+    _rules = enforce(*_SAMPLING_RULES)
 
 
 _ROLLOUT_ENV_RULE = _env_rule()
