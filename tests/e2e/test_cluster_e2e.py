@@ -123,9 +123,7 @@ def test_colocated_adapter_sync_scored_by_the_reward_service_pod(c: Cluster) -> 
     assert printed_columns(c, "e2e-adapter")["STEP"] == "5"
     # No rollout pod: the trainer pod's own engine generated every step.
     assert set(run.pods_running_s) == {"e2e-adapter-trainer-0", "e2e-adapter-reward-0"}
-    (container,) = c.kube.get("v1/pods", "default", "e2e-adapter-trainer-0")["spec"][
-        "containers"
-    ]
+    (container,) = c.kube.get("v1/pods", "default", "e2e-adapter-trainer-0")["spec"]["containers"]
     assert container["command"] == ["python", "-m", "lorarl.colocate"]
     assert len(history(c, "e2e-adapter")) == 5
     check_adapter(c, "e2e-adapter")
