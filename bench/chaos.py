@@ -65,6 +65,7 @@ def main(argv: list[str] | None = None) -> None:
                                checkpoint_interval=CHECKPOINT_INTERVAL,
                                recover_timeout=args.recover_timeout,
                                history_dir=args.history_dir)  # fmt: skip
+            result["control_plane"] = c.cp.version  # kept faults may predate the real one
             result["acceptance_problems"] = acceptance(result, CHECKPOINT_INTERVAL)
             result["passed"] = not result["acceptance_problems"]
             faults.append(result)
@@ -73,7 +74,6 @@ def main(argv: list[str] | None = None) -> None:
                   flush=True)  # fmt: skip
             order = {n: k for k, n in enumerate(FAULTS)}
             merged = sorted(kept + faults, key=lambda f: order[f["fault"]])
-            info["control_plane"] = c.cp.version
             write_results(args.out, report(merged, info, args, time.monotonic() - t0 + spent))
 
 
@@ -104,7 +104,9 @@ def report(faults: list[dict[str, Any]], info: dict[str, Any], args: Any, second
         "seconds_to_next_step: fault -> the first step past every step recorded before it. "
         "Steps lost: steps recorded before the fault and recorded again after it. Duplicates: "
         "two live pods of one role and index, in the API server or on the node, polled every "
-        "0.2 s. Shared 2-core machine: see the load averages.",
+        "0.2 s. A fault's control_plane is the Kubernetes release it ran on; a fault without "
+        "one was recorded on the home-made API emulator before it was retired (kept by "
+        "--merge). Shared 2-core machine: see the load averages.",
         "machine": {**info, "load_avg_1m_at_end": round(os.getloadavg()[0], 2)},
     }
 
