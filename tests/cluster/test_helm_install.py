@@ -103,8 +103,21 @@ def test_the_operator_reconciles_under_the_charts_rbac(c: Cluster) -> None:
         30,
         "phase Pending (its pods unschedulable)",
     )
+    # The operator's pod replaced (as after a node loss): the new one resumes the job it finds
+    # (the resume path creates nothing twice and reads nothing its RBAC does not allow) and
+    # reconciles it, here re-creating a pod that was deleted while no operator ran.
+    (old,) = c.component_pods("operator")
+    c.cp.kubectl_ok("-n", NS, "delete", "pod", old["metadata"]["name"], "--wait=false")
+    c.kube.delete("v1/pods", JOBS_NS, "charted-rollout-1")
+    wait_until(
+        lambda: any(p["metadata"]["uid"] != old["metadata"]["uid"]
+                    for p in c.component_pods("operator")),
+        60, "a new operator pod",
+    )  # fmt: skip
+    c.wait_ready("operator")
+    wait_until(made, 60, "the deleted pod re-created by the new operator")
     # The API server's audit log: every request of the operator's ServiceAccount, and none
-    # refused by RBAC (403) or unauthenticated (401).
+    # refused by RBAC (403) or unauthenticated (401), before the restart or after it.
     account = "system:serviceaccount:lorarl-system:lorarl-operator"
     entries = [
         json.loads(line)

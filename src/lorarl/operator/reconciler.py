@@ -275,9 +275,9 @@ class Reconciler:
             kopf.adopt([group], owner=state.body)
             await self._create_pod_group(group)
         kopf.adopt(children, owner=state.body)
+        # A Secret that exists (a restarted operator) is left as it is: the chart's RBAC lets
+        # the operator create Secrets, never read or change them.
         results = await asyncio.gather(*(self.kube.create(child) for child in children))
-        if results[0] is None:  # the Secret exists (a restarted operator, or an older one's)
-            await self._ensure_sync_key(job_plan)
         if results[1] is None:  # the ConfigMap exists: make it match this spec
             await self._patch_config(job_plan, data)
         state.ensured, state.config_hash = True, p.config_hash
@@ -303,18 +303,6 @@ class Reconciler:
                 f"spec.scheduling.gang needs PodGroup {api}, which this cluster does not serve: "
                 f"install {installs.get(api, 'its CRD')}, or set spec.scheduling.gang to none",
             ) from exc
-
-    async def _ensure_sync_key(self, job_plan: JobPlan) -> None:
-        """A job created by an operator from before the signed sync channel has a Secret with
-        the engine key only; its new pods would not start without the sync key, so add one."""
-        url = path("v1", "secrets", job_plan.namespace, builders.secret_name(job_plan.name))
-        secret = await self.kube.get(url)
-        if secret is None:
-            return  # deleted meanwhile: the next pass creates it whole
-        present = set(secret.get("data") or {}) | set(secret.get("stringData") or {})
-        if builders.SYNC_KEY_KEY not in present:
-            body = {"stringData": {builders.SYNC_KEY_KEY: secrets.token_urlsafe(32)}}
-            await self.kube.merge_patch(url, body, what=f"secret of {job_plan.name}")
 
     async def _patch_config(self, job_plan: JobPlan, data: dict[str, str]) -> None:
         url = path("v1", "configmaps", job_plan.namespace, builders.config_map_name(job_plan.name))
