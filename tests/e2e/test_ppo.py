@@ -127,7 +127,10 @@ def test_ppo_on_smollm2_with_a_critic_warmup(tmp_path: Path):
             "critic": {"warmupSteps": 1},
             "optim": {"lr": 1e-4},
             "data": {"trainFiles": [str(data)], "maxPromptTokens": 128, "maxResponseTokens": 16},
-            "reward": {"function": "math_answer"},
+            # A reward every sample gets (by its length), not a lucky right answer: with all
+            # rewards 0 the returns are 0, the zero-initialised value head is already right
+            # and the critic's gradient is 0 whatever the code does.
+            "reward": {"function": "length_penalty", "params": {"target": 8}},
             "training": {"totalSteps": 2, "promptsPerStep": 2, "microBatchSize": 4,
                          "checkpointInterval": 2, "outputDir": str(tmp_path / "out")},
             "trainer": {"gpusPerReplica": 0},

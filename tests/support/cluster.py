@@ -127,8 +127,7 @@ def helm_install(cp: ControlPlane, values: Obj | None = None) -> list[Obj]:
                                  timeout=120)  # fmt: skip
     finally:
         config.close()
-    manifest = release.manifest if hasattr(release, "manifest") else release["manifest"]
-    return [d for d in yaml.safe_load_all(manifest) if d]
+    return [d for d in yaml.safe_load_all(release["manifest"]) if d]
 
 
 @contextmanager

@@ -59,11 +59,9 @@ def main(argv: list[str]) -> int:
         return 1
     finally:
         config.close()
-    get = release.get if isinstance(release, dict) else lambda k, d="": getattr(release, k, d)
-    info = get("info", {}) or {}
-    notes = info.get("notes", "") if isinstance(info, dict) else getattr(info, "notes", "")
+    notes = (release.get("info") or {}).get("notes", "")
     print(f"NAME: {req['name']}\nNAMESPACE: {req['namespace']}\nSTATUS: deployed\n"
-          f"REVISION: {get('version', 1)}\nNOTES:\n{notes}")  # fmt: skip
+          f"REVISION: {release.get('version', 1)}\nNOTES:\n{notes}")  # fmt: skip
     return 0
 
 
