@@ -269,23 +269,6 @@ def test_a_child_the_api_server_refuses_fails_the_job_with_its_message(shared: C
         assert shared.status("refused")["phase"] == "Failed" and shared.pods("refused") == {}
 
 
-def test_a_secret_without_the_sync_key_gets_one_and_keeps_its_engine_key(shared: Cluster) -> None:
-    """A job whose Secret an older operator made (engine key only): the pods would fail to start
-    without LORARL_SYNC_KEY, so the reconciler adds the key and leaves the engine key alone."""
-    old = {
-        "apiVersion": "v1",
-        "kind": "Secret",
-        "metadata": {"name": "oldsecret-engine-key", "namespace": shared.namespace},
-        "stringData": {"api-key": "engine-key-of-the-old-operator"},
-    }
-    shared.kube.create("v1/secrets", old)
-    _start(shared, "oldsecret")
-    secret = shared.kube.get("v1/secrets", shared.namespace, "oldsecret-engine-key")
-    data = {k: base64.b64decode(v).decode() for k, v in secret["data"].items()}
-    assert data["api-key"] == "engine-key-of-the-old-operator"
-    assert len(data["sync-key"]) >= 32
-
-
 def test_a_terminating_pod_is_waited_for_before_it_is_recreated(shared: Cluster) -> None:
     """A real API server keeps a deleted pod's name while it terminates (graceful deletion, or a
     finalizer as here): re-creating it answers 409 AlreadyExists. The operator retries until the
