@@ -276,24 +276,10 @@ def episode_prompt_lengths(
 ) -> list[int] | None:
     """What the load-time prompt filter measures with spec.environment: each row's first prompt
     as the environment sends it (None without an environment: the row's own rendering)."""
-    env = job.spec.environment
-    if env is None:
+    # measuring generates nothing: no client
+    runner = build_episode_runner(job, tokenizer, None)  # type: ignore[arg-type]
+    if runner is None:
         return None
-    from lorarl.environments.registry import environment_factory
-
-    try:
-        factory = environment_factory(env.entrypoint, env.params)
-    except (ImportError, ValueError, TypeError) as exc:
-        raise ConfigError(f"spec.environment: {exc}") from exc
-    runner = EpisodeRunner(
-        client=None,  # type: ignore[arg-type]  # measuring generates nothing
-        turn_tokens=TurnTokens(tokenizer, job.spec.data.chat_template_kwargs),
-        factory=factory,
-        max_turns=env.max_turns,
-        max_total_tokens=env.max_total_tokens,
-        max_response_tokens=job.spec.data.max_response_tokens,
-        timeout_s=env.episode_timeout_seconds,
-    )
     return asyncio.run(runner.prompt_lengths(items))
 
 
