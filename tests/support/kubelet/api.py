@@ -45,21 +45,11 @@ class Api:
         reply.raise_for_status()
         return reply.json()
 
-    def post(self, path: str, body: Obj) -> Obj:
-        reply = self._http.post(path, json=body)
-        reply.raise_for_status()
-        return reply.json()
-
     def create(self, path: str, body: Obj) -> Obj | None:
         """POST; None if it exists already."""
         reply = self._http.post(path, json=body)
         if reply.status_code == 409:
             return None
-        reply.raise_for_status()
-        return reply.json()
-
-    def put(self, path: str, body: Obj) -> Obj:
-        reply = self._http.put(path, json=body)
         reply.raise_for_status()
         return reply.json()
 

@@ -188,7 +188,7 @@ def _project(api: Api, pod: Obj, folder: Path, volume: Obj) -> None:
                 request["spec"]["audiences"] = [token["audience"]]
             path = f"/api/v1/namespaces/{ns}/serviceaccounts/{account}/token"
             try:
-                issued = api.post(path, request)["status"]["token"]
+                issued = (api.create(path, request) or {})["status"]["token"]
             except Exception as exc:
                 raise VolumeError("FailedMount", f"token for {account}: {exc}") from None
             items = {"items": [{"key": "token", "path": token["path"]}]}
