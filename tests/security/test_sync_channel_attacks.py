@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Iterator
 from datetime import timedelta
+from functools import partial
 
 import pytest
 import torch
@@ -317,6 +318,45 @@ def test_a_header_not_signed_with_the_job_key_is_refused(channel, monkeypatch) -
         assert kind == "refused" and "bad MAC" in message, (kind, message)
     monkeypatch.undo()
     assert_serving(sender, sidecars, 3)
+
+
+def test_an_acknowledgement_not_signed_with_the_job_key_counts_as_a_failure(
+    channel, monkeypatch
+) -> None:
+    """Whoever answers in a receiver's rank without the key (it took the rank's place in the
+    rendezvous, which the store cannot prevent) cannot tell the trainer "applied": its ack is a
+    failure, whatever it claims, and the genuine receiver's ack still counts."""
+    sender, sidecars, _ = channel
+    rogue = Signer(b"not-the-job-key")
+    impostor = sidecars[0].receiver
+    assert impostor is not None
+    monkeypatch.setattr(impostor._signer, "ack", rogue.ack)
+    result = sender.send(update(2), header(2))
+    assert not result.ok
+    by_rank = {a.rank: a for a in result.acks}
+    assert not by_rank[1].ok and "acknowledgement refused" in by_rank[1].message
+    assert "bad MAC" in by_rank[1].message
+    assert by_rank[2].ok and by_rank[2].version == 2
+    assert [f.rank for f in result.failed] == [1]
+    for s in sidecars:
+        assert s.next_event() == ("update", 2)
+    monkeypatch.undo()
+    assert_serving(sender, sidecars, 3)
+
+
+def test_an_ack_replayed_from_another_operation_does_not_verify() -> None:
+    """The MAC binds an ack to its receiver, generation and operation: a genuine "applied" for
+    version 2 cannot be replayed for the next operation or by another replica."""
+    from lorarl.sync.group import decode_ack, encode_ack
+
+    signer = Signer(KEY.encode())
+    sealed = encode_ack(2, True, "", torch.device("cpu"), seal=partial(signer.ack, 1, 0, 5))
+    assert decode_ack(1, sealed, partial(signer.check_ack, 1, 0, 5)).ok
+    for index, generation, seq in ((1, 0, 6), (2, 0, 5), (1, 1, 5)):
+        ack = decode_ack(index, sealed, partial(signer.check_ack, index, generation, seq))
+        assert not ack.ok and "bad MAC" in ack.message, (index, generation, seq)
+    unsealed = encode_ack(2, True, "", torch.device("cpu"))
+    assert not decode_ack(1, unsealed, partial(signer.check_ack, 1, 0, 5)).ok
 
 
 def test_an_absurd_header_length_is_refused_without_allocating_it(channel, monkeypatch) -> None:

@@ -179,6 +179,14 @@ class Signer:
         self._check(value.get("mac"), f"value:{name}", 0, 0, str(number).encode())
         return number
 
+    # -- acknowledgements: the receiver's verdict on operation <seq>, gathered by the sender
+
+    def ack(self, index: int, generation: int, seq: int, payload: bytes) -> bytes:
+        return self.mac(f"ack:{index}", generation, seq, payload)
+
+    def check_ack(self, index: int, generation: int, seq: int, payload: bytes, mac: bytes) -> None:
+        self._check(mac.hex(), f"ack:{index}", generation, seq, payload)
+
     # -- headers: MAC (32 bytes) + the header's JSON, broadcast through the group -----------
 
     def seal_header(self, header_json: bytes, generation: int, seq: int) -> bytes:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import secrets
 import struct
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, NamedTuple
@@ -24,7 +24,8 @@ DEFAULT_BUCKET_BYTES = 64 * 1024 * 1024
 DEFAULT_FORM_TIMEOUT_S = 30.0
 ACK_BYTES = 1024
 _ACK_HEAD = struct.Struct("<qBH")  # version, ok, message length
-_MAX_MESSAGE = ACK_BYTES - _ACK_HEAD.size
+ACK_MAC_BYTES = 32  # the ack's HMAC (sync/auth.py) sits in the buffer's last bytes
+_MAX_MESSAGE = ACK_BYTES - _ACK_HEAD.size - ACK_MAC_BYTES
 
 
 @dataclass(frozen=True)
@@ -128,19 +129,47 @@ def _shutdown(pg: Any) -> None:
         pg.shutdown()
 
 
-def encode_ack(version: int, ok: bool, message: str, device: torch.device) -> torch.Tensor:
+def ack_payload(version: int, ok: bool, message: str) -> bytes:
+    """The signed part of an acknowledgement: version, outcome and message (truncated)."""
     raw = message.encode()[:_MAX_MESSAGE]
-    data = _ACK_HEAD.pack(version, int(ok), len(raw)) + raw
+    return _ACK_HEAD.pack(version, int(ok), len(raw)) + raw
+
+
+def encode_ack(
+    version: int,
+    ok: bool,
+    message: str,
+    device: torch.device,
+    seal: Callable[[bytes], bytes] | None = None,
+) -> torch.Tensor:
+    """A fixed-size ack; `seal(payload)` gives its MAC (the sender's own slot goes unsealed)."""
+    data = ack_payload(version, ok, message)
+    mac = seal(data) if seal is not None else bytes(ACK_MAC_BYTES)
+    if len(mac) != ACK_MAC_BYTES:
+        raise ValueError(f"an ack MAC is {ACK_MAC_BYTES} bytes, got {len(mac)}")
     buf = torch.zeros(ACK_BYTES, dtype=torch.uint8)
     buf[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    buf[-ACK_MAC_BYTES:] = torch.frombuffer(bytearray(mac), dtype=torch.uint8)
     return buf.to(device)
 
 
-def decode_ack(rank: int, buf: torch.Tensor) -> Ack:
+def decode_ack(
+    rank: int, buf: torch.Tensor, verify: Callable[[bytes, bytes], None] | None = None
+) -> Ack:
+    """Parse an ack; `verify(payload, mac)` raises ValueError for one not signed with the job's
+    key, and such an ack counts as a failure whatever it claims: a forged "applied" must not
+    let the trainer believe an engine serves weights it never received."""
     data = bytes(buf.cpu().tolist())
     version, ok, length = _ACK_HEAD.unpack_from(data)
     start = _ACK_HEAD.size
-    return Ack(rank, version, bool(ok), data[start : start + length].decode(errors="replace"))
+    length = min(length, _MAX_MESSAGE)
+    message = data[start : start + length].decode(errors="replace")
+    if verify is not None:
+        try:
+            verify(data[: start + length], data[-ACK_MAC_BYTES:])
+        except ValueError as exc:
+            return Ack(rank, version, False, f"acknowledgement refused: {exc}")
+    return Ack(rank, version, bool(ok), message)
 
 
 class Endpoint:

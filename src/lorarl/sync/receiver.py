@@ -13,6 +13,7 @@ import logging
 import secrets
 import time
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from typing import NoReturn
 
 import torch
@@ -90,6 +91,7 @@ class SyncReceiver:
         self.registration = Registration(index, secrets.token_hex(8), engine_url, sidecar_url)
         self.poll_interval = poll_interval
         self._pending_version: int | None = None
+        self._pending_op = (-1, -1)
         self._ignored: dict[int, bytes] = {}  # announcement seq -> the bad value last logged
         self._hasher = ThreadPoolExecutor(1, thread_name_prefix="lorarl-sync-sha256")
         self.last_stats: TransferStats | None = None
@@ -183,7 +185,9 @@ class SyncReceiver:
             raise SyncError("ack() without a received update")
         ep = self._ep
         try:
-            ep.all_gather_acks(encode_ack(version, ok, message, ep.device))
+            generation, seq = self._pending_op
+            seal = partial(self._signer.ack, self.index, generation, seq)
+            ep.all_gather_acks(encode_ack(version, ok, message, ep.device, seal=seal))
         except RuntimeError as exc:
             self._fail(exc)
         finally:
@@ -225,6 +229,7 @@ class SyncReceiver:
             buckets=len(buffers),
         )
         self._pending_version = header.version
+        self._pending_op = (generation, seq)  # what the ack's MAC binds it to
         tensors = {}
         if problem is None:
             problem = _digest_problem(header, [d.result() for d in digests])

@@ -38,6 +38,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Sequence
+from functools import partial
 
 import torch
 
@@ -182,13 +183,15 @@ class SyncSender:
         ]
         return self._send_packed(header.with_buckets(buckets), buckets, members)
 
-    def catch_up(self, members: Sequence[Registration] | None = None) -> SyncResult | None:
+    def catch_up(
+        self, members: Sequence[Registration] | None = None, force: bool = False
+    ) -> SyncResult | None:
         """Re-send the latest update when the membership changed (a receiver joined, left or
-        restarted) or a receiver asked to rejoin; None when nothing had to move."""
+        restarted), a receiver asked to rejoin, or `force`; None when nothing had to move."""
         if self._latest is None:
             return None
         members = tuple(self.registered() if members is None else members)
-        if members == self.members and not self.rejoin_requested():
+        if not force and members == self.members and not self.rejoin_requested():
             return None
         return self._send_packed(*self._latest, members)
 
@@ -276,5 +279,10 @@ class SyncSender:
             seconds=time.perf_counter() - start,
             buckets=len(buckets),
         )
-        acks = tuple(decode_ack(m.index, gathered[rank]) for rank, m in enumerate(members, start=1))
+        acks = tuple(
+            decode_ack(
+                m.index, gathered[rank], partial(self._signer.check_ack, m.index, generation, seq)
+            )
+            for rank, m in enumerate(members, start=1)
+        )
         return SyncResult(header.version, generation, acks, stats)
