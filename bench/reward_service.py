@@ -14,6 +14,7 @@ import asyncio
 import json
 import os
 import platform
+import secrets
 import shutil
 import statistics
 import tempfile
@@ -25,6 +26,7 @@ import httpx
 from lorarl.api.spec import RewardServiceSpec
 from lorarl.local.ports import free_port
 from lorarl.rewards import get_reward, score_batch
+from lorarl.rewards.auth import authorization_header
 from lorarl.rewards.serve import APP_NAME, BatchSettings, RewardTarget, build_app
 
 RESULTS = Path(__file__).resolve().parent / "results" / "reward_service.json"
@@ -57,7 +59,7 @@ def bench_in_process(n: int) -> dict:
     return {"samples": n, "seconds": round(seconds, 4), "samples_per_s": round(n / seconds)}
 
 
-async def _drive(url: str, requests: int, batch: int, concurrency: int) -> dict:
+async def _drive(url: str, requests: int, batch: int, concurrency: int, key: str) -> dict:
     body = {"samples": make_samples(batch)}
     latencies: list[float] = []
     queue: asyncio.Queue[int] = asyncio.Queue()
@@ -74,7 +76,8 @@ async def _drive(url: str, requests: int, batch: int, concurrency: int) -> dict:
             assert len(r.json()["scores"]) == batch
 
     limits = httpx.Limits(max_connections=concurrency)
-    async with httpx.AsyncClient(timeout=60, limits=limits) as client:
+    headers = authorization_header(key)
+    async with httpx.AsyncClient(timeout=60, limits=limits, headers=headers) as client:
         start = time.perf_counter()
         await asyncio.gather(*(worker(client) for _ in range(concurrency)))
         seconds = time.perf_counter() - start
@@ -112,6 +115,7 @@ def bench_service(replica_counts: list[int], args: argparse.Namespace) -> list[d
     ray_dir = tempfile.mkdtemp(prefix="lr-bench-ray-")
     port = free_port()
     url = f"http://127.0.0.1:{port}"
+    key = secrets.token_urlsafe(32)
     out = []
     ray.init(
         address="local",
@@ -127,13 +131,13 @@ def bench_service(replica_counts: list[int], args: argparse.Namespace) -> list[d
         for replicas in replica_counts:
             t0 = time.perf_counter()
             spec = RewardServiceSpec(replicas=replicas)
-            app = build_app(targets, spec, batch=BatchSettings(), total_cpus=2)
+            app = build_app(targets, spec, batch=BatchSettings(), total_cpus=2, api_key=key)
             serve.run(app, name=APP_NAME, route_prefix="/")
             _wait_healthy(url)
             ready_s = time.perf_counter() - t0
-            asyncio.run(_drive(url, 20, args.batch, args.concurrency))  # warm up
-            loaded = asyncio.run(_drive(url, args.requests, args.batch, args.concurrency))
-            single = asyncio.run(_drive(url, args.requests // 2, 1, 1))
+            asyncio.run(_drive(url, 20, args.batch, args.concurrency, key))  # warm up
+            loaded = asyncio.run(_drive(url, args.requests, args.batch, args.concurrency, key))
+            single = asyncio.run(_drive(url, args.requests // 2, 1, 1, key))
             out.append(
                 {
                     "replicas": replicas,

@@ -14,7 +14,13 @@ from pathlib import Path
 import click
 
 from lorarl.api import safe_yaml
-from lorarl.api.validation import ManifestError, load_documents, parse_job, validate_file
+from lorarl.api.validation import (
+    ManifestError,
+    admin_problems,
+    load_documents,
+    parse_job,
+    validate_file,
+)
 from lorarl.errors import UserError
 
 DEFAULT_CRD_PATH = Path("crds/lorarljobs.lorarl.dev.yaml")
@@ -74,12 +80,56 @@ def main() -> None:
 @click.option(
     "--local", is_flag=True, help="For `lorarl run --local` (no cluster-only rules, e.g. volumes)."
 )
-def validate(files: tuple[str, ...], quiet: bool, local: bool) -> None:
+@click.option(
+    "--deep",
+    is_flag=True,
+    help="Also check what the job names on this machine, as the trainer will: the reward code "
+    "(imported, so it runs, and its signature), the model's config, module names and tokenizer "
+    "(no weights: LoRA targets, tensor parallelism vs heads, an existing adapter's shape) and "
+    "the data's rows and prompt lengths. Files a cluster job keeps on volumes are skipped.",
+)
+@click.option(
+    "--allowed-secrets",
+    metavar="LIST",
+    help="The cluster's Secret allow-list (the chart's webhook.allowedSecrets, comma-separated "
+    "name, namespace/name, namespace/*): checked only when given.",
+)
+@click.option(
+    "--allow-control-plane-nodes",
+    is_flag=True,
+    help="The cluster lets job pods onto control-plane nodes (webhook.allowControlPlaneNodes).",
+)
+def validate(
+    files: tuple[str, ...],
+    quiet: bool,
+    local: bool,
+    deep: bool,
+    allowed_secrets: str | None,
+    allow_control_plane_nodes: bool,
+) -> None:
     """Check LoRARLJob manifests as the cluster would (or a local run, with --local); exit 1 if
-    any has a problem."""
+    any has a problem. The cluster admin's rules (Secrets, control-plane nodes) are checked as
+    the webhook does, with the chart's defaults unless the options say otherwise."""
+    policy = None if local else _tenancy_policy(allowed_secrets, allow_control_plane_nodes)
     failed = False
     for file in files:
         for result in validate_file(file, cluster=not local):
+            if result.ok and policy is not None:
+                refused = admin_problems(result.job, policy)
+                for problem in refused:
+                    click.echo(f"{result.source}: {problem}", err=True)
+                if refused:
+                    failed = True
+                    continue
+            if result.ok and deep:
+                from lorarl.deep_checks import deep_problems
+
+                problems = deep_problems(result.job, cluster=not local)
+                for problem in problems:
+                    click.echo(f"{result.source}: {problem}", err=True)
+                failed = failed or bool(problems)
+                if problems:
+                    continue
             if result.ok:
                 if not quiet:
                     click.echo(f"{result.source}: ok ({result.job.name})")
@@ -88,6 +138,20 @@ def validate(files: tuple[str, ...], quiet: bool, local: bool) -> None:
             for problem in result.problems:
                 click.echo(f"{result.source}: {problem}", err=True)
     sys.exit(1 if failed else 0)
+
+
+def _tenancy_policy(allowed_secrets: str | None, allow_control_plane_nodes: bool):
+    """The admin's policy as the options give it; no --allowed-secrets: Secrets unchecked (an
+    offline check cannot know the cluster's list), control-plane nodes as the chart's default."""
+    from lorarl.api.tenancy import TenancyPolicy, parse_allowed_secrets
+
+    allowed = None
+    if allowed_secrets is not None:
+        try:
+            allowed = parse_allowed_secrets(allowed_secrets.split(","))
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--allowed-secrets") from None
+    return TenancyPolicy(allowed, allow_control_plane_nodes)
 
 
 @main.command()

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from lorarl.api.placement import COLOCATED_PROCESSES_ENV
 from lorarl.api.workloads import SYNC_KEY_ENV
 from lorarl.local.env_refs import expand
+from lorarl.rewards.auth import REWARD_API_KEY_ENV, REWARD_KEY_CONTAINERS
 from lorarl.sync.protocol import SYNC_KEY_CONTAINERS
 
 MAX_RESTARTS = 3
@@ -96,13 +97,16 @@ def processes(spec: str, environ: dict[str, str]) -> list[Process]:
     """The planned processes (`[{"name", "command", "env", "unsetEnv"?, "waitForPorts"?}]`,
     trainer last) as they start: `$(VAR)` references expanded like the kubelet would, `python`
     as this interpreter (the image holds one), the sync key only for the sync's two ends (the
-    engine never sees it), and the container's variables named in `unsetEnv` removed."""
+    engine never sees it), the reward key only for the trainer, and the container's variables
+    named in `unsetEnv` removed."""
     base = {k: v for k, v in environ.items() if k != COLOCATED_PROCESSES_ENV}
     out = []
     for item in json.loads(spec):
         env = {**base, **{k: expand(v, base) for k, v in item["env"].items()}}
         if item["name"] not in SYNC_KEY_CONTAINERS:
             env.pop(SYNC_KEY_ENV, None)
+        if item["name"] not in REWARD_KEY_CONTAINERS:  # the engine and sidecar never score
+            env.pop(REWARD_API_KEY_ENV, None)
         for name in item.get("unsetEnv", ()):  # the container's, not this process's
             env.pop(name, None)
         argv = [expand(a, env) for a in item["command"]]

@@ -109,14 +109,37 @@ def test_merged_job_learns_on_the_cluster_path(c: Cluster) -> None:
     c.kubelet.wait(lambda: not job_pods(c, "e2e-merged"), 60, "the job's pods collected")
 
 
+# The quickstart's regex_match reward as a verl user writes it: a file with verl's signature,
+# a dict return; the quickstart rows have no extra_info column, so extra_info is their other
+# fields (the per-row pattern).
+VERL_LETTER_REWARD = """
+import re
+
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    hit = re.search(extra_info["pattern"], solution_str) is not None
+    return {"score": float(hit), "hit": hit}
+"""
+
+
 def test_colocated_adapter_sync_scored_by_the_reward_service_pod(c: Cluster) -> None:
     """Shorter: `rollout.placement: colocated` (the engine and its sidecar run in the trainer
     pod, under `lorarl.colocate` in its one container), adapter sync, and the reward service pod
     (Ray Serve) the plan adds for a `reward.service` without a URL, scoring every sample over the
-    pod network."""
+    pod network with a verl-style reward file from a ConfigMap (issue 37 #2): its dict's `hit`
+    comes back through the service into every step's rewardMetrics."""
+    c.apply(json.dumps({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "letter-reward", "namespace": "default"},
+        "data": {"letters_verl.py": VERL_LETTER_REWARD},
+    }))  # fmt: skip
     job = cluster_job("e2e-adapter", training__totalSteps=5)
     job["spec"]["rollout"].update(syncMode="adapter", replicas=1, placement="colocated")
-    job["spec"]["reward"]["service"] = {"replicas": 1}
+    job["spec"]["reward"] = {
+        "entrypoint": "/rewards/letters_verl.py:compute_score",
+        "configMap": {"name": "letter-reward", "mountPath": "/rewards"},
+        "service": {"replicas": 1},
+    }
     run = run_job(c, job, timeout=900)
     status = run.job["status"]
     assert status["step"] == 5 and status["lastSync"]["mode"] == "adapter"
@@ -125,7 +148,9 @@ def test_colocated_adapter_sync_scored_by_the_reward_service_pod(c: Cluster) -> 
     assert set(run.pods_running_s) == {"e2e-adapter-trainer-0", "e2e-adapter-reward-0"}
     (container,) = c.kube.get("v1/pods", "default", "e2e-adapter-trainer-0")["spec"]["containers"]
     assert container["command"] == ["python", "-m", "lorarl.colocate"]
-    assert len(history(c, "e2e-adapter")) == 5
+    steps = history(c, "e2e-adapter")
+    assert len(steps) == 5
+    assert all(h["rewardMetrics"]["hit"] == pytest.approx(h["rewardMean"]) for h in steps), steps
     check_adapter(c, "e2e-adapter")
     pod_log = c.kubelet.logs("default", "e2e-adapter-trainer-0", "trainer")
     assert "Application startup complete" in pod_log, pod_log[-3000:]  # the engine's, in-pod

@@ -224,6 +224,9 @@ class Cluster:
 def quickstart(name: str, **spec_overrides: Any) -> dict[str, Any]:
     manifest = copy.deepcopy(QUICKSTART)
     manifest["metadata"]["name"] = name
+    # A folder of its own on the shared claim: the webhook refuses two live jobs in one.
+    training = manifest["spec"]["training"]
+    training["outputDir"] = f"{training['volume']['mountPath'].rstrip('/')}/{name}"
     for dotted, value in spec_overrides.items():
         cur = manifest["spec"]
         keys = dotted.split("__")

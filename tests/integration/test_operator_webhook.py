@@ -68,6 +68,26 @@ def test_running_job_rejects_spec_edits_but_allows_scale_and_suspend(shared: Clu
     assert "rank: 16" in config["data"]["job.yaml"]
 
 
+def test_a_second_live_job_in_one_output_folder_is_refused(shared: Cluster) -> None:
+    """The webhook lists the namespace's jobs from the API server (issue 34, finding 4): a job
+    whose outputDir is another live job's is refused, naming that job, and never stored."""
+    first = quickstart("out-first")
+    applied = shared.kube.kubectl("apply", "-f", "-", input=yaml.safe_dump(first))
+    assert applied.returncode == 0, applied.stderr
+    folder = first["spec"]["training"]["outputDir"]
+    second = quickstart("out-second", training__outputDir=folder)
+    refused = shared.kube.kubectl("apply", "-f", "-", input=yaml.safe_dump(second))
+    assert refused.returncode == 1
+    assert 'spec.training.outputDir: overlaps the outputDir of live job "out-first"' in (
+        refused.stderr
+    )
+    assert shared.job("out-second") is None
+    own = quickstart("out-second")  # a folder of its own
+    applied = shared.kube.kubectl("apply", "--dry-run=server", "-f", "-", input=yaml.safe_dump(own))
+    assert applied.returncode == 0, applied.stderr
+    shared.kube.kubectl("delete", "lrj", "out-first", "--wait=false")
+
+
 def _review(obj: dict[str, Any], subresource: str | None) -> dict[str, Any]:
     """A review as the API server sends it: `subResource` only for a subresource write."""
     request: dict[str, Any] = {

@@ -29,6 +29,7 @@ from fastapi.testclient import TestClient
 from lorarl.api.spec import RewardServiceSpec, RewardSpec
 from lorarl.local.ports import free_port
 from lorarl.rewards import get_reward
+from lorarl.rewards.auth import REWARD_API_KEY_ENV, authorization_header
 from lorarl.rewards.registry import BoundReward, RewardResult
 from lorarl.rewards.serve import (
     ApiLimits,
@@ -42,6 +43,8 @@ from lorarl.rewards.serve import (
 )
 
 ROOT = Path(__file__).resolve().parents[2]
+KEY = "test-reward-key"
+AUTH = authorization_header(KEY)
 
 
 # ---------------------------------------------------------------- configuration
@@ -166,7 +169,7 @@ class FakeBackend:
 def api():
     backend = FakeBackend()
     limits = ApiLimits(max_samples_per_request=3, max_body_bytes=2000, request_timeout_s=0.3)
-    with TestClient(make_api(backend, limits)) as client:
+    with TestClient(make_api(backend, limits, api_key=KEY), headers=AUTH) as client:
         yield client, backend
 
 
@@ -333,7 +336,12 @@ def _start(run: Path, job: Path, *extra: str) -> Service:
     ]  # fmt: skip
     with open(log, "wb") as out:
         proc = subprocess.Popen(
-            cmd, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True
+            cmd,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=ROOT,
+            start_new_session=True,
+            env={**os.environ, REWARD_API_KEY_ENV: KEY},
         )
     return Service(f"http://127.0.0.1:{port}", proc, ray_dir, log)
 
@@ -396,7 +404,7 @@ def test_concurrent_requests_are_batched(service):
     n = 16
 
     async def fire():
-        async with httpx.AsyncClient(timeout=60) as client:
+        async with httpx.AsyncClient(timeout=60, headers=AUTH) as client:
             body = {"samples": [_sample(GOOD), _sample(WRONG)]}
             return await asyncio.gather(
                 *(client.post(f"{service.url}/score", json=body) for _ in range(n))
@@ -418,12 +426,13 @@ def test_concurrent_requests_are_batched(service):
 
 @pytest.mark.slow
 def test_oversized_and_unknown_requests_are_refused(service):
-    r = httpx.post(f"{service.url}/score", json={"samples": [_sample(GOOD)] * 65}, timeout=10)
+    url = f"{service.url}/score"
+    r = httpx.post(url, json={"samples": [_sample(GOOD)] * 65}, timeout=10, headers=AUTH)
     assert r.status_code == 413 and "the limit is 64" in r.json()["detail"]
     big = {"samples": [_sample("x" * (300 * 1024))]}
-    r = httpx.post(f"{service.url}/score", json=big, timeout=10)
+    r = httpx.post(url, json=big, timeout=10, headers=AUTH)
     assert r.status_code == 413 and "the limit is 262144" in r.json()["detail"]
-    r = httpx.post(f"{service.url}/score", json={"reward": "nope", "samples": []}, timeout=10)
+    r = httpx.post(url, json={"reward": "nope", "samples": []}, timeout=10, headers=AUTH)
     assert r.status_code == 404
 
 
@@ -432,7 +441,7 @@ def test_hostile_samples_score_zero_and_the_service_survives(service):
     from lorarl.rewards.client import RewardServiceClient
 
     samples = [_sample(LOOP), _sample(FORK_BOMB), _sample(GOOD)]
-    with RewardServiceClient(service.url, timeout_s=30, max_retries=0) as client:
+    with RewardServiceClient(service.url, timeout_s=30, max_retries=0, api_key=KEY) as client:
         results = client.score(samples)
         assert [r.score for r in results] == [0.0, 0.0, 1.0]
         assert "timed out" in results[0].info["failures"][0]["error"]

@@ -57,6 +57,22 @@ def _variants():
         ("reward", {"entrypoint": "pkg.mod:fn", "service": {"url": "http://rm:8000"}}),
         ("reward", {"function": "exact_match", "service": {}}),
         ("reward", {}),
+        ("reward", {"entrypoint": "/r/x.py:fn"}), ("reward", {"entrypoint": "r/x.py:fn"}),
+        ("reward", {"entrypoint": "/r/x.py:fn", "configMap": {"name": "r", "mountPath": "/r"}}),
+        ("reward", {"entrypoint": "/r/x.py:fn", "configMap": {"name": "r", "mountPath": "/r/"}}),
+        ("reward", {"entrypoint": "/rx/x.py:fn", "configMap": {"name": "r", "mountPath": "/r"}}),
+        ("reward", {"entrypoint": "pkg.mod:fn", "configMap": {"name": "r", "mountPath": "/r"}}),
+        ("reward", {"function": "exact_match", "configMap": {"name": "r", "mountPath": "/r"}}),
+        ("reward", {"entrypoint": "/r/x.py:fn", "service": {}}),
+        ("reward", {"entrypoint": "/r/x.py:fn", "service": {},
+                    "configMap": {"name": "r", "mountPath": "/r"}}),
+        ("reward", {"entrypoint": "/r/x.py:fn", "service": {"url": "http://rm:8000"},
+                    "configMap": {"name": "r", "mountPath": "/r"}}),
+        ("reward", {"entrypoint": "/tmp/x.py:fn", "configMap": {"name": "r", "mountPath": "/tmp"}}),
+        ("reward", {"entrypoint": "/outputs/x.py:fn",
+                    "configMap": {"name": "r", "mountPath": "/outputs"}}),
+        ("reward", {"entrypoint": "/r/x.py:fn", "configMap": {"name": "R_", "mountPath": "/r"}}),
+        ("reward", {"entrypoint": "/x.py:fn", "configMap": {"name": "r", "mountPath": "/"}}),
         ("trainer", {"env": [{"name": "HF_HOME", "value": "/cache"}]}),
         ("trainer", {"env": [{"name": "RANK", "value": "0"}]}),
         ("optim", {"lr": 0}), ("optim", {"betas": [0.9, 0.95]}),
@@ -90,6 +106,15 @@ def _variants():
         ("scheduling", {"priorityClassName": "systemic"}),
         ("rollout", {"engineArgs": ["--host", "0.0.0.0"]}),  # Python only: the CRD accepts
         ("reward", {"function": "no_such_reward"}),  # Python only: the CRD accepts
+        # Typed as the CRD types them: no quoted number or boolean, camelCase keys only, and a
+        # whole float is an integer (the server reads `rank: 16.0` as 16).
+        ("lora", {"rank": "16"}), ("lora", {"rank": 16.0}), ("lora", {"rank": 16.5}),
+        ("lora", {"rank": True}), ("lora", {"alpha": "16"}), ("lora", {"lora_rank": 16}),
+        ("data", {"trainFiles": ["t.jsonl"], "shuffle": "true"}),
+        ("data", {"trainFiles": ["t.jsonl"], "shuffle": 1}),
+        ("training", {**out, "total_steps": 5}), ("training", {**out, "totalSteps": 5.0}),
+        ("trainer", {"resources": {"limits": {"cpu": 4.0}}}),
+        ("rollout", {"sampling": {"temperature": "0.7"}}),
     ]  # fmt: skip
     for i, (section, value) in enumerate(patches):
         doc = copy.deepcopy(base)

@@ -106,6 +106,16 @@ class HFEngine:
         self.active = name
 
     @torch.no_grad()
+    def prompt_logprobs(self, prompt: list[int], model_name: str | None = None) -> list[float]:
+        """log p(prompt[t] | prompt[<t]) for t >= 1, raw (no temperature): vLLM's
+        `prompt_logprobs`, SGLang's `input_token_logprobs`."""
+        with self._lock:
+            self._activate(model_name or self.base_name)
+            logits = self.model(input_ids=torch.tensor([prompt])).logits[0, :-1].float()
+        lp = torch.log_softmax(logits, dim=-1)
+        return [float(lp[t - 1, prompt[t]]) for t in range(1, len(prompt))]
+
+    @torch.no_grad()
     def sample(
         self,
         prompt: list[int],
@@ -194,6 +204,7 @@ class VllmCompletionRequest(_Strict):
     top_k: int | None = None
     seed: int | None = None
     logprobs: int | None = Field(None, ge=0, le=20)
+    prompt_logprobs: int | None = Field(None, ge=0, le=20)
     return_tokens_as_token_ids: bool = False
     skip_special_tokens: bool = True
     stop_token_ids: list[int] = Field(default_factory=list)
@@ -293,8 +304,19 @@ def create_app(
                     name,
                 )
             )
+            prompt_lps = None
+            if req.prompt_logprobs is not None:  # vLLM: None, then {token id: Logprob} per token
+                values = await anyio.to_thread.run_sync(
+                    lambda p=prompt: engine.prompt_logprobs(p, name)
+                )
+                prompt_lps = [None] + [
+                    {str(t): {"logprob": lp, "rank": None, "decoded_token": None}}
+                    for t, lp in zip(prompt[1:], values, strict=True)
+                ]
             for row in rows:
-                choices.append(_vllm_choice(engine, row, len(choices), req))
+                choice = _vllm_choice(engine, row, len(choices), req)
+                choice["prompt_logprobs"] = prompt_lps
+                choices.append(choice)
         completion_tokens = sum(len(c["_ids"]) for c in choices)
         prompt_tokens = sum(len(p) for p in prompts)  # type: ignore[arg-type]
         for c in choices:
@@ -349,8 +371,19 @@ def create_app(
                     0,
                 )
             )
+            start = req.logprob_start_len
+            inputs = None
+            if req.return_logprob and start >= 0:  # SGLang: from `start` on, the first is None
+                values = await anyio.to_thread.run_sync(
+                    lambda p=prompt: engine.prompt_logprobs(p, req.lora_path)
+                )
+                inputs = [[None, prompt[0], None]] + [
+                    [lp, t, None] for t, lp in zip(prompt[1:], values, strict=True)
+                ]
+                inputs = inputs[start:]
             outputs += [
-                _sglang_output(engine, row, prompt, req, controls.weight_version) for row in rows
+                _sglang_output(engine, row, prompt, req, controls.weight_version, inputs)
+                for row in rows
             ]
         return JSONResponse(outputs[0] if single and sp.n == 1 else outputs)
 
@@ -420,6 +453,7 @@ def _sglang_output(
     prompt: list[int],
     req: SglangGenerateRequest,
     weight_version: str,
+    input_logprobs: list[list[Any]] | None = None,
 ) -> dict[str, Any]:
     finish: dict[str, Any] = (
         {"type": "length", "length": len(row.ids)}
@@ -439,7 +473,7 @@ def _sglang_output(
         def text(t: int) -> str | None:
             return engine.tokenizer.decode([t]) if req.return_text_in_logprobs else None
 
-        meta["input_token_logprobs"] = [[None, prompt[-1], text(prompt[-1])]]
+        meta["input_token_logprobs"] = input_logprobs or [[None, prompt[-1], text(prompt[-1])]]
         meta["output_token_logprobs"] = [
             [lp, t, text(t)] for lp, t in zip(row.logprobs, row.ids, strict=True)
         ]

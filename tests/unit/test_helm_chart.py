@@ -332,6 +332,7 @@ def test_read_only_root_gets_a_writable_tmp(rendered):
 
 
 SECRETISH = re.compile(r"TOKEN|PASSWORD|SECRET|API_KEY|PRIVATE", re.IGNORECASE)
+NAMES_SECRETS = {"LORARL_ALLOWED_SECRETS"}  # Secret names (the admin's allow-list), no secret
 
 
 @pytest.mark.parametrize("scenario", sorted(SCENARIOS))
@@ -340,7 +341,7 @@ def test_secrets_reach_containers_only_via_secret_key_ref(rendered, scenario):
         for c in pod["containers"]:
             assert not any("secretRef" in src for src in c.get("envFrom", [])), name
             for e in c.get("env", []):
-                if SECRETISH.search(e["name"]):
+                if SECRETISH.search(e["name"]) and e["name"] not in NAMES_SECRETS:
                     assert set(e) == {"name", "valueFrom"}, (name, e)
                     assert set(e["valueFrom"]) == {"secretKeyRef"}, (name, e)
     operator = one(rendered["all-on"], "Deployment", "lorarl-operator")
@@ -366,6 +367,8 @@ def test_operator_deployment_contract(rendered):
         "LORARL_METRICS_PORT": "8080",
         "LORARL_HEALTH_PORT": "8081",
         "LORARL_ALLOWED_PRIORITY_CLASSES": "",
+        "LORARL_ALLOWED_SECRETS": "",
+        "LORARL_ALLOW_CONTROL_PLANE_NODES": "false",
     }
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
     assert ports == {"webhook": 9443, "metrics": 8080, "health": 8081}
@@ -393,6 +396,17 @@ def test_allowed_priority_classes_reach_the_operator_config():
     (c,) = one(objs, "Deployment", "lorarl-operator")["spec"]["template"]["spec"]["containers"]
     config = OperatorConfig.from_env(env_of(c))
     assert config.allowed_priority_classes == tuple(classes)
+
+
+def test_tenancy_values_reach_the_operator_config():
+    """The Secrets jobs may read and whether their pods may reach control-plane nodes: the
+    admin's, through the chart (docs/security.md)."""
+    values = {"allowedSecrets": ["wandb", "research/*"], "allowControlPlaneNodes": True}
+    objs = render_chart({"webhook": values})
+    (c,) = one(objs, "Deployment", "lorarl-operator")["spec"]["template"]["spec"]["containers"]
+    config = OperatorConfig.from_env(env_of(c))
+    assert config.allowed_secrets == ("wandb", "research/*")
+    assert config.allow_control_plane_nodes is True
 
 
 def test_scheduling_and_pull_values_reach_the_pod(rendered):

@@ -331,18 +331,20 @@ def test_unknown_replica_is_an_error() -> None:
 
 def test_only_the_reward_pod_goes_without_the_engine_key() -> None:
     """The reward service scores untrusted completions (python_tests): it must not be able to
-    drive the engines, so its pod gets no reference to the engine-key Secret."""
+    drive the engines, so its pod gets no reference to the engine key: only its own (the reward
+    key, which only lets its holder ask for scores)."""
     j, p = job(reward={"function": "exact_match", "params": {}, "service": {}})
     for role in ("trainer", "rollout", "reward"):
         pod = builders.pod(p, j, role, 0)
         refs = [
-            e["valueFrom"]["secretKeyRef"]["name"]
+            (e["valueFrom"]["secretKeyRef"]["name"], e["valueFrom"]["secretKeyRef"]["key"])
             for c in pod["spec"]["containers"]
             for e in c["env"]
             if "secretKeyRef" in e.get("valueFrom", {})
         ]
         values = " ".join(e.get("value", "") for c in pod["spec"]["containers"] for e in c["env"])
         if role == "reward":
-            assert refs == [] and "LORARL_ENGINE_API_KEY" not in values
+            assert refs == [(builders.secret_name(j.name), builders.REWARD_KEY_KEY)]
+            assert "LORARL_ENGINE_API_KEY" not in values
         else:
-            assert builders.secret_name(j.name) in refs, role
+            assert (builders.secret_name(j.name), builders.API_KEY_KEY) in refs, role

@@ -7,13 +7,15 @@ import threading
 from collections import OrderedDict
 from typing import Literal
 
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Field, ValidationInfo, model_validator
+from pydantic_core import PydanticCustomError
 
 from lorarl.api import safe_yaml
 from lorarl.api.base import ApiModel
-from lorarl.api.rules import Rule, enforce, rules_schema_extra
+from lorarl.api.rules import Rule, crd_only, enforce, in_cluster, rules_schema_extra
 from lorarl.api.spec import LoRARLJobSpec
 from lorarl.api.status import LoRARLJobStatus
+from lorarl.api.tenancy import foreign_job_secret, foreign_secret_message
 
 GROUP = "lorarl.dev"
 VERSION = "v1alpha1"
@@ -114,6 +116,22 @@ class LoRARLJob(ApiModel):
     status: LoRARLJobStatus | None = Field(default=None, description="Observed state.")
 
     _rules = enforce(_NAME_RULE, _CONFIG_SIZE_RULE)
+
+    @model_validator(mode="after")
+    def _own_secrets_only(self, info: ValidationInfo) -> LoRARLJob:
+        """Another job's generated Secret holds that job's engine and sync keys. Python only
+        (the CRD's CEL cannot name the offending entry) and for jobs that run as pods: the
+        webhook, `lorarl validate` and the operator refuse it (api/tenancy.py)."""
+        if not in_cluster(info) or crd_only(info):
+            return self
+        bad = foreign_job_secret(self)
+        if bad is None:
+            return self
+        path, name = bad
+        message = foreign_secret_message(self.name)
+        raise PydanticCustomError(
+            "rule", "{message}", {"message": message, "field": path, "value": name}
+        )
 
     @property
     def name(self) -> str:

@@ -113,6 +113,16 @@ class StepRecord(ReportModel):
     train_seconds: float | None = None
     sync_seconds: float | None = None
     sync_bytes: int | None = None
+    sync_check_seconds: float | None = Field(
+        default=None,
+        description="Seconds of the stale-policy guard this step: the trainer's probe forward "
+        "after the update, and the probe requests to the engines (rollout.syncCheck).",
+    )
+    sync_check_gap: float | None = Field(
+        default=None,
+        description="The largest mean |engine - trainer| probe logprob gap among the replicas "
+        "that proved the step's weight version (their margin to rollout.syncCheck.tolerance).",
+    )
     sync_members: int | None = Field(
         default=None,
         description="Rollout sidecars in the weight-sync group at this step's publish (live "
@@ -128,6 +138,12 @@ class StepRecord(ReportModel):
         description="Mean reward of the samples each rollout replica generated this step, by "
         "replica name. Noisy with few prompts per replica; one serving wrong weights falls "
         "apart from the others, and logprob_mismatch rises with it.",
+    )
+    reward_metrics: dict[str, float] | None = Field(
+        default=None,
+        description="The reward function's own metrics, each a mean over this step's samples "
+        "that reported it (a returned dict's numbers besides score, e.g. verl's acc); "
+        "trackers show them as reward_metrics/<name>. Unset when the reward reports none.",
     )
     eval: EvalRecord | None = Field(
         default=None,

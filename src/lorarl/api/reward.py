@@ -8,8 +8,9 @@ from typing import Any
 from pydantic import ConfigDict, Field, ValidationInfo, model_validator
 
 from lorarl.api.base import MAX_SECONDS, ApiModel
-from lorarl.api.k8s import ResourceRequirements
+from lorarl.api.k8s import DNS1123_SUBDOMAIN, ResourceRequirements
 from lorarl.api.rules import Rule, crd_only, enforce, named_check_error, rules_schema_extra
+from lorarl.entrypoints import is_file_entrypoint
 
 _MAX_REPLICAS_RULE = Rule(
     cel="!has(self.maxReplicas) || self.maxReplicas >= self.replicas",
@@ -67,6 +68,61 @@ class RewardServiceSpec(ApiModel):
     _rules = enforce(_MAX_REPLICAS_RULE, _EXTERNAL_SERVICE_RULE)
 
 
+# `package.module:function` from the image, or `path/to/file.py:function` (a file: on a claim,
+# in the image, or in reward.configMap). A module part ending in `.py` is a file.
+ENTRYPOINT_PATTERN = r"^([A-Za-z_][\w.]*|[^:]+\.py):[A-Za-z_]\w*$"
+_FILE_ENTRYPOINT_CEL = r"self.entrypoint.matches('^[^:]+\\.py:')"
+
+
+class RewardConfigMap(ApiModel):
+    name: str = Field(
+        min_length=1,
+        max_length=253,
+        pattern=DNS1123_SUBDOMAIN,
+        description="ConfigMap in the job's namespace holding the reward's Python file(s), e.g. "
+        "`kubectl create configmap my-reward --from-file=my_reward.py`.",
+    )
+    mount_path: str = Field(
+        pattern=r"^/.",
+        description="Folder the ConfigMap is mounted at, read-only, in the pods that score "
+        "(the trainer, lorarl's reward service); entrypoint names a file in it.",
+    )
+
+
+def _under(path: str, folder: str) -> bool:
+    return path.startswith(folder if folder.endswith("/") else folder + "/")
+
+
+_CONFIG_MAP_FILE_RULE = Rule(
+    cel="!has(self.configMap) || (has(self.entrypoint) && self.entrypoint.startsWith("
+    "self.configMap.mountPath.endsWith('/') ? self.configMap.mountPath : "
+    "self.configMap.mountPath + '/'))",
+    message="configMap holds the reward's code: entrypoint must name a file under its "
+    "mountPath (mountPath/file.py:function)",
+    check=lambda m: (
+        m.config_map is None
+        or (m.entrypoint is not None and _under(m.entrypoint, m.config_map.mount_path))
+    ),
+    field="entrypoint",
+)
+_CONFIG_MAP_EXTERNAL_RULE = Rule(
+    cel="!has(self.configMap) || !has(self.service) || !has(self.service.url)",
+    message="an external reward service (service.url) scores with its own code; configMap "
+    "would be mounted nowhere: leave it out",
+    check=lambda m: m.config_map is None or m.service is None or m.service.url is None,
+    field="configMap",
+)
+# A pod's working directory is the image's: a relative file path names nothing the job controls.
+_ABSOLUTE_FILE_RULE = Rule(
+    cel=f"!has(self.entrypoint) || !{_FILE_ENTRYPOINT_CEL} || self.entrypoint.startsWith('/')",
+    message="a reward file in a cluster is an absolute path (in reward.configMap, on a claim or "
+    "in the image); a relative one is for `lorarl run --local`",
+    check=lambda m: (
+        m.entrypoint is None or not is_file_entrypoint(m.entrypoint) or m.entrypoint[0] == "/"
+    ),
+    field="entrypoint",
+    cluster=True,
+)
 _ONE_REWARD_SOURCE = Rule(
     cel="(has(self.__function__) ? 1 : 0) + (has(self.entrypoint) ? 1 : 0) == 1",
     message="set exactly one of function or entrypoint",
@@ -85,8 +141,16 @@ _EXTERNAL_PARAMS_RULE = Rule(
 )
 
 
+_REWARD_RULES = (
+    _ONE_REWARD_SOURCE,
+    _CONFIG_MAP_FILE_RULE,
+    _CONFIG_MAP_EXTERNAL_RULE,
+    _ABSOLUTE_FILE_RULE,
+)
+
+
 class RewardSpec(ApiModel):
-    model_config = ConfigDict(json_schema_extra=rules_schema_extra(_ONE_REWARD_SOURCE))
+    model_config = ConfigDict(json_schema_extra=rules_schema_extra(*_REWARD_RULES))
 
     function: str | None = Field(
         default=None,
@@ -96,13 +160,24 @@ class RewardSpec(ApiModel):
     )
     entrypoint: str | None = Field(
         default=None,
-        pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$",
-        description="A reward function from your image, as module:function.",
+        max_length=4096,
+        pattern=ENTRYPOINT_PATTERN,
+        description="Your own reward function: package.module:function from the image, or "
+        "path/to/file.py:function (verl's custom_reward_function path and name). lorarl's "
+        "signature fn(prompt, completion, ground_truth, metadata, **params) or verl's "
+        "compute_score(data_source, solution_str, ground_truth, extra_info, **params); it "
+        "returns a float or a dict whose score is the reward and whose other numbers are "
+        "metrics.",
     )
     params: dict[str, Any] = Field(
         default_factory=dict,
         description="Keyword arguments for the reward function (not with service.url: an "
         "external service scores with its own settings).",
+    )
+    config_map: RewardConfigMap | None = Field(
+        default=None,
+        description="A ConfigMap with the reward's code, mounted read-only where the reward "
+        "runs; entrypoint names a file in it.",
     )
     service: RewardServiceSpec | None = Field(
         default=None,
@@ -110,7 +185,7 @@ class RewardSpec(ApiModel):
         "each request names the reward (function or entrypoint).",
     )
 
-    _rules = enforce(_ONE_REWARD_SOURCE, _EXTERNAL_PARAMS_RULE)
+    _rules = enforce(*_REWARD_RULES, _EXTERNAL_PARAMS_RULE)
 
     @model_validator(mode="after")
     def _known_reward(self, info: ValidationInfo) -> RewardSpec:

@@ -40,6 +40,14 @@ class _Dumper(getattr(yaml, "CSafeDumper", yaml.SafeDumper)):  # type: ignore[mi
 
 _Dumper.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^(?:y|Y|n|N)$"), list("yYnN"))
 
+# A float in exponent form without a dot or without an exponent sign (`1e-5`, `1.0e5`): YAML 1.1
+# (PyYAML) reads it as a string, go-yaml (kubectl, Helm) and YAML 1.2 as a number. verl's configs
+# write `lr: 1e-6`; the API server then sees a number, so lorarl must read one too (and quote
+# such strings when it writes them, so go-yaml keeps them strings).
+_FLOAT_TAG = "tag:yaml.org,2002:float"
+_EXPONENT_FLOAT = re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$")
+_Dumper.add_implicit_resolver(_FLOAT_TAG, _EXPONENT_FLOAT, list("-+0123456789."))
+
 
 def dump(data: Any, *, sort_keys: bool = True, width: int = 80) -> str:
     """YAML that PyYAML and go-yaml read alike (see `_Dumper`), through libyaml when present:
@@ -112,6 +120,7 @@ class _Loader(_Parser):  # type: ignore[misc, valid-type]
 
 
 _Loader.add_constructor(_INT_TAG, _Loader.construct_yaml_int)
+_Loader.add_implicit_resolver(_FLOAT_TAG, _EXPONENT_FLOAT, list("-+0123456789."))
 
 
 def _check_events(text: str) -> None:

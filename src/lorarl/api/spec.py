@@ -187,11 +187,19 @@ _MINI_BATCH_RULE = Rule(
     ),
     field="training.miniBatchSize",
 )
+# lorarl's reward pod runs lorarl's image and mounts no claim: the user's code can only reach it
+# through reward.configMap.
 _SERVICE_REWARD_RULE = Rule(
-    cel="!has(self.reward.service) || !has(self.reward.entrypoint) || has(self.reward.service.url)",
-    message="a module:function reward can only be served by your own service (set service.url)",
+    cel="!has(self.reward.service) || !has(self.reward.entrypoint) || "
+    "has(self.reward.service.url) || has(self.reward.configMap)",
+    message="a module:function reward can only be served by your own service (set service.url); "
+    "lorarl's reward service runs lorarl's image and serves your code only as a file in "
+    "reward.configMap",
     check=lambda m: (
-        m.reward.service is None or m.reward.entrypoint is None or m.reward.service.url is not None
+        m.reward.service is None
+        or m.reward.entrypoint is None
+        or m.reward.service.url is not None
+        or m.reward.config_map is not None
     ),
     field="reward",
 )
@@ -231,6 +239,7 @@ _CLAIMS = (
     ("has(self.model.volume)", "self.model.volume.mountPath"),
     ("has(self.data.volume)", "self.data.volume.mountPath"),
     ("has(self.training) && has(self.training.volume)", "self.training.volume.mountPath"),
+    ("has(self.reward) && has(self.reward.configMap)", "self.reward.configMap.mountPath"),
 )
 
 
@@ -245,16 +254,15 @@ def _mount_paths_cel() -> str:
 
 
 def _claim_paths(m: LoRARLJobSpec) -> list[str]:
-    claims = (m.model.volume, m.data.volume, m.training.volume)
-    return [c.mount_path for c in claims if c is not None]
+    mounts = (m.model.volume, m.data.volume, m.training.volume, m.reward.config_map)
+    return [c.mount_path for c in mounts if c is not None]
 
 
 # The API server refuses a Pod whose container mounts two volumes at one path.
 _MOUNT_PATHS_RULE = Rule(
     cel=_mount_paths_cel(),
-    message="model.volume, data.volume and training.volume need distinct mountPaths, none of "
-    + ", ".join(RESERVED_MOUNT_PATHS)
-    + " (lorarl mounts those)",
+    message="model.volume, data.volume, training.volume and reward.configMap need distinct "
+    "mountPaths, none of " + ", ".join(RESERVED_MOUNT_PATHS) + " (lorarl mounts those)",
     check=lambda m: (
         len(set(_claim_paths(m))) == len(_claim_paths(m))
         and not set(_claim_paths(m)) & set(RESERVED_MOUNT_PATHS)

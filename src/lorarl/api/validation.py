@@ -13,6 +13,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from lorarl.api.hints import as_served, quoted_value_hint, unknown_field_hint
 from lorarl.api.job import LoRARLJob
 from lorarl.api.rules import CLUSTER, CRD_ONLY
 from lorarl.api.safe_yaml import (
@@ -23,6 +24,7 @@ from lorarl.api.safe_yaml import (
     excerpt,
     load_all,
 )
+from lorarl.api.tenancy import TenancyPolicy, policy_findings
 
 # More problems than this in one manifest are summarized (a hostile one can make thousands).
 MAX_PROBLEMS = 20
@@ -51,10 +53,10 @@ class ManifestResult:
 def parse_job(doc: Any, *, cluster: bool = False) -> LoRARLJob:
     """Validate one manifest; raises ManifestError listing every problem. `cluster` adds the
     rules of jobs that run as pods (what the webhook and the operator enforce)."""
-    problems = check_manifest(doc, cluster=cluster)
-    if problems:
+    job, problems = _check(doc, _context(cluster))
+    if job is None:
         raise ManifestError(problems)
-    return LoRARLJob.model_validate(doc, context=_context(cluster))
+    return job
 
 
 class ManifestError(ValueError):
@@ -70,22 +72,38 @@ def _context(cluster: bool) -> dict[str, bool] | None:
 def check_manifest(doc: Any, *, cluster: bool = True, crd_only: bool = False) -> list[Problem]:
     """What the cluster (CRD, webhook) says about a manifest; `cluster=False` for a local run,
     `crd_only` for the CRD alone (without the webhook's Python-only rules)."""
+    return _check(doc, CRD_ONLY if crd_only else _context(cluster))[1]
+
+
+def validate_manifest(doc: Any, context: dict[str, bool] | None) -> LoRARLJob:
+    """The one validation of what a person wrote (`lorarl validate`, `run`, `plan`, the webhook,
+    the rendered config every process reads): typed as the CRD types it. Keys are the camelCase
+    names only (`total_steps` is refused, as the API server refuses it; Python code may still
+    construct models by field name), and no string stands in for a number or boolean
+    (`rank: "16"` is refused, where pydantic's lax mode would read 16). Raises ValidationError."""
+    return LoRARLJob.model_validate(
+        as_served(doc), strict=True, by_alias=True, by_name=False, context=context
+    )
+
+
+def _check(doc: Any, context: dict[str, bool] | None) -> tuple[LoRARLJob | None, list[Problem]]:
+    """(the job, []) or (None, its problems)."""
     if not isinstance(doc, dict):
-        return [Problem("", f"a manifest must be a mapping (got {_show(doc)})")]
+        return None, [Problem("", f"a manifest must be a mapping (got {_show(doc)})")]
     try:
         check_tree(doc)
-        LoRARLJob.model_validate(doc, context=CRD_ONLY if crd_only else _context(cluster))
+        return validate_manifest(doc, context), []
     except InputLimitError as exc:
-        return [Problem("", f"manifest refused: {exc}")]
+        return None, [Problem("", f"manifest refused: {exc}")]
     except RecursionError:  # check_tree bounds the depth; kept so no input can crash a caller
-        return [Problem("", "manifest refused: nested too deeply")]
+        return None, [Problem("", "manifest refused: nested too deeply")]
     except ValidationError as exc:
-        problems = [_problem(err) for err in exc.errors(include_url=False)]
-        if len(problems) > MAX_PROBLEMS:
-            more = len(problems) - MAX_PROBLEMS
-            problems = [*problems[:MAX_PROBLEMS], Problem("", f"... and {more} more problems")]
-        return problems
-    return []
+        errors = exc.errors(include_url=False)
+        problems = [_problem(err) for err in errors[:MAX_PROBLEMS]]
+        if len(errors) > MAX_PROBLEMS:
+            more = len(errors) - MAX_PROBLEMS
+            problems.append(Problem("", f"... and {more} more problems"))
+        return None, problems
 
 
 def load_documents(path: str | Path) -> list[tuple[str, Any]]:
@@ -115,6 +133,12 @@ def load_documents(path: str | Path) -> list[tuple[str, Any]]:
     return [(f"{path}[{i}]", d) for i, d in enumerate(docs)]
 
 
+def admin_problems(job: LoRARLJob, policy: TenancyPolicy) -> list[Problem]:
+    """What the cluster admin's policy (allowed Secrets, control-plane nodes) refuses in a
+    valid job: the webhook's words, and `lorarl validate`'s with the policy it is given."""
+    return [Problem(path, message) for path, message in policy_findings(job, policy)]
+
+
 def validate_file(path: str | Path, *, cluster: bool = True) -> list[ManifestResult]:
     try:
         docs = load_documents(path)
@@ -122,8 +146,7 @@ def validate_file(path: str | Path, *, cluster: bool = True) -> list[ManifestRes
         return [ManifestResult(str(path), None, exc.problems)]
     results = []
     for source, doc in docs:
-        problems = check_manifest(doc, cluster=cluster)
-        job = None if problems else LoRARLJob.model_validate(doc, context=_context(cluster))
+        job, problems = _check(doc, _context(cluster))
         results.append(ManifestResult(source, job, problems))
     return results
 
@@ -170,8 +193,12 @@ def _problem(err: dict[str, Any]) -> Problem:
     template = _MESSAGES.get(kind)
     shown = {k: f"{v:g}" if isinstance(v, float) else v for k, v in ctx.items()}
     message = template.format(**shown) if template else err["msg"]
-    if kind not in ("missing", "extra_forbidden"):
-        message = f"{message} (got {_show(err.get('input'))})"
+    if kind == "extra_forbidden":
+        hint = unknown_field_hint(err["loc"], err.get("input"))
+        return Problem(_join(loc), f"{message} {hint}" if hint else message)
+    if kind != "missing":
+        hint = quoted_value_hint(kind, err.get("input"))
+        message = f"{message}{hint} (got {_show(err.get('input'))})"
     return Problem(_join(loc), message)
 
 

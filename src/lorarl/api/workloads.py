@@ -26,6 +26,9 @@ from lorarl.api.rules import Rule, crd_only, enforce, rules_schema_extra
 # the engines' API key, and the key that authenticates the weight-sync channel's announcements.
 ENGINE_API_KEY_ENV = "LORARL_ENGINE_API_KEY"
 SYNC_KEY_ENV = "LORARL_SYNC_KEY"
+# The job's identity (its metadata.uid in a cluster, a run directory's own id locally): stamped
+# into every checkpoint, so a trainer never resumes from or deletes another job's.
+JOB_UID_ENV = "LORARL_JOB_UID"
 
 # Variables lorarl renders for every process; a user value would silently break the job's wiring
 # (or, for the keys, let a manifest pick the secret that guards the job's own channels).
@@ -38,6 +41,7 @@ RESERVED_ENV = (
     "NODE_RANK",
     "NPROC_PER_NODE",
     "LORARL_JOB_NAME",
+    JOB_UID_ENV,
     "LORARL_CONFIG",
     COLOCATED_PROCESSES_ENV,
     "LORARL_SYNC_ADDR",
@@ -316,6 +320,24 @@ _ROLLOUT_RULES = (
 )
 
 
+class SyncCheckSpec(ApiModel):
+    enabled: bool = Field(
+        default=True,
+        description="The stale-policy guard: before a replica generates from a new weight "
+        "version, its engine answers the prompt logprobs of a fixed probe sequence (in adapter "
+        "mode, as the versioned adapter) and they are compared with the trainer's for that "
+        "version. A replica that fails is re-synced; failing again stops the job with its name.",
+    )
+    tolerance: float | None = Field(
+        default=None,
+        gt=0,
+        le=10,
+        description="Mean |engine - trainer| logprob per probe token allowed. Unset: 0.002 for "
+        "float32 models, 0.1 for bfloat16/float16 (the engine-trainer gap on identical weights "
+        "is ~1e-5 and ~1e-2).",
+    )
+
+
 class RolloutSpec(PodTemplateFields):
     model_config = ConfigDict(json_schema_extra=rules_schema_extra(*_ROLLOUT_RULES))
 
@@ -351,6 +373,10 @@ class RolloutSpec(PodTemplateFields):
         "engine serves the LoRA adapter directly.",
     )
     sampling: SamplingSpec = Field(default_factory=SamplingSpec, description="Sampling params.")
+    sync_check: SyncCheckSpec = Field(
+        default_factory=SyncCheckSpec,
+        description="Checks that every engine serves the weights the trainer published.",
+    )
     memory_fraction: float = Field(
         default=DEFAULT_MEMORY_FRACTION,
         gt=0,

@@ -28,6 +28,7 @@ CLUSTER_ONLY: tuple[str, ...] = (
     "rollout.tolerations",
     "rollout.preemptible",
     "reward.service.resources",
+    "reward.configMap",
     "model.volume",
     "data.volume",
     "training.volume",

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 
 from lorarl.api.workloads import SYNC_KEY_ENV
 from lorarl.plan.engines import ENGINE_API_KEY_ENV, ENGINE_API_KEY_REF
+from lorarl.rewards.auth import REWARD_API_KEY_ENV, REWARD_KEY_CONTAINERS
 from lorarl.sync.protocol import SYNC_KEY_CONTAINERS
 
 _REFERENCE = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
@@ -38,12 +39,22 @@ def with_engine_key(env: Mapping[str, str], key: str) -> dict[str, str]:
     return {**defined, **expand_env(env, defined)}
 
 
-def with_job_keys(container: str, env: Mapping[str, str], engine_key: str, sync_key: str) -> dict:
-    """`with_engine_key`, plus the job's sync key for the sync's two ends (trainer, sidecar),
-    as the operator's Secret gives it to their pods."""
-    out = with_engine_key(env, engine_key)
+def with_job_keys(
+    container: str,
+    env: Mapping[str, str],
+    engine_key: str,
+    sync_key: str,
+    reward_key: str | None = None,
+) -> dict:
+    """`with_engine_key`, plus the job's sync key for the sync's two ends (trainer, sidecar)
+    and, when the job runs its own reward service (`reward_key`), the reward key for that
+    service and the trainer, as the operator's Secret gives them to their pods. The reward
+    service, which runs untrusted code, gets no engine key, as in a pod."""
+    out = dict(env) if container == "reward" else with_engine_key(env, engine_key)
     if container in SYNC_KEY_CONTAINERS:
         out[SYNC_KEY_ENV] = sync_key
+    if reward_key is not None and container in REWARD_KEY_CONTAINERS:
+        out[REWARD_API_KEY_ENV] = reward_key
     return out
 
 

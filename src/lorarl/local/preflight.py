@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from lorarl.api.job import LoRARLJob
+from lorarl.entrypoints import is_file_entrypoint, split_entrypoint
 from lorarl.errors import UserError
 
 PREPARE_HINT = (
@@ -39,6 +40,12 @@ def missing_inputs(job: LoRARLJob) -> list[str]:
         for i, f in enumerate(files):
             if "://" not in f and not Path(f).exists():  # a file, or a folder of shards
                 problems.append(f"spec.data.{key}[{i}]: {f} does not exist")
+    reward = spec.reward.entrypoint
+    external = spec.reward.service is not None and spec.reward.service.url is not None
+    if reward and is_file_entrypoint(reward) and not external:
+        path = split_entrypoint(reward)[0]
+        if not Path(path).expanduser().is_file():
+            problems.append(f"spec.reward.entrypoint: {path} is not a file here")
     return problems
 
 

@@ -17,6 +17,7 @@ import shutil
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,12 +27,13 @@ import httpx
 from lorarl.api import safe_yaml
 from lorarl.api.job import LoRARLJob
 from lorarl.api.progress import Progress
-from lorarl.api.workloads import SYNC_KEY_ENV
+from lorarl.api.workloads import JOB_UID_ENV, SYNC_KEY_ENV
 from lorarl.local.env_refs import api_key_from_env, expand, with_job_keys
 from lorarl.local.ports import free_port_block
 from lorarl.local.processes import Child
 from lorarl.plan import ContainerPlan, JobPlan, LocalAddressing, ReplicaPlan, plan
-from lorarl.plan.engines import VLLM_RPC_BASE_ENV, vllm_rpc_base
+from lorarl.plan.engines import ENGINE_API_KEY_ENV, VLLM_RPC_BASE_ENV, vllm_rpc_base
+from lorarl.rewards.auth import REWARD_API_KEY_ENV, REWARD_KEY_CONTAINERS
 from lorarl.sync.protocol import SYNC_KEY_CONTAINERS
 
 log = logging.getLogger(__name__)
@@ -47,6 +49,27 @@ UNIX_SOCKET_PATH_MAX = 107
 
 class RunFailed(RuntimeError):
     pass
+
+
+RUN_UID_FILE = "job-uid"
+
+
+def run_job_uid(run_dir: Path) -> str:
+    """A local run's job UID (what a job's metadata.uid is in a cluster): made once per run
+    directory and kept there, so a run resumed in the same directory is the same job, and a
+    checkpoint another run wrote is refused (trainer/checkpoint.py)."""
+    path = run_dir / RUN_UID_FILE
+    try:
+        uid = path.read_text().strip()
+    except FileNotFoundError:
+        uid = ""
+    if uid:
+        return uid
+    uid = f"local-{uuid.uuid4()}"
+    tmp = run_dir / f".{RUN_UID_FILE}.tmp"
+    tmp.write_text(uid + "\n")
+    tmp.replace(path)
+    return uid
 
 
 def ray_temp_fits(path: Path) -> bool:
@@ -112,11 +135,15 @@ class LocalRun:
         self.engine_api_key = secrets.token_urlsafe(32)
         # And the key that signs the weight-sync channel (trainer and sidecars only).
         self.sync_key = secrets.token_urlsafe(32)
+        self.job_uid: str | None = None  # the run directory's, read or made at start
+        # And the reward service's (it and the trainer only), when the run starts one.
+        self.reward_api_key = secrets.token_urlsafe(32)
 
     # ------------------------------------------------------------------ setup
 
     def start(self) -> JobPlan:
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.job_uid = run_job_uid(self.run_dir)
         if not ray_temp_fits(self.ray_temp_dir):
             self.ray_temp_dir = Path(tempfile.mkdtemp(prefix="lorarl-ray-", dir="/tmp"))
             self._own_ray_temp = True
@@ -161,7 +188,14 @@ class LocalRun:
             "LORARL_ADAPTER_DIR": str(self.run_dir / "adapters" / replica.name),
             "PYTHONUNBUFFERED": "1",
             **self._threads(container),
-            **with_job_keys(container.name, container.env, self.engine_api_key, self.sync_key),
+            **with_job_keys(
+                container.name,
+                container.env,
+                self.engine_api_key,
+                self.sync_key,
+                self.reward_api_key if self.plan.role("reward") is not None else None,
+            ),
+            **({JOB_UID_ENV: self.job_uid} if self.job_uid else {}),
             **self._user_env(container),
             **self.extra_env,
         }
@@ -169,6 +203,10 @@ class LocalRun:
             env["CUDA_VISIBLE_DEVICES"] = ""
         if container.name not in SYNC_KEY_CONTAINERS:  # not even one inherited from our shell
             env.pop(SYNC_KEY_ENV, None)
+        if container.name == "reward":  # untrusted code: no engine key, as in its pod
+            env.pop(ENGINE_API_KEY_ENV, None)
+        if container.name not in REWARD_KEY_CONTAINERS:
+            env.pop(REWARD_API_KEY_ENV, None)
         argv = [expand(arg, env) for arg in argv]
         return Child(
             name=name,

@@ -3,11 +3,12 @@ change once a job runs (pods are immutable, so other edits would silently not ap
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 
 from lorarl.api.safe_yaml import excerpt
-from lorarl.api.validation import Problem, check_manifest
+from lorarl.api.tenancy import TenancyPolicy, output_conflicts, output_location
+from lorarl.api.validation import ManifestError, Problem, admin_problems, parse_job
 
 # Read again on every pass, so changing them on a running job means what it says.
 MUTABLE = (
@@ -23,14 +24,36 @@ PRIORITY_CLASS_PATH = "spec.scheduling.priorityClassName"
 
 
 def manifest_problems(
-    obj: Mapping[str, Any], allowed_priority_classes: Collection[str] | None = None
+    obj: Mapping[str, Any],
+    allowed_priority_classes: Collection[str] | None = None,
+    policy: TenancyPolicy | None = None,
 ) -> list[Problem]:
     """Validate what the user wrote (the status is the operator's, not theirs); with an
-    allow-list, also the PriorityClass (the operator's config, from the chart)."""
-    problems = check_manifest({k: v for k, v in obj.items() if k != "status"})
-    if allowed_priority_classes is not None and not problems:
+    allow-list, also the PriorityClass, and with a policy the Secrets and nodes it allows (the
+    operator's config, from the chart)."""
+    try:
+        job = parse_job({k: v for k, v in obj.items() if k != "status"}, cluster=True)
+    except ManifestError as exc:
+        return exc.problems
+    problems: list[Problem] = []
+    if allowed_priority_classes is not None:
         problems += priority_class_problems(obj, allowed_priority_classes)
+    if policy is not None and not problems:
+        problems += admin_problems(job, policy)
     return problems
+
+
+def output_dir_changed(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> bool:
+    """Whether admitting `new` needs the other jobs checked for its outputDir: on create, and
+    on an edit that moves it (kopf's own annotation patches, every few seconds per job, do not)."""
+    return old is None or output_location(old) != output_location(new)
+
+
+def output_dir_problems(
+    obj: Mapping[str, Any], others: Iterable[Mapping[str, Any]]
+) -> list[Problem]:
+    """`others`: the LoRARLJobs of the job's namespace, as listed (itself included or not)."""
+    return [Problem(path, message) for path, message in output_conflicts(obj, others)]
 
 
 def priority_class_problems(obj: Mapping[str, Any], allowed: Collection[str]) -> list[Problem]:

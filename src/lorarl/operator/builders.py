@@ -13,11 +13,13 @@ from typing import Any
 from lorarl.api.job import LoRARLJob, config_yaml
 from lorarl.api.k8s import GPU_RESOURCE, ResourceRequirements
 from lorarl.api.placement import COLOCATED_PROCESSES_ENV
-from lorarl.api.workloads import SYNC_KEY_ENV
+from lorarl.api.tenancy import engine_key_secret_name
+from lorarl.api.workloads import JOB_UID_ENV, SYNC_KEY_ENV
 from lorarl.plan.addressing import CLUSTER_PORTS
 from lorarl.plan.build import CONFIG_FILE
 from lorarl.plan.engines import ENGINE_API_KEY_ENV
 from lorarl.plan.model import ContainerPlan, JobPlan, ReplicaPlan, RolePlan, VolumePlan
+from lorarl.rewards.auth import REWARD_API_KEY_ENV, REWARD_KEY_CONTAINERS
 from lorarl.sync.protocol import SYNC_KEY_CONTAINERS
 
 Obj = dict[str, Any]
@@ -26,9 +28,13 @@ JOB_LABEL = "lorarl.dev/job"
 ROLE_LABEL = "lorarl.dev/role"
 INDEX_LABEL = "lorarl.dev/replica-index"
 ATTEMPT_LABEL = "lorarl.dev/attempt"
+# The job's metadata.uid on its pods: the NetworkPolicy selects by it (a name is reused by the
+# next job of that name, a uid never is). docs/security.md says what a label cannot stop.
+JOB_UID_LABEL = "lorarl.dev/job-uid"
 MANAGED_BY = ("app.kubernetes.io/managed-by", "lorarl-operator")
 API_KEY_KEY = "api-key"
 SYNC_KEY_KEY = "sync-key"  # in the same Secret: signs the weight-sync channel
+REWARD_KEY_KEY = "reward-key"  # and the reward service's: its only client is the trainer
 RUN_AS = 10001
 TMP_DIR = "/tmp"
 
@@ -54,7 +60,7 @@ def config_map_name(job: str) -> str:
 
 
 def secret_name(job: str) -> str:
-    return f"{job}-engine-key"
+    return engine_key_secret_name(job)
 
 
 def rollout_selector(job: str) -> str:
@@ -102,26 +108,39 @@ def config_map(plan: JobPlan, data: dict[str, str] | None = None) -> Obj:
     }
 
 
-def engine_key_secret(plan: JobPlan, api_key: str, sync_key: str) -> Obj:
-    """The job's keys: the engines' API key and the weight-sync channel's HMAC key."""
+def engine_key_secret(
+    plan: JobPlan, api_key: str, sync_key: str, reward_key: str | None = None
+) -> Obj:
+    """The job's keys: the engines' API key, the weight-sync channel's HMAC key and the reward
+    service's key (the operator always makes one; a plan with a reward service needs it, or
+    its trainer and reward pods wait on the missing key)."""
     if not api_key:
         raise ValueError("engine API key: must not be empty")
     if not sync_key:
         raise ValueError("sync key: must not be empty")
+    data = {API_KEY_KEY: api_key, SYNC_KEY_KEY: sync_key}
+    if reward_key is not None:
+        if not reward_key:
+            raise ValueError("reward key: must not be empty")
+        data[REWARD_KEY_KEY] = reward_key
     return {
         "apiVersion": "v1",
         "kind": "Secret",
         "type": "Opaque",
         "metadata": _meta(plan, secret_name(plan.name)),
-        "stringData": {API_KEY_KEY: api_key, SYNC_KEY_KEY: sync_key},
+        "stringData": data,
     }
 
 
-def network_policy(plan: JobPlan, operator_namespace: str) -> Obj:
+def network_policy(plan: JobPlan, operator_namespace: str, job_uid: str = "") -> Obj:
     """Ingress to the job's pods: anything from the job's own pods, on any port (gloo and NCCL
     connect on ephemeral ports besides the rendezvous and sync ports), and the progress port
-    from the operator and status API. Nothing else gets in."""
-    selector = {"matchLabels": {JOB_LABEL: plan.name, MANAGED_BY[0]: MANAGED_BY[1]}}
+    from the operator and status API. Nothing else gets in. The job's pods are the ones with
+    its uid label (`job_uid`, what `pod` sets): a pod of another job of the same name is not."""
+    labels = {JOB_LABEL: plan.name, MANAGED_BY[0]: MANAGED_BY[1]}
+    if job_uid:
+        labels[JOB_UID_LABEL] = job_uid
+    selector = {"matchLabels": labels}
     operator_pods = {
         "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": operator_namespace}},
         "podSelector": {
@@ -178,8 +197,12 @@ def pod_group(plan: JobPlan, job: LoRARLJob) -> Obj | None:
     }
 
 
-def pod(plan: JobPlan, job: LoRARLJob, role: str, index: int, *, attempt: int = 0) -> Obj:
-    """One replica's Pod. `attempt` tells pods of a restarted trainer group from older ones."""
+def pod(
+    plan: JobPlan, job: LoRARLJob, role: str, index: int, *, attempt: int = 0, job_uid: str = ""
+) -> Obj:
+    """One replica's Pod. `attempt` tells pods of a restarted trainer group from older ones;
+    `job_uid` (the job's metadata.uid) labels the pod for the NetworkPolicy and reaches every
+    container as LORARL_JOB_UID, which the trainer stamps into its checkpoints."""
     role_plan = plan.role(role)  # type: ignore[arg-type]
     if role_plan is None or not 0 <= index < len(role_plan.replicas):
         raise ValueError(f"job {plan.name} has no {role} replica {index}")
@@ -191,6 +214,8 @@ def pod(plan: JobPlan, job: LoRARLJob, role: str, index: int, *, attempt: int = 
         INDEX_LABEL: str(index),
         ATTEMPT_LABEL: str(attempt),
     }
+    if job_uid:
+        labels[JOB_UID_LABEL] = job_uid
     annotations: dict[str, str] = {}
     progress = next(
         (c.ports[PROGRESS_PORT] for c in replica.containers if PROGRESS_PORT in c.ports), None
@@ -219,9 +244,12 @@ def pod(plan: JobPlan, job: LoRARLJob, role: str, index: int, *, attempt: int = 
             "seccompProfile": {"type": "RuntimeDefault"},
         },
         # The reward service runs untrusted code (python_tests): it never gets the engine key.
-        "containers": [_colocated_container(plan, replica)]
+        "containers": [_colocated_container(plan, replica, job_uid)]
         if len(replica.containers) > 1 and role == "trainer"
-        else [_container(plan, c, engine_key=role != "reward") for c in replica.containers],
+        else [
+            _container(plan, c, engine_key=role != "reward", job_uid=job_uid)
+            for c in replica.containers
+        ],
         "volumes": [_volume(v) for v in role_plan.volumes] + [_tmp_volume()],
     }
     if role_plan.node_selector:
@@ -250,7 +278,9 @@ def pod_names(plan: JobPlan) -> list[str]:
     return [r.name for role in plan.roles for r in role.replicas]
 
 
-def _container(plan: JobPlan, c: ContainerPlan, *, engine_key: bool = True) -> Obj:
+def _container(
+    plan: JobPlan, c: ContainerPlan, *, engine_key: bool = True, job_uid: str = ""
+) -> Obj:
     user_names = {e.name for e in c.user_env}
     env: list[Obj] = []
     if engine_key:  # first: the kubelet expands `$(LORARL_ENGINE_API_KEY)` in later values only
@@ -261,12 +291,24 @@ def _container(plan: JobPlan, c: ContainerPlan, *, engine_key: bool = True) -> O
             }
         )
     env += [{"name": k, "value": v} for k, v in c.env.items()]
+    if job_uid:
+        env.append({"name": JOB_UID_ENV, "value": job_uid})
     if engine_key and c.name in SYNC_KEY_CONTAINERS:  # the sync's two ends, never the reward pod
         env.append(
             {
                 "name": SYNC_KEY_ENV,
                 "valueFrom": {
                     "secretKeyRef": {"name": secret_name(plan.name), "key": SYNC_KEY_KEY}
+                },
+            }
+        )
+    # The reward service and its client (the trainer), when the job runs its own service.
+    if c.name in REWARD_KEY_CONTAINERS and plan.role("reward") is not None:
+        env.append(
+            {
+                "name": REWARD_API_KEY_ENV,
+                "valueFrom": {
+                    "secretKeyRef": {"name": secret_name(plan.name), "key": REWARD_KEY_KEY}
                 },
             }
         )
@@ -308,7 +350,7 @@ def _container(plan: JobPlan, c: ContainerPlan, *, engine_key: bool = True) -> O
     return container
 
 
-def _colocated_container(plan: JobPlan, replica: ReplicaPlan) -> Obj:
+def _colocated_container(plan: JobPlan, replica: ReplicaPlan, job_uid: str = "") -> Obj:
     """A colocated trainer pod's processes in one container, which alone holds the pod's GPUs:
     `python -m lorarl.colocate` starts each with its planned command and env (docs/
     architecture.md, Placement). The trainer's user env, resources and image cover them all."""
@@ -327,7 +369,7 @@ def _colocated_container(plan: JobPlan, replica: ReplicaPlan) -> Obj:
         resources=trainer.resources,
         mounts=sorted(mounts.values(), key=lambda m: m.path),
     )
-    return _container(plan, one)
+    return _container(plan, one, job_uid=job_uid)
 
 
 def _colocated_process(c: ContainerPlan, trainer: ContainerPlan, engine_ports: list[int]) -> Obj:

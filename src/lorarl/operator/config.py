@@ -9,6 +9,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from lorarl.api.tenancy import TenancyPolicy, parse_allowed_secrets
+
 DEFAULT_PROGRESS_URL = "http://{name}-trainer-0.{name}.{namespace}.svc:8080"
 DEFAULT_CERT_DIR = "/tmp/k8s-webhook-server/serving-certs"
 SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
@@ -40,6 +42,11 @@ class OperatorConfig:
     # PriorityClasses a job may name (checked at admission); empty: none, jobs run at the
     # cluster's default priority.
     allowed_priority_classes: tuple[str, ...] = ()
+    # Secrets a job may read besides its own generated one (checked at admission): `name`,
+    # `namespace/name`, `namespace/*` or `*`; empty: none.
+    allowed_secrets: tuple[str, ...] = ()
+    # Whether job pods may select or tolerate control-plane nodes (checked at admission).
+    allow_control_plane_nodes: bool = False
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> OperatorConfig:
@@ -57,7 +64,14 @@ class OperatorConfig:
             operator_namespace=env.get("LORARL_OPERATOR_NAMESPACE") or _own_namespace(),
             request_timeout=_seconds(env, "LORARL_REQUEST_TIMEOUT", 15.0),
             allowed_priority_classes=_priority_classes(env),
+            allowed_secrets=_allowed_secrets(env),
+            allow_control_plane_nodes=_flag(env, "LORARL_ALLOW_CONTROL_PLANE_NODES"),
         )
+
+    @property
+    def tenancy(self) -> TenancyPolicy:
+        """The admin's rules the webhook holds jobs to (api/tenancy.py)."""
+        return TenancyPolicy(self.allowed_secrets, self.allow_control_plane_nodes)
 
     def progress_base(self, namespace: str, name: str) -> str:
         return self.progress_url.format(name=name, namespace=namespace).rstrip("/")
@@ -111,6 +125,21 @@ def _priority_classes(env: Mapping[str, str]) -> tuple[str, ...]:
         if n.startswith("system-"):
             raise ConfigError(f"{name}: {n!r}: system-* classes are for cluster components")
     return names
+
+
+def _allowed_secrets(env: Mapping[str, str]) -> tuple[str, ...]:
+    name = "LORARL_ALLOWED_SECRETS"
+    try:
+        return parse_allowed_secrets(env.get(name, "").split(","))
+    except ValueError as exc:
+        raise ConfigError(f"{name}: {exc}") from None
+
+
+def _flag(env: Mapping[str, str], name: str) -> bool:
+    raw = env.get(name, "").strip().lower()
+    if raw not in ("", "true", "false"):
+        raise ConfigError(f"{name}: must be true or false (got {raw[:80]!r})")
+    return raw == "true"
 
 
 def _template(env: Mapping[str, str]) -> str:

@@ -9,10 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import ValidationError
-
 from lorarl.api.job import LoRARLJob
-from lorarl.api.rules import CLUSTER
 from lorarl.api.safe_yaml import InputLimitError, check_tree
 from lorarl.api.validation import ManifestError, Problem, parse_job
 from lorarl.operator import builders
@@ -101,10 +98,7 @@ def parsed(body: Mapping[str, Any], cached: Parsed | None) -> Parsed:
     key = json.dumps(doc, sort_keys=True, default=str)
     if cached is not None and cached.key == key:
         return cached
-    try:  # one validation when the spec is good (parse_job validates twice, to list problems)
-        job = LoRARLJob.model_validate(doc, context=CLUSTER)
-    except (RecursionError, ValidationError):
-        job = parse_job(doc, cluster=True)  # raises ManifestError with every problem listed
+    job = parse_job(doc, cluster=True)  # the webhook's reading; ManifestError lists every problem
     job_plan = plan(job)
     config = builders.config_data(job_plan)
     return Parsed(key, job, job_plan, config, _hash(config))

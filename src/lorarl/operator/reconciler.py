@@ -264,11 +264,14 @@ class Reconciler:
             return
         children = [
             builders.engine_key_secret(
-                job_plan, secrets.token_urlsafe(32), sync_key=secrets.token_urlsafe(32)
+                job_plan,
+                secrets.token_urlsafe(32),
+                sync_key=secrets.token_urlsafe(32),
+                reward_key=secrets.token_urlsafe(32),
             ),
             builders.config_map(job_plan, data),
             builders.service(job_plan),
-            builders.network_policy(job_plan, self.config.operator_namespace),
+            builders.network_policy(job_plan, self.config.operator_namespace, state.uid),
         ]
         group = builders.pod_group(job_plan, job)
         if group is not None:
@@ -327,7 +330,9 @@ class Reconciler:
         pods_to_make = []
         for role, index in decision.create:
             attempt = decision.attempt if role == "trainer" else 0
-            pods_to_make.append(builders.pod(job_plan, job, role, index, attempt=attempt))
+            pods_to_make.append(
+                builders.pod(job_plan, job, role, index, attempt=attempt, job_uid=state.uid)
+            )
         kopf.adopt(pods_to_make, owner=state.body)
         made = []
         for created in await asyncio.gather(*(self.kube.create(p) for p in pods_to_make)):

@@ -22,6 +22,7 @@ from lorarl.plan.model import (
     VolumePlan,
 )
 from lorarl.plan.preemptible import rollout_labels, rollout_tolerations
+from lorarl.rewards.auth import REWARD_API_KEY_ENV
 
 CONFIG_DIR = "/etc/lorarl"
 CONFIG_FILE = "job.yaml"
@@ -128,6 +129,17 @@ def _check_user_env(spec: LoRARLJobSpec) -> None:
         clash = sorted({e.name for e in env} & set(RESERVED_ENV))
         if clash:
             raise ValueError(f"spec.{role}.env: reserved variables cannot be set: {clash}")
+    # The reward key comes from the job's Secret when the job runs its own reward service; a
+    # trainer may be given one (its own Secret) only for an external service (service.url).
+    service = spec.reward.service
+    own_service = service is not None and service.url is None
+    for role, env in (("trainer", spec.trainer.env), ("rollout", spec.rollout.env)):
+        if any(e.name == REWARD_API_KEY_ENV for e in env) and (role == "rollout" or own_service):
+            raise ValueError(
+                f"spec.{role}.env: {REWARD_API_KEY_ENV} is set by lorarl (the job's reward "
+                "service key); set it in spec.trainer.env only for an external "
+                "spec.reward.service.url"
+            )
 
 
 def nproc_per_replica(spec: LoRARLJobSpec) -> int:
@@ -303,6 +315,7 @@ def _reward_role(job, addressing, common):
         resources=service.resources,
         mounts=[
             MountPlan(volume="config", path=_config_dir(common), read_only=True),
+            *_reward_code_mounts(spec),
             MountPlan(volume="shm", path=SHM_DIR),
         ],
     )
@@ -316,7 +329,11 @@ def _reward_role(job, addressing, common):
     return RolePlan(
         role="reward",
         replicas=[replica],
-        volumes=[_config_volume(name), VolumePlan(name="shm", kind="memory")],
+        volumes=[
+            _config_volume(name),
+            *_reward_code_volumes(spec),
+            VolumePlan(name="shm", kind="memory"),
+        ],
         gpus_per_replica=0,
     )
 
@@ -365,6 +382,8 @@ def _volumes(job: LoRARLJob, role: str) -> list[VolumePlan]:
         VolumePlan(name=n, kind="pvc", source=c.claim_name, read_only=ro or c.read_only)
         for n, c, ro in _claims(job.spec, role)
     ]
+    if role == "trainer":
+        vols += _reward_code_volumes(job.spec)
     # Every role: NCCL, DataLoader workers, vLLM and Ray's object store need more than the
     # container runtime's 64 MiB /dev/shm.
     vols.append(VolumePlan(name="shm", kind="memory"))
@@ -377,5 +396,26 @@ def _mounts(spec: LoRARLJobSpec, role: str, config_dir: str) -> list[MountPlan]:
         MountPlan(volume=n, path=c.mount_path, read_only=ro or c.read_only)
         for n, c, ro in _claims(spec, role)
     ]
+    if role == "trainer":
+        mounts += _reward_code_mounts(spec)
     mounts.append(MountPlan(volume="shm", path=SHM_DIR))
     return mounts
+
+
+# spec.reward.configMap: the reward's code, where rewards are scored (the trainer container,
+# which scores in-process, and lorarl's reward service); engines and sidecars never import it.
+REWARD_CODE_VOLUME = "reward-code"
+
+
+def _reward_code_volumes(spec: LoRARLJobSpec) -> list[VolumePlan]:
+    cm = spec.reward.config_map
+    if cm is None:
+        return []
+    return [VolumePlan(name=REWARD_CODE_VOLUME, kind="configMap", source=cm.name, read_only=True)]
+
+
+def _reward_code_mounts(spec: LoRARLJobSpec) -> list[MountPlan]:
+    cm = spec.reward.config_map
+    if cm is None:
+        return []
+    return [MountPlan(volume=REWARD_CODE_VOLUME, path=cm.mount_path, read_only=True)]

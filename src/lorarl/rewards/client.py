@@ -4,11 +4,16 @@ Connect errors, timeouts and 5xx answers are retried with exponential backoff; a
 (bad request, unknown reward, a reward that raised on the data) is not, because repeating it
 gives the same answer. When retries run out the client raises `RewardServiceError`, so the
 trainer fails the step instead of training on zeros.
+
+Every request carries the job's reward key (`Authorization: Bearer`, `lorarl.rewards.auth`):
+by default `LORARL_REWARD_API_KEY` from the environment, which the operator (or `lorarl run
+--local`) gives the trainer; a 401 says the key is missing or not the service's.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -16,6 +21,7 @@ from typing import Any
 
 import httpx
 
+from lorarl.rewards.auth import REWARD_API_KEY_ENV, authorization_header
 from lorarl.rewards.registry import RewardResult
 
 __all__ = ["RewardServiceClient", "RewardServiceError", "ScoreSample", "sample_to_wire"]
@@ -73,7 +79,10 @@ class RewardServiceClient:
         reward: str | None = None,
         max_samples_per_request: int = 1024,
         sleep: Callable[[float], None] = time.sleep,
+        api_key: str | None = None,
     ) -> None:
+        """`api_key`: the service's key; None reads `LORARL_REWARD_API_KEY` (unset or empty: no
+        Authorization header, which a lorarl reward service answers with 401)."""
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"reward service url must start with http:// or https:// ({url!r})")
         if timeout_s <= 0 or max_retries < 0 or backoff_s < 0 or max_samples_per_request < 1:
@@ -90,7 +99,11 @@ class RewardServiceClient:
         self.reward = reward
         self.max_samples_per_request = max_samples_per_request
         self._sleep = sleep
-        self._http = httpx.Client(timeout=timeout_s)
+        if api_key is None:
+            api_key = os.environ.get(REWARD_API_KEY_ENV) or None
+        self._has_key = bool(api_key)
+        headers = authorization_header(api_key) if api_key else {}
+        self._http = httpx.Client(timeout=timeout_s, headers=headers)
 
     @classmethod
     def from_spec(cls, url: str, service: Any, **kwargs: Any) -> RewardServiceClient:
@@ -145,6 +158,12 @@ class RewardServiceClient:
             if response.status_code in _RETRY_STATUS:
                 last = f"HTTP {response.status_code}: {_detail(response)}"
                 continue
+            if response.status_code == 401:
+                why = "is not the service's" if self._has_key else "is not set"
+                raise RewardServiceError(
+                    f"reward service {self.url} refused the request with HTTP 401: "
+                    f"{_detail(response)} (the trainer's {REWARD_API_KEY_ENV} {why}; not retried)"
+                )
             if not response.is_success:
                 raise RewardServiceError(
                     f"reward service {self.url} refused the request with HTTP "

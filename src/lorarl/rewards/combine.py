@@ -7,6 +7,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from lorarl.rewards.registry import (
+    METRICS_KEY,
     BoundReward,
     RewardResult,
     check_reward,
@@ -73,7 +74,8 @@ def _check(components: Sequence[Component]) -> None:
 
 @register_factory("weighted", check=_check)
 def weighted(components: Sequence[Component]) -> Callable[..., RewardResult]:
-    """Sum of weight * score over components; each component's score is kept in info."""
+    """Sum of weight * score over components; each component's score is kept in info, and its
+    metrics become the sum's as `<component>/<name>` (so they still reach the step record)."""
     if isinstance(components, (str, bytes)) or not components:
         raise ValueError("weighted: components must be a non-empty list")
     parts = [_parse_component(i, c) for i, c in enumerate(components)]
@@ -89,13 +91,18 @@ def weighted(components: Sequence[Component]) -> Callable[..., RewardResult]:
     ) -> RewardResult:
         scores: dict[str, float] = {}
         infos: dict[str, Any] = {}
+        metrics: dict[str, float] = {}
         total = 0.0
         for label, (reward, weight) in zip(labels, parts, strict=True):
             result = to_result(reward(prompt, completion, ground_truth, metadata), label)
             scores[label] = result.score
             if result.info:
                 infos[label] = result.info
+            metrics.update({f"{label}/{k}": v for k, v in result.metrics.items()})
             total += weight * result.score
-        return RewardResult(total, {"components": scores, "component_info": infos})
+        info: dict[str, Any] = {"components": scores, "component_info": infos}
+        if metrics:
+            info[METRICS_KEY] = metrics
+        return RewardResult(total, info)
 
     return combined

@@ -15,7 +15,10 @@ per-run limits and the bookkeeping:
 - the wall-clock timeout SIGKILLs the pid namespace's init, and the kernel then kills every
   process in the namespace, double-forked daemons included, before `run_python` returns;
 - stdout/stderr go to files outside the sandbox, bounded by the file size limit and truncated to
-  `max_output_bytes`.
+  `max_output_bytes`;
+- a sandbox started while a `CancelScope` is active (the reward service's request) attaches to it:
+  cancelling the scope SIGKILLs the namespace at once (`cancel()`), and no sandbox starts in a
+  scope that is already cancelled (`ScoringCancelled`).
 """
 
 from __future__ import annotations
@@ -28,11 +31,13 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from lorarl.rewards.cancel import ScoringCancelled, current_scope
 from lorarl.rewards.isolation import (
     DROP_PRIVILEGES,
     SandboxUnavailable,
@@ -47,6 +52,7 @@ __all__ = [
     "SandboxLimits",
     "SandboxResult",
     "SandboxUnavailable",
+    "ScoringCancelled",
     "Status",
     "check_available",
     "classify",
@@ -141,7 +147,9 @@ class Sandbox:
     """One program running in its own sandbox; `wait()` returns its result and leaves nothing.
 
     `pass_fds` are the caller's descriptors the program may use (pipes to another sandbox);
-    they keep their numbers and the program gets them as `sys.argv[1:]`.
+    they keep their numbers and the program gets them as `sys.argv[1:]`. Started under an active
+    `CancelScope` (`lorarl.rewards.cancel`), it is killed when that scope is cancelled, and it
+    refuses to start (`ScoringCancelled`) in one that already is.
     """
 
     def __init__(
@@ -152,17 +160,24 @@ class Sandbox:
         stdin: str = "",
         pass_fds: tuple[int, ...] = (),
     ) -> None:
+        self._scope = current_scope()
+        if self._scope is not None:
+            self._scope.check()  # a cancelled request starts nothing more
         check_available()
         self.limits = limits or SandboxLimits()
         self._root = Path(tempfile.mkdtemp(prefix="lorarl-sbx-", dir=self.limits.temp_root))
         self._init_pidfd = -1
+        self._pidfd_lock = threading.Lock()  # `cancel()` (another thread) vs closing the pidfd
         self._timed_out = False
+        self._cancelled = False
         self._result: SandboxResult | None = None
         try:
             self._start(program, stdin, pass_fds)
         except BaseException:
             shutil.rmtree(self._root, ignore_errors=True)
             raise
+        if self._scope is not None:
+            self._scope.attach(self)  # cancels it right away if the scope was cancelled meanwhile
 
     def _start(self, program: str, stdin: str, pass_fds: tuple[int, ...]) -> None:
         limits = self.limits
@@ -205,6 +220,8 @@ class Sandbox:
         except subprocess.TimeoutExpired:
             self._timed_out = True
         self.kill()
+        if self._scope is not None:
+            self._scope.detach(self)
         duration = time.monotonic() - self._start_time
         self._out.close()
         self._err.close()
@@ -214,6 +231,9 @@ class Sandbox:
         shutil.rmtree(self._root, ignore_errors=True)
         code = self._proc.returncode
         status, reason = classify(code, self._timed_out, stderr, self.limits)
+        if self._cancelled and not self._timed_out:
+            assert self._scope is not None
+            status, reason = "killed", f"cancelled: {self._scope.reason}"
         self._result = SandboxResult(
             status=status,
             returncode=None if self._timed_out else code,
@@ -239,8 +259,21 @@ class Sandbox:
         if self._init_pidfd >= 0:
             # readable once the init has exited, which is after every process in it has died
             select.select([self._init_pidfd], [], [], 2)
-            os.close(self._init_pidfd)
-            self._init_pidfd = -1
+            with self._pidfd_lock:
+                os.close(self._init_pidfd)
+                self._init_pidfd = -1
+
+    def cancel(self) -> None:
+        """SIGKILL the namespace from any thread; the thread in `wait()` then returns at once
+        with status "killed" and reaps everything as usual."""
+        with self._pidfd_lock:
+            self._cancelled = True
+            if self._init_pidfd >= 0:
+                with contextlib.suppress(OSError):
+                    signal.pidfd_send_signal(self._init_pidfd, signal.SIGKILL)
+                return
+        with contextlib.suppress(OSError):  # no init known: bubblewrap itself (--die-with-parent)
+            self._proc.send_signal(signal.SIGKILL)
 
 
 def run_python(

@@ -11,6 +11,15 @@ HTTP API (what `lorarl.rewards.client` speaks):
   replica could serve it.
 - `GET /healthz`: 200 when every reward deployment answers, else 503.
 
+Every route but `/healthz` needs `Authorization: Bearer <key>` with the job's reward key
+(`LORARL_REWARD_API_KEY`, from the environment only; `lorarl.rewards.auth`): 401 otherwise,
+checked before the body is read. Without the key the service does not start.
+
+A request's scoring is cancelled when its deadline (`spec.reward.service.timeoutSeconds`) passes
+or its caller goes away (the HTTP client disconnected, the ingress gave up): its sandboxes are
+SIGKILLed and its samples not yet started never start (`lorarl.rewards.cancel`), so a slow or
+hostile sample does not keep the replica's workers busy after its answer was a 504.
+
 Requests from concurrent callers are merged by `@serve.batch`, so a reward with a batched path
 (`score_batch`, e.g. a reward model) runs one forward per batch; per-sample rewards (sandboxes)
 run on a thread pool inside the replica. `max_ongoing_requests` is raised well above Serve's
@@ -37,6 +46,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from lorarl.rewards.auth import REWARD_API_KEY_ENV, BearerAuth, RewardKeyMissing, service_key
+from lorarl.rewards.cancel import CancelScope, ScoringCancelled
 from lorarl.rewards.registry import BoundReward, RewardResult, get_reward, to_result
 
 __all__ = [
@@ -149,16 +160,28 @@ def _register_service_rewards() -> None:
 
 
 def score_requests(
-    reward: BoundReward, requests: Sequence[Sequence[Mapping[str, Any]]], pool: ThreadPoolExecutor
+    reward: BoundReward,
+    requests: Sequence[Sequence[Mapping[str, Any]]],
+    pool: ThreadPoolExecutor,
+    scopes: Sequence[CancelScope | None] | None = None,
 ) -> list[list[RewardResult] | Exception]:
-    """Score a batch of requests; a failing sample fails only its own request."""
-    flat = [s for r in requests for s in r]
+    """Score a batch of requests; a failing sample fails only its own request.
+
+    `scopes`: one per request (or None); a request whose scope is cancelled gets
+    `ScoringCancelled`, its running sandboxes killed and its other samples not started."""
+    scopes = list(scopes) if scopes is not None else [None] * len(requests)
+    if len(scopes) != len(requests):
+        raise ValueError(f"{len(scopes)} cancel scopes for {len(requests)} requests")
+    flat = [(s, scope) for r, scope in zip(requests, scopes, strict=True) for s in r]
     outcomes = _score_flat(reward, flat, pool)
     results: list[list[RewardResult] | Exception] = []
     start = 0
-    for req in requests:
+    for req, scope in zip(requests, scopes, strict=True):
         part = outcomes[start : start + len(req)]
         start += len(req)
+        if scope is not None and scope.cancelled:
+            results.append(ScoringCancelled(f"scoring cancelled: {scope.reason}"))
+            continue
         failure = next(((i, o) for i, o in enumerate(part) if isinstance(o, Exception)), None)
         if failure is None:
             results.append(part)  # type: ignore[arg-type]
@@ -172,30 +195,53 @@ def score_requests(
     return results
 
 
+_Item = tuple[Mapping[str, Any], CancelScope | None]
+
+
 def _score_flat(
-    reward: BoundReward, samples: Sequence[Mapping[str, Any]], pool: ThreadPoolExecutor
+    reward: BoundReward, items: Sequence[_Item], pool: ThreadPoolExecutor
 ) -> list[RewardResult | Exception]:
     batched = getattr(reward.fn, "score_batch", None)
-    if batched is not None and samples:
-        try:
+    live = [i for i, (_, scope) in enumerate(items) if scope is None or not scope.cancelled]
+    if batched is not None and live:
+        samples = [items[i][0] for i in live]
+        try:  # one in-process call (a model forward): not interruptible once started
             out = batched(
                 [s["prompt"] for s in samples],
                 [s["completion"] for s in samples],
                 [s["groundTruth"] for s in samples],
                 [s["metadata"] for s in samples],
             )
-            return [to_result(v, reward.name) for v in out]
+            results: list[RewardResult | Exception] = [
+                ScoringCancelled("scoring cancelled before it started")
+            ] * len(items)
+            for i, v in zip(live, out, strict=True):
+                results[i] = to_result(v, reward.name)
+            return results
         except Exception:  # find the culprit sample(s) one by one
             log.debug("batched %s failed; retrying sample by sample", reward.name, exc_info=True)
-    return list(pool.map(lambda s: _score_one(reward, s), samples))
+    return list(pool.map(lambda item: _score_one(reward, *item), items))
 
 
-def _score_one(reward: BoundReward, s: Mapping[str, Any]) -> RewardResult | Exception:
+def _score_one(
+    reward: BoundReward, s: Mapping[str, Any], scope: CancelScope | None = None
+) -> RewardResult | Exception:
+    if scope is None:
+        try:
+            value = reward(s["prompt"], s["completion"], s["groundTruth"], s["metadata"])
+            return to_result(value, reward.name)
+        except Exception as exc:
+            return exc
     try:
-        value = reward(s["prompt"], s["completion"], s["groundTruth"], s["metadata"])
+        scope.check()  # queued behind other samples: a cancelled request's never start
+        with scope.active():  # every sandbox this sample starts is killed on cancel
+            value = reward(s["prompt"], s["completion"], s["groundTruth"], s["metadata"])
+        scope.check()  # cancelled meanwhile: whatever it scored is not an answer
         return to_result(value, reward.name)
-    except Exception as exc:
+    except ScoringCancelled as exc:
         return exc
+    except Exception as exc:
+        return ScoringCancelled(f"scoring cancelled: {scope.reason}") if scope.cancelled else exc
 
 
 # ---------------------------------------------------------------- HTTP API
@@ -231,9 +277,13 @@ class _HttpError(Exception):
         self.status, self.detail = status, detail
 
 
-def make_api(backend: ScoreBackend, limits: ApiLimits) -> FastAPI:
-    """The FastAPI app; the backend is Serve handles in production, a fake in unit tests."""
-    app = FastAPI(title="lorarl reward service")
+def make_api(backend: ScoreBackend, limits: ApiLimits, *, api_key: str) -> FastAPI:
+    """The FastAPI app; the backend is Serve handles in production, a fake in unit tests.
+    Every route but `/healthz` needs `Authorization: Bearer <api_key>`."""
+    if not api_key:
+        raise RewardKeyMissing("the reward service needs its key (make_api(api_key=...))")
+    app = FastAPI(title="lorarl reward service", docs_url=None, redoc_url=None, openapi_url=None)
+    app.add_middleware(BearerAuth, key=api_key)
 
     @app.exception_handler(_HttpError)
     async def _http_error(_: Request, exc: _HttpError) -> JSONResponse:
@@ -279,6 +329,8 @@ def make_api(backend: ScoreBackend, limits: ApiLimits) -> FastAPI:
             raise _HttpError(
                 503, f"reward {name!r} unavailable: {type(exc).__name__}: {exc}"
             ) from exc
+        if "cancelled" in out:  # the replica's own deadline passed first
+            raise _HttpError(504, out["cancelled"])
         if "error" in out:
             raise _HttpError(422, out["error"])
         return JSONResponse({"reward": name, **out})
@@ -332,9 +384,15 @@ def build_app(
     batch: BatchSettings | None = None,
     limits: ApiLimits | None = None,
     total_cpus: float = 2.0,
+    api_key: str,
 ) -> Any:
-    """The Serve application: an ingress plus one deployment per reward."""
+    """The Serve application: an ingress plus one deployment per reward. `api_key`: what every
+    request but `/healthz` must carry (the ingress replica gets it as an argument, in Ray's
+    object store: it never appears on a command line)."""
     from ray import serve
+
+    if not api_key:
+        raise RewardKeyMissing("the reward service needs its key (build_app(api_key=...))")
 
     batch = batch or BatchSettings()
     limits = limits or ApiLimits()
@@ -352,7 +410,7 @@ def build_app(
         ray_actor_options={"num_cpus": 0},
         graceful_shutdown_timeout_s=GRACEFUL_SHUTDOWN_S,
         graceful_shutdown_wait_loop_s=0.5,
-    ).bind(handles, limits)
+    ).bind(handles, limits, api_key)
 
 
 def _deployment_name(reward: str) -> str:
@@ -373,11 +431,35 @@ def _reward_deployment_class() -> type:
             self.pool = ThreadPoolExecutor(max_workers=batch.workers)
             self.replica = serve.get_replica_context().replica_id.unique_id
             self.calls = 0
-            self.score.set_max_batch_size(batch.max_batch_size)
-            self.score.set_batch_wait_timeout_s(batch.batch_wait_timeout_s)
+            self._score_batch.set_max_batch_size(batch.max_batch_size)
+            self._score_batch.set_batch_wait_timeout_s(batch.batch_wait_timeout_s)
+
+        async def score(
+            self, samples: list[dict[str, Any]], timeout_s: float | None = None
+        ) -> dict[str, Any]:
+            """One request: batched with others, cancelled (sandboxes killed, queued samples
+            dropped) when `timeout_s` passes or the caller cancels it."""
+            scope = CancelScope()
+            timer = None
+            if timeout_s is not None:
+                timer = asyncio.get_running_loop().call_later(
+                    timeout_s, scope.cancel, f"over the request's deadline of {timeout_s:g} s"
+                )
+            try:
+                return await self._score_batch((samples, scope))
+            except asyncio.CancelledError:
+                scope.cancel("the caller went away (timed out or disconnected)")
+                raise
+            finally:
+                if timer is not None:
+                    timer.cancel()
 
         @serve.batch(max_batch_size=64, batch_wait_timeout_s=0.01)
-        async def score(self, requests: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+        async def _score_batch(
+            self, items: list[tuple[list[dict[str, Any]], CancelScope]]
+        ) -> list[dict[str, Any]]:
+            requests = [samples for samples, _ in items]
+            scopes = [scope for _, scope in items]
             self.calls += 1
             meta = {
                 "replica": self.replica,
@@ -386,7 +468,7 @@ def _reward_deployment_class() -> type:
                 "samples": sum(len(r) for r in requests),
             }
             outcomes = await asyncio.get_running_loop().run_in_executor(
-                None, score_requests, self.reward, requests, self.pool
+                None, score_requests, self.reward, requests, self.pool, scopes
             )
             return [_wire_outcome(o, meta) for o in outcomes]
 
@@ -397,6 +479,8 @@ def _reward_deployment_class() -> type:
 
 
 def _wire_outcome(outcome: list[RewardResult] | Exception, meta: dict[str, Any]) -> dict[str, Any]:
+    if isinstance(outcome, ScoringCancelled):
+        return {"cancelled": str(outcome), "batch": meta}
     if isinstance(outcome, Exception):
         return {"error": str(outcome), "batch": meta}
     return {
@@ -414,20 +498,25 @@ def _ingress_class() -> type:
     class RewardIngress:
         """HTTP front: limits, routing by reward name, per-request timeouts."""
 
-        def __init__(self, handles: Mapping[str, Any], limits: ApiLimits) -> None:
+        def __init__(self, handles: Mapping[str, Any], limits: ApiLimits, api_key: str) -> None:
             self.handles = dict(handles)
             self.rewards = sorted(self.handles)
             self.limits = limits
+            self._api_key = api_key
 
         def __serve_build_asgi_app__(self) -> FastAPI:
-            return make_api(self, self.limits)
+            return make_api(self, self.limits, api_key=self._api_key)
 
         async def score(self, reward: str, samples: list[dict[str, Any]]) -> dict[str, Any]:
-            response = self.handles[reward].score.remote(samples)
+            # The replica enforces the same deadline itself: its scoring stops even if this
+            # cancellation never reaches it.
+            response = self.handles[reward].score.remote(samples, self.limits.request_timeout_s)
             try:
                 return await response
             except asyncio.CancelledError:
-                response.cancel()  # the request timed out: don't keep the replica busy
+                # timed out here, or the HTTP client went away (Serve cancels the handler):
+                # the replica cancels the request's scoring (lorarl.rewards.cancel)
+                response.cancel()
                 raise
 
         async def health(self) -> dict[str, bool]:
@@ -504,6 +593,13 @@ def _deploy_failure(exc: Exception) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    try:  # before anything starts: never an open service
+        api_key = service_key(os.environ)
+    except (RewardKeyMissing, ValueError) as exc:
+        raise SystemExit(f"reward service: {exc}") from exc
+    # Out of the environment Ray's workers inherit (in-process rewards run there); the ingress
+    # gets it as an argument.
+    os.environ.pop(REWARD_API_KEY_ENV, None)
     targets, service = _load_reward_config(args.config)
     batch = BatchSettings(
         max_batch_size=args.max_batch_size,
@@ -535,7 +631,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         signal.signal(sig, lambda *_: stop.set())
     try:
         serve.start(http_options={"host": args.host, "port": args.port})
-        app = build_app(targets, service, batch=batch, limits=limits, total_cpus=args.num_cpus)
+        app = build_app(
+            targets,
+            service,
+            batch=batch,
+            limits=limits,
+            total_cpus=args.num_cpus,
+            api_key=api_key,
+        )
         try:
             serve.run(app, name=APP_NAME, route_prefix="/")
         except RuntimeError as exc:

@@ -6,7 +6,8 @@ Layout of one checkpoint (`step-000010/`):
   optimizer.pt        full (unsharded, FQN-keyed) optimizer state from DCP's
                       `get_optimizer_state_dict(full_state_dict=True)`: one file that resumes on
                       any world size, and LoRA optimizer state is small enough for rank 0 to hold
-  state.json          step, world size, and the caller's trainer state (data position, metrics, ...)
+  state.json          step, world size, the job's UID (`job_uid`), and the caller's trainer
+                      state (data position, metrics, ...)
   rng.pt              every rank's RNG states
   critic/             PPO only: the critic's PEFT adapter + value_head.safetensors + critic.json
   critic_optimizer.pt PPO only: the critic optimizer's full state, like optimizer.pt
@@ -16,12 +17,18 @@ Everything is written into a hidden temp dir and renamed into place, so a crash 
 old set of checkpoints or the new one, never a half-written `step-*`. Gathering is collective
 (every rank calls `save`); only rank 0 touches the disk and it tells the others whether it
 succeeded, so a disk error fails all ranks instead of hanging them.
+
+A checkpoint belongs to the job that wrote it (its UID, LORARL_JOB_UID): a manager with a UID
+refuses to resume from, replace or prune one another job wrote, naming both UIDs, and deletes
+nothing then. One without a UID (written before checkpoints carried one) is taken as this
+job's, with a warning, so a job running across the upgrade still resumes.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import random
 import re
 import shutil
@@ -43,6 +50,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
+from lorarl.api.workloads import JOB_UID_ENV
 from lorarl.sync.adapter_files import ADAPTER_CONFIG, ADAPTER_WEIGHTS, write_adapter_dir
 from lorarl.trainer.critic import (
     CRITIC_FILES,
@@ -62,7 +70,6 @@ from lorarl.trainer.rank0_files import (
     _replace_dir,
     _run_on_rank0,
     _sha256,
-    _share_from_rank0,
     _world,
     write_dir_atomically,
 )
@@ -74,6 +81,13 @@ ADAPTER_DIR = "adapter"
 CRITIC_DIR = "critic"
 CRITIC_OPTIMIZER = "critic_optimizer.pt"
 STEP_RE = re.compile(r"^step-(\d{6,})$")
+JOB_UID_KEY = "job_uid"  # in state.json
+
+
+def job_uid_from_env(env: dict[str, str] | None = None) -> str | None:
+    """This job's UID: set by the operator (the job's metadata.uid) and by `lorarl run
+    --local` (the run directory's id); None where nothing set it (a bare trainer in tests)."""
+    return (os.environ if env is None else env).get(JOB_UID_ENV) or None
 
 
 @dataclass(frozen=True)
@@ -157,11 +171,15 @@ def _load_optimizer(model: PeftModel, optimizer: torch.optim.Optimizer | None, f
 class CheckpointManager:
     """Saves, finds, prunes and restores checkpoints under one root directory."""
 
-    def __init__(self, root: str | Path, keep_last: int = 3) -> None:
+    def __init__(self, root: str | Path, keep_last: int = 3, job_uid: str | None = None) -> None:
+        """`job_uid`: stamped into each checkpoint and required of every checkpoint this
+        manager resumes from, replaces or prunes; None checks nothing (and stamps nothing)."""
         if keep_last < 1:
             raise ValueError(f"keep_last must be >= 1, got {keep_last}")
         self.root = Path(root)
         self.keep_last = keep_last
+        self.job_uid = job_uid
+        self._legacy_warned: set[Path] = set()
 
     def path_for(self, step: int) -> Path:
         return self.root / f"step-{step:06d}"
@@ -183,17 +201,16 @@ class CheckpointManager:
         are saved too."""
         if step < 0:
             raise ValueError(f"checkpoint step must be >= 0, got {step}")
+        state: dict[str, Any] = {
+            "step": step,
+            "world_size": _world(),
+            "time": time.time(),
+            "trainer_state": trainer_state,
+        }
+        if self.job_uid is not None:
+            state[JOB_UID_KEY] = self.job_uid
         try:
-            state_text = json.dumps(
-                {
-                    "step": step,
-                    "world_size": _world(),
-                    "time": time.time(),
-                    "trainer_state": trainer_state,
-                },
-                indent=2,
-                sort_keys=True,
-            )
+            state_text = json.dumps(state, indent=2, sort_keys=True)
         except TypeError as exc:
             raise ValueError(f"trainer_state must be JSON-serialisable: {exc}") from exc
         adapter = lora_state_dict(peft_model)
@@ -232,6 +249,8 @@ class CheckpointManager:
     ) -> Path:
         self.root.mkdir(parents=True, exist_ok=True)
         final = self.path_for(step)
+        if final.exists():
+            self._check_owner(final, "replace")
         tmp = self.root / f"{TMP_PREFIX}{final.name}-{uuid.uuid4().hex[:8]}"
         try:
             tmp.mkdir()
@@ -256,6 +275,40 @@ class CheckpointManager:
         log.info("saved checkpoint %s", final)
         self.prune()
         return final
+
+    # ------------------------------------------------------------ owner
+
+    def owner(self, path: Path) -> str | None:
+        """The UID of the job that wrote the checkpoint at `path`; None when it records none
+        (or its state.json cannot be read: `verify` reports that)."""
+        try:
+            uid = json.loads((path / "state.json").read_text()).get(JOB_UID_KEY)
+        except (OSError, ValueError, AttributeError):
+            return None
+        return uid if isinstance(uid, str) and uid else None
+
+    def _check_owner(self, path: Path, action: str) -> None:
+        """Raise unless the checkpoint at `path` is this job's (see the module docstring)."""
+        if self.job_uid is None:
+            return
+        owner = self.owner(path)
+        if owner is None:
+            if path not in self._legacy_warned:
+                self._legacy_warned.add(path)
+                log.warning(
+                    "checkpoint %s records no job UID (written before checkpoints carried "
+                    "one): taken as this job's (%s)",
+                    path,
+                    self.job_uid,
+                )
+            return
+        if owner != self.job_uid:
+            raise CheckpointError(
+                f"checkpoint {path} was written by job UID {owner}, not by this job (UID "
+                f"{self.job_uid}): refusing to {action} it. Another job writes to this "
+                "training.outputDir: give this job a folder of its own (to start from that "
+                "job's weights, set spec.lora.adapterPath to its adapter)"
+            )
 
     # ------------------------------------------------------------ find / prune
 
@@ -319,26 +372,32 @@ class CheckpointManager:
         return good
 
     def latest(self) -> Checkpoint | None:
-        """Newest usable checkpoint; checks newest first and stops at the first good one."""
+        """Newest usable checkpoint; checks newest first and stops at the first good one,
+        which must be this job's (CheckpointError otherwise: see the module docstring)."""
         for ckpt in reversed(self._step_dirs()):
             reason = self.verify(ckpt.path)
             if reason is None:
+                self._check_owner(ckpt.path, "resume from")
                 return ckpt
             log.warning("skipping checkpoint %s: %s", ckpt.path, reason)
         return None
 
     def latest_shared(self) -> Checkpoint | None:
         """Collective: rank 0's `latest()` on every rank, so all ranks resume from the same step
-        even when only rank 0 can see the checkpoint volume."""
-        return _share_from_rank0(self.latest() if _rank() == 0 else None)
+        even when only rank 0 can see the checkpoint volume; a refusal there fails every rank."""
+        return _run_on_rank0(self.latest)
 
     def prune(self) -> list[Path]:
         """Delete usable checkpoints beyond the newest `keep_last`, and stale temp dirs.
 
-        Broken `step-*` dirs are left for a human to inspect (they are already skipped).
+        Broken `step-*` dirs are left for a human to inspect (they are already skipped). If any
+        to delete is another job's, nothing is deleted (CheckpointError).
         """
         removed = []
-        for ckpt in self.complete()[: -self.keep_last]:
+        old = self.complete()[: -self.keep_last]
+        for ckpt in old:
+            self._check_owner(ckpt.path, "delete")
+        for ckpt in old:
             shutil.rmtree(ckpt.path)
             removed.append(ckpt.path)
         for p in self.root.glob(f"{TMP_PREFIX}*"):
@@ -369,6 +428,7 @@ class CheckpointManager:
             reason = self.verify(path)
             if reason is not None:
                 raise CheckpointError(f"checkpoint {path} is not usable: {reason}")
+            self._check_owner(path, "resume from")
             tensors = load_file(str(path / ADAPTER_DIR / ADAPTER_WEIGHTS))
             state = json.loads((path / "state.json").read_text())
             rng = torch.load(path / "rng.pt", weights_only=True)

@@ -10,8 +10,9 @@ sidecar answers at its old address before it has registered again, and a group f
 old registration would wait for a process that no longer exists. The sync group always holds
 exactly the live members, re-formed when that set changes, and a newcomer gets the current
 adapter before anything else. A replica *serves* a step only when its sidecar says its engine
-is up and on the trainer's latest version, so no sample ever comes from weights the trainer did
-not publish.
+is up and on the trainer's latest version, and (the stale-policy guard, `sync_check.py`) its
+engine itself has shown it serves that version, so no sample ever comes from weights the trainer
+did not publish. An engine that fails the check is re-synced once; failing again stops the step.
 """
 
 from __future__ import annotations
@@ -27,7 +28,9 @@ from peft import PeftModel
 
 from lorarl.api.status import SyncStatus
 from lorarl.sync.errors import SyncTransportError
+from lorarl.sync.protocol import adapter_name
 from lorarl.sync.transport import Registration
+from lorarl.trainer.sync_check import StalePolicy, SyncCheck
 from lorarl.trainer.weight_sync import SyncFailed, WeightPublisher
 
 log = logging.getLogger(__name__)
@@ -89,8 +92,10 @@ class Fleet:
         initial_timeout_s: float = INITIAL_MEMBERS_TIMEOUT_S,
         retry_s: float = 1.0,
         sleep: Callable[[float], None] = time.sleep,
+        guard: SyncCheck | None = None,
     ):
         self.publisher, self.http = publisher, http
+        self.guard = guard
         self.initial_members = initial_members
         self.ready_timeout_s, self.initial_timeout_s = ready_timeout_s, initial_timeout_s
         self.retry_s, self._sleep = retry_s, sleep
@@ -168,11 +173,14 @@ class Fleet:
         deadline = time.monotonic() + self.ready_timeout_s
         while True:
             members = self.catch_up()
-            ready = {
-                m.engine: replica_name(m.index)
+            claimed = [
+                m
                 for m, found in members
                 if m.engine and found.code == 200 and found.version == latest
-            }
+            ]
+            if self.guard is not None and latest is not None:
+                claimed = self._prove(claimed, latest)
+            ready = {m.engine: replica_name(m.index) for m in claimed}
             if ready:
                 if len(ready) < len(members):
                     log.warning("generating on %d of %d engines (others catching up)",
@@ -184,3 +192,33 @@ class Fleet:
                     f"{self.ready_timeout_s:.0f} s ({len(members)} registered and reachable)"
                 )
             self._sleep(self.retry_s)
+
+    def _prove(self, claimed: list[Registration], version: int) -> list[Registration]:
+        """The members whose engine shows it serves `version` (sync_check.py). One that does not
+        gets the version again; if it still does not, StalePolicy names it."""
+        guard = self.guard
+        assert guard is not None
+        name = adapter_name(version)
+        failed = []
+        for m in claimed:
+            if guard.proven(m.engine, m.incarnation, version):
+                continue
+            verdict = guard.check(m.engine, m.incarnation, version, name)
+            if not verdict.ok:
+                log.warning("%s (%s) does not serve weight version %d: %s; re-syncing it",
+                            replica_name(m.index), m.engine, version, verdict.reason)  # fmt: skip
+                failed.append(m)
+        if failed:
+            try:
+                self.publisher.catch_up([m for m, _ in self.live()], force=True)
+            except SyncTransportError as exc:  # the check below says what the engine serves
+                log.warning("re-sync of version %d failed: %s", version, exc)
+            for m in failed:
+                verdict = guard.check(m.engine, m.incarnation, version, name)
+                if not verdict.ok:
+                    raise StalePolicy(
+                        f"{replica_name(m.index)} ({m.engine}) does not serve weight version "
+                        f"{version} after a re-sync: {verdict.reason}. Its sidecar acknowledged "
+                        "the update; check the sidecar's and the engine's logs"
+                    )
+        return [m for m in claimed if guard.proven(m.engine, m.incarnation, version)]

@@ -25,12 +25,18 @@ from lorarl.rewards.client import RewardServiceClient
 from lorarl.sync.adapter_files import adapter_fingerprint
 from lorarl.sync.protocol import adapter_name
 from lorarl.trainer.batch import collate, shard_for_rank
-from lorarl.trainer.checkpoint import CheckpointManager
+from lorarl.trainer.checkpoint import CheckpointManager, job_uid_from_env
 from lorarl.trainer.cpu_util import read_cpu_times, utilisation
 from lorarl.trainer.critic import (
     critic_state_dict,
 )
-from lorarl.trainer.data import DataPosition, PromptDataset, PromptSampler, drop_long_prompts
+from lorarl.trainer.data import (
+    DataPosition,
+    PromptDataset,
+    PromptSampler,
+    drop_long_prompts,
+    encode_prompts,
+)
 from lorarl.trainer.engine_memory import EngineMemory
 from lorarl.trainer.episodes import build_episode_runner, episode_prompt_lengths
 from lorarl.trainer.eval import Evaluator, build_evaluator
@@ -61,6 +67,12 @@ from lorarl.trainer.settings import (
 )
 from lorarl.trainer.step_record import step_record
 from lorarl.trainer.step_state import StepState, lr_at
+from lorarl.trainer.sync_check import (
+    DEFAULT_TOLERANCE,
+    SyncCheck,
+    expected_logprobs,
+    probe_ids,
+)
 from lorarl.trainer.tracking import build_fanout
 from lorarl.trainer.update import update_policy
 from lorarl.trainer.weight_sync import WeightPublisher, gather_adapter
@@ -76,7 +88,9 @@ class Trainer:
         if not endpoints.rollout:
             raise ConfigError("no rollout endpoints (LORARL_ROLLOUT_ENDPOINTS is empty)")
         self.output_dir, ckpt_dir, self.adapter_dir = output_dirs(job)
-        self.checkpoints = CheckpointManager(ckpt_dir, spec.training.keep_checkpoints)
+        self.checkpoints = CheckpointManager(
+            ckpt_dir, spec.training.keep_checkpoints, job_uid=job_uid_from_env()
+        )
         loaded = PromptDataset.from_files(
             spec.data.train_files, spec.data.prompt_key, spec.data.answer_key,
             system_prompt=spec.data.system_prompt,
@@ -124,6 +138,8 @@ class Trainer:
         # trains; only HTTP and scoring run there, every collective stays on the main thread.
         self._prefetch_pool: ThreadPoolExecutor | None = None
         self._prefetched: Future[Collected] | None = None
+        self._probe_ids = self._run_probe_ids()
+        self._probe_s = 0.0  # the guard's trainer-side seconds since the last step record
         if ctx.is_main:
             self._setup_main()
 
@@ -158,7 +174,9 @@ class Trainer:
             )  # fmt: skip
             # Who receives each sync and who generates: the replicas registered now, not the
             # ones in this env (docs/architecture.md#live-membership).
-            self.fleet = Fleet(self.publisher, self._http, initial_members=len(ep.rollout))
+            self.fleet = Fleet(
+                self.publisher, self._http, initial_members=len(ep.rollout), guard=self._guard()
+            )
         sampling = train_sampling(spec, self.tokenizer.eos_token_id)
         ds, choices = spec.algorithm.dynamic_sampling, algorithm_choices(self.job)
         client = RolloutClient(
@@ -193,6 +211,35 @@ class Trainer:
         self.evaluator = build_evaluator(
             self.job, self.tokenizer, client, self.worker.scorer, sampling, self.dataset, episodes
         )
+
+    def _guard(self) -> SyncCheck | None:
+        """Rank 0's stale-policy guard (spec.rollout.syncCheck), None when it is off."""
+        if self._probe_ids is None:
+            return None
+        spec = self.job.spec
+        check = spec.rollout.sync_check
+        return SyncCheck(
+            self._http,
+            spec.rollout.engine,
+            spec.rollout.sync_mode,
+            SERVED_MODEL_NAME,
+            tolerance=check.tolerance or DEFAULT_TOLERANCE[spec.model.dtype],
+            api_key=self.endpoints.engine_api_key,
+        )
+
+    def _run_probe_ids(self) -> list[int] | None:
+        """The guard's probe (every rank: each takes part in its forward): the first training
+        prompt and its reference answer, as the engines would tokenize them."""
+        spec = self.job.spec
+        if self.endpoints.sync_world_size <= 1 or not spec.rollout.sync_check.enabled:
+            return None
+        item = self.dataset[0]
+        prompt = encode_prompts(
+            self.tokenizer, [item.prompt], spec.data.max_prompt_tokens, truncate=True,
+            chat_template_kwargs=self.dataset.chat_template_kwargs,
+        )[0]  # fmt: skip
+        answer = item.answer if isinstance(item.answer, str) else ""
+        return probe_ids(prompt, self.tokenizer(answer, add_special_tokens=False)["input_ids"])
 
     def _scorer(self):
         reward = self.job.spec.reward
@@ -302,6 +349,9 @@ class Trainer:
                 lr=self.optimizer.param_groups[0]["lr"],
                 cpu_util=utilisation(cpu_start, read_cpu_times()),
             )  # fmt: skip
+            if self.fleet is not None and self.fleet.guard is not None:
+                probe_s, record.sync_check_gap = self.fleet.guard.take_seconds()
+                record.sync_check_seconds, self._probe_s = self._probe_s + probe_s, 0.0
             if self._eval_due(step):  # after _record: its time is in no step timing
                 record.eval = self._evaluate(step)
             self.tracker.record(record, sync)
@@ -408,6 +458,13 @@ class Trainer:
         if self.endpoints.sync_world_size <= 1:
             return None
         tensors = gather_adapter(self.model)  # collective
+        expected = None
+        if self._probe_ids is not None:  # collective: what the engines must answer
+            start = time.perf_counter()
+            expected = expected_logprobs(self.model, self._probe_ids, self.ctx.device)
+            self._probe_s += time.perf_counter() - start
         if not self.ctx.is_main:
             return None
+        if expected is not None and self.fleet.guard is not None:
+            self.fleet.guard.expect(self.state.version, self._probe_ids, expected)
         return self.fleet.publish(self.model, tensors, self.state.version)

@@ -22,6 +22,7 @@ from lorarl.trainer.data import (
 from lorarl.trainer.dynamic_sampling import DynamicSampler
 from lorarl.trainer.episodes import Episode, EpisodeRunner, episode_rewards, episode_stats
 from lorarl.trainer.overlong import OverlongConfig, soft_overlong_penalty, truncated
+from lorarl.trainer.reward_metrics import RewardMetricMeans
 from lorarl.trainer.rollout_client import RolloutClient
 from lorarl.trainer.rollout_types import Sample, SamplingParams
 from lorarl.trainer.sampling import round_seed
@@ -46,6 +47,7 @@ class Collected:
     engine_requests: dict[str, int] | None = None  # replica name -> requests (set by the loop)
     engine_rewards: dict[str, float] | None = None  # endpoint -> mean reward (names: the loop)
     skipped_prompts: int = 0  # multi-turn: rows over maxPromptTokens at run time, not trained
+    reward_metrics: dict[str, float] | None = None  # the reward's own metrics, step means
 
 
 @dataclass
@@ -78,6 +80,7 @@ class RolloutWorker:
         n_truncated = n_samples = 0
         skipped = empty_batches = 0
         episodes: list[Episode] = []
+        scorer = RewardMetricMeans(self.scorer)  # every sample generated this step, like rewards
         dynamic = None
         if self.dynamic_rounds:
             dynamic = DynamicSampler(
@@ -98,7 +101,7 @@ class RolloutWorker:
                 )
                 gen_s += time.perf_counter() - t0
                 t0 = time.perf_counter()
-                rewards = self._score(items, groups)
+                rewards = self._score(items, groups, scorer)
             else:
                 runs = self.episodes.run(
                     items, self.group_size, params, model=model_name, version=version,
@@ -121,8 +124,8 @@ class RolloutWorker:
                     continue  # the next batch, with the same seeds (nothing was generated)
                 items, runs = [it for it, _ in kept], [g for _, g in kept]
                 t0 = time.perf_counter()
-                scorer = self.scorer if self.final_reward else None
-                rewards = torch.tensor(episode_rewards(items, runs, scorer, prompt_text))
+                final = scorer if self.final_reward else None
+                rewards = torch.tensor(episode_rewards(items, runs, final, prompt_text))
                 groups = [[e.sample for e in group] for group in runs]
                 episodes.extend(e for group in runs for e in group)
             rew_s += time.perf_counter() - t0
@@ -179,6 +182,7 @@ class RolloutWorker:
             episode_stats=episode_stats(episodes) if self.episodes is not None else None,
             engine_rewards={url: sum(rs) / len(rs) for url, rs in by_endpoint.items()},
             skipped_prompts=skipped,
+            reward_metrics=scorer.means(),
         )
 
     def _params(self, step: int, round_: int) -> SamplingParams:
@@ -192,7 +196,7 @@ class RolloutWorker:
         seed = round_seed(base, step, round_, streams=streams, rounds=max(1, self.dynamic_rounds))
         return replace(self.sampling, seed=seed)
 
-    def _score(self, items, groups: list[list[Sample]]) -> torch.Tensor:
+    def _score(self, items, groups: list[list[Sample]], scorer=None) -> torch.Tensor:
         prompts, completions, truths, metas = [], [], [], []
         for item, group in zip(items, groups, strict=True):
             for s in group:
@@ -200,7 +204,7 @@ class RolloutWorker:
                 completions.append(self._text(s))
                 truths.append(item.answer)
                 metas.append(item.metadata)
-        results = self.scorer(prompts, completions, truths, metas)
+        results = (scorer or self.scorer)(prompts, completions, truths, metas)
         return torch.tensor([r.score for r in results], dtype=torch.float32)
 
     def _text(self, sample: Sample) -> str:

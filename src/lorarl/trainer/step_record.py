@@ -72,6 +72,7 @@ def step_record(
         engine_requests=collected.engine_requests,
         engine_rewards=collected.engine_rewards,
         skipped_prompts=collected.skipped_prompts if collected.episode_stats is not None else None,
+        reward_metrics=collected.reward_metrics,
         **{k: metrics[k] for k in _OPTIONAL if k in metrics},
         **(collected.episode_stats or {}),
     )

@@ -79,10 +79,11 @@ class WeightPublisher:
             members=len(result.acks),
         )
 
-    def catch_up(self, members: Sequence[Registration] | None = None) -> bool:
+    def catch_up(self, members: Sequence[Registration] | None = None, force: bool = False) -> bool:
         """Bring joined or restarted sidecars to the latest version without stopping training;
-        False (a no-op) when the membership is unchanged and nobody asked to rejoin."""
-        result = self._sender.catch_up(members)
+        False (a no-op) when the membership is unchanged and nobody asked to rejoin. `force`:
+        re-send anyway (an engine did not show the version its sidecar acknowledged)."""
+        result = self._sender.catch_up(members, force=force)
         if result is None:
             return False
         if result.acks:
