@@ -27,7 +27,7 @@ ROOT = BENCH.parent
 BENCHMARKS = (
     "trainer_step", "sync", "reward_service", "operator_scale", "operator_steady", "vs_trl", "demo",
     "quickstart", "cluster_e2e", "sandbox", "mismatch", "ppo_memory", "tools", "chaos",
-    "controlplane_versions",
+    "controlplane_versions", "sync_check", "trainer_memory", "memory_plan",
 )  # fmt: skip
 # Longer than --timeout by design: the chaos matrix is 9 faults x 10 injections (~2 h here).
 MIN_TIMEOUT_S = {"chaos": 9000.0}

@@ -74,6 +74,25 @@ def main() -> None:
     """lorarl: RL fine-tuning of LLMs with LoRA adapters, as Kubernetes jobs."""
 
 
+def _gpu_memory_option(default: str | None):
+    return click.option(
+        "--gpu-memory",
+        metavar="SIZE",
+        default=default,
+        show_default=default is not None,
+        help="Memory of one GPU for the memory plan (e.g. 80GiB, 141GB): no spec field says "
+        "which GPUs a job gets.",
+    )
+
+
+_MODEL_CONFIG_OPTION = click.option(
+    "--model-config",
+    type=click.Path(dir_okay=True),
+    help="The model's config.json (or its folder) for the memory plan, when spec.model.path is "
+    "not on this machine.",
+)
+
+
 @main.command()
 @click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False))
 @click.option("-q", "--quiet", is_flag=True, help="Print problems only.")
@@ -99,6 +118,7 @@ def main() -> None:
     is_flag=True,
     help="The cluster lets job pods onto control-plane nodes (webhook.allowControlPlaneNodes).",
 )
+@_gpu_memory_option(None)
 def validate(
     files: tuple[str, ...],
     quiet: bool,
@@ -106,10 +126,15 @@ def validate(
     deep: bool,
     allowed_secrets: str | None,
     allow_control_plane_nodes: bool,
+    gpu_memory: str | None,
 ) -> None:
     """Check LoRARLJob manifests as the cluster would (or a local run, with --local); exit 1 if
     any has a problem. The cluster admin's rules (Secrets, control-plane nodes) are checked as
-    the webhook does, with the chart's defaults unless the options say otherwise."""
+    the webhook does, with the chart's defaults unless the options say otherwise.
+
+    With --deep or --gpu-memory (default 80GiB), a job whose model's config.json is on this
+    machine also gets its memory plan (`lorarl plan --memory`): a warning where it exceeds its
+    GPUs, a refusal where it cannot fit even with every offload."""
     policy = None if local else _tenancy_policy(allowed_secrets, allow_control_plane_nodes)
     failed = False
     for file in files:
@@ -129,6 +154,15 @@ def validate(
                     click.echo(f"{result.source}: {problem}", err=True)
                 failed = failed or bool(problems)
                 if problems:
+                    continue
+            if result.ok and (deep or gpu_memory is not None):
+                warnings, refusals = _memory_problems(result.job, gpu_memory)
+                for problem in warnings:
+                    click.echo(f"{result.source}: warning: memory: {problem}", err=True)
+                for problem in refusals:
+                    click.echo(f"{result.source}: memory: {problem}", err=True)
+                if refusals:
+                    failed = True
                     continue
             if result.ok:
                 if not quiet:
@@ -178,7 +212,17 @@ def crds(output: str) -> None:
 @main.command("plan")
 @click.argument("file", type=click.Path(dir_okay=False))
 @click.option("-o", "--output", type=click.Choice(["yaml", "json"]), default="yaml")
-def plan_cmd(file: str, output: str) -> None:
+@click.option(
+    "--memory",
+    is_flag=True,
+    help="Print the memory plan instead: per trainer GPU and per engine GPU, weights, LoRA state, "
+    "activations, logits, KV cache, estimated from the model's config.json (docs/memory.md).",
+)
+@_gpu_memory_option("80GiB")
+@_MODEL_CONFIG_OPTION
+def plan_cmd(
+    file: str, output: str, memory: bool, gpu_memory: str, model_config: str | None
+) -> None:
     """Print the job plan (pods, commands, env, ports) a manifest turns into."""
     try:
         docs = load_documents(file)
@@ -187,6 +231,15 @@ def plan_cmd(file: str, output: str) -> None:
         _fail(file, exc)
     if job is None:
         raise click.UsageError(f"{file}: holds {len(docs)} documents; plan takes one job")
+    if memory:
+        from lorarl.plan.memory import render
+
+        mplan = _memory_plan_or_die(file, job, gpu_memory, model_config)
+        if output == "json":
+            click.echo(json.dumps(mplan.to_dict(), indent=2))
+        else:
+            click.echo(render(mplan), nl=False)
+        return
     data = _plan_or_die(file, job).model_dump(mode="json", by_alias=True, exclude_none=True)
     if output == "json":
         click.echo(json.dumps(data, indent=2))
@@ -278,10 +331,33 @@ def prepare_task(task: str, rows: int, seed: int, out: str, source: str | None, 
     type=click.Path(dir_okay=False),
     help="Interpreter for the engines (default: $LORARL_ENGINE_PYTHON or .venv-engine).",
 )
+@click.option(
+    "--resume",
+    "resume_run",
+    is_flag=True,
+    help="--local: continue the run the run folder already holds (from its newest checkpoint).",
+)
+@click.option(
+    "--fresh",
+    is_flag=True,
+    help="--local: move the run the run folder holds aside (runs/<job>.N) and start at step 0.",
+)
 @click.option("-n", "--namespace", help="Namespace in the cluster (without --local).")
 @click.option("--kubeconfig", type=click.Path(dir_okay=False), help="Without --local.")
-def run(file, local, run_dir, status_port, engine_python, namespace, kubeconfig) -> None:
-    """Run a LoRARLJob: locally with --local, else apply it to the current cluster."""
+def run(
+    file, local, run_dir, status_port, engine_python, resume_run, fresh, namespace, kubeconfig
+) -> None:
+    """Run a LoRARLJob: locally with --local, else apply it to the current cluster.
+
+    A local run whose folder already holds a run of the same name stops and asks: --resume or
+    --fresh."""
+    if resume_run and fresh:
+        raise click.UsageError("--resume and --fresh: choose one")
+    existing = "resume" if resume_run else "fresh" if fresh else "ask"
+    if existing != "ask" and not local:
+        raise click.UsageError(
+            f"--{existing} is for --local runs; a cluster job follows spec.training.resume"
+        )
     try:
         docs = load_documents(file)
         if len(docs) != 1:
@@ -298,7 +374,15 @@ def run(file, local, run_dir, status_port, engine_python, namespace, kubeconfig)
         return
     from lorarl.local.session import run_local
 
-    sys.exit(run_local(job, run_dir=run_dir, status_port=status_port, engine_python=engine_python))
+    sys.exit(
+        run_local(
+            job,
+            run_dir=run_dir,
+            status_port=status_port,
+            engine_python=engine_python,
+            existing=existing,
+        )
+    )
 
 
 def _plan_or_die(file: str, job):
@@ -310,10 +394,58 @@ def _plan_or_die(file: str, job):
         _die(f"{file}: {exc}")
 
 
+def _gpu_bytes(gpu_memory: str) -> int:
+    from lorarl.plan.memory import parse_size
+
+    try:
+        return parse_size(gpu_memory)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--gpu-memory") from None
+
+
+def _memory_plan_or_die(file: str, job, gpu_memory: str, model_config: str | None):
+    from lorarl.plan.memory import plan_memory
+
+    gpu = _gpu_bytes(gpu_memory)
+    try:
+        return plan_memory(job, model_config, gpu)
+    except ValueError as exc:
+        _die(f"{file}: {exc}")
+
+
+def _memory_problems(job, gpu_memory: str | None) -> tuple[list[str], list[str]]:
+    """(warnings, refusals) of the job's memory plan; none when its model's config.json is not
+    on this machine (a cluster job's model usually lives on a volume)."""
+    from lorarl.plan.memory import DEFAULT_GPU_MEMORY, plan_memory
+
+    if not (Path(job.spec.model.path) / "config.json").is_file():
+        return [], []
+    gpu = DEFAULT_GPU_MEMORY if gpu_memory is None else _gpu_bytes(gpu_memory)
+    try:
+        mplan = plan_memory(job, None, gpu)
+    except (ValueError, KeyError) as exc:  # e.g. an architecture transformers does not know
+        return [f"no memory plan: {exc}"], []
+    return mplan.problems, mplan.impossible
+
+
 def _fail(source: str, exc: ManifestError) -> None:
     for problem in exc.problems:
         click.echo(f"{source}: {problem}", err=True)
     sys.exit(1)
+
+
+# Day-to-day commands (list, status, logs, stop, resume, delete, dashboard): lorarl/cli_runs.py.
+from lorarl.cli_runs import COMMANDS as _RUN_COMMANDS  # noqa: E402
+
+for _command in _RUN_COMMANDS:
+    main.add_command(_command)
+
+
+# `lorarl import verl|skyrl FILE` (and --table for docs/porting.md): lorarl/cli_import.py.
+from lorarl.cli_import import COMMANDS as _IMPORT_COMMANDS  # noqa: E402
+
+for _command in _IMPORT_COMMANDS:
+    main.add_command(_command)
 
 
 if __name__ == "__main__":

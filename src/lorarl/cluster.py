@@ -1,4 +1,6 @@
-"""`lorarl run JOB` without --local: create (or update) the LoRARLJob in the current cluster.
+"""`lorarl run JOB` without --local: create (or update) the LoRARLJob in the current cluster;
+and the day-to-day commands on it (`lorarl list/status/logs/stop/resume/delete`), through the
+Kubernetes API as kubectl would (the user's kubeconfig and RBAC).
 
 The `kubernetes` client comes with the operator extra only, so a base install gets a one-line
 ClusterError naming the extra; so do a missing kubeconfig, an unreachable API server and a cluster
@@ -90,3 +92,115 @@ def _message(exc) -> str:
 
 def _first_line(value: object) -> str:
     return str(value).strip().splitlines()[0] if str(value).strip() else ""
+
+
+# ------------------------------------------------------------------ day-to-day commands
+
+# --role: the pods (by lorarl.dev/role) and the container whose logs to show.
+ROLE_PODS = {
+    "trainer": ("trainer", "trainer"),
+    "rollout": ("rollout", "engine"),
+    "sidecar": ("rollout", "sidecar"),
+    "reward": ("reward", "reward"),
+}
+
+
+class Cluster:
+    """The current cluster (kubeconfig, or --kubeconfig) and namespace (the context's, or -n)."""
+
+    def __init__(self, namespace: str | None = None, kubeconfig: str | None = None):
+        client, config = _client()
+        from kubernetes.config.config_exception import ConfigException
+
+        try:
+            config.load_kube_config(config_file=kubeconfig)
+            if namespace is None:
+                _, context = config.list_kube_config_contexts(config_file=kubeconfig)
+                namespace = context.get("context", {}).get("namespace", "default")
+        except (ConfigException, OSError) as exc:
+            raise ClusterError(
+                f"no cluster configured ({exc}); point KUBECONFIG or --kubeconfig at one, "
+                "or use --local for the runs on this machine"
+            ) from exc
+        self.namespace = namespace
+        self.custom = client.CustomObjectsApi()
+        self.core = client.CoreV1Api()
+        self.host = self.custom.api_client.configuration.host
+
+    def _call(self, fn, *args, **kwargs):
+        from kubernetes.client.exceptions import ApiException
+        from urllib3.exceptions import HTTPError
+
+        try:
+            return fn(*args, **kwargs)
+        except ApiException as exc:
+            if exc.status == 404 and "name" in kwargs:
+                raise ClusterError(self._not_found(kwargs["name"])) from exc
+            raise ClusterError(_refusal(exc, self.host, self.namespace)) from exc
+        except HTTPError as exc:
+            raise ClusterError(
+                f"cannot reach the cluster at {self.host}: {_first_line(exc)}"
+            ) from exc
+
+    def _not_found(self, name: str) -> str:
+        names = [o["metadata"]["name"] for o in self.list()]  # no CRD: that error instead
+        known = f"jobs: {', '.join(names)}" if names else "no jobs there"
+        return f"no LoRARLJob named {name!r} in namespace {self.namespace!r}; {known}"
+
+    def list(self, all_namespaces: bool = False) -> list[dict]:
+        if all_namespaces:
+            out = self._call(self.custom.list_cluster_custom_object, GROUP, VERSION, PLURAL)
+        else:
+            out = self._call(
+                self.custom.list_namespaced_custom_object, GROUP, VERSION, self.namespace, PLURAL
+            )
+        return sorted(out.get("items", []), key=lambda o: o["metadata"]["name"])
+
+    def get(self, name: str) -> dict:
+        return self._call(
+            self.custom.get_namespaced_custom_object,
+            GROUP, VERSION, self.namespace, PLURAL, name=name,
+        )  # fmt: skip
+
+    def set_suspend(self, name: str, suspend: bool) -> None:
+        """`spec.runPolicy.suspend`: the operator deletes the pods and keeps the checkpoints;
+        unsuspended, the trainer resumes from the newest one."""
+        self.get(name)  # a one-line "no such job" before a patch that would say less
+        self._call(
+            self.custom.patch_namespaced_custom_object,
+            GROUP, VERSION, self.namespace, PLURAL, name=name,
+            body={"spec": {"runPolicy": {"suspend": suspend}}},
+        )  # fmt: skip
+
+    def delete(self, name: str) -> None:
+        self._call(
+            self.custom.delete_namespaced_custom_object,
+            GROUP, VERSION, self.namespace, PLURAL, name=name,
+        )  # fmt: skip
+
+    def log_pods(self, name: str, role: str) -> tuple[list[str], str]:
+        """The job's pods of a role (by label) and the container to read."""
+        self.get(name)
+        pod_role, container = ROLE_PODS[role]
+        selector = f"lorarl.dev/job={name},lorarl.dev/role={pod_role}"
+        pods = self._call(
+            self.core.list_namespaced_pod, self.namespace, label_selector=selector
+        ).items
+        if not pods:
+            raise ClusterError(
+                f"job {name!r} has no {pod_role} pods in namespace {self.namespace!r} now "
+                "(pending, suspended, or cleaned up after it finished: runPolicy.cleanPodPolicy)"
+            )
+        return sorted(p.metadata.name for p in pods), container
+
+    def logs(self, pod: str, container: str, follow: bool = False):
+        """The container's log, as one string, or (follow) a stream of byte chunks."""
+        if not follow:
+            return self._call(
+                self.core.read_namespaced_pod_log, pod, self.namespace, container=container
+            )
+        resp = self._call(
+            self.core.read_namespaced_pod_log, pod, self.namespace,
+            container=container, follow=True, _preload_content=False,
+        )  # fmt: skip
+        return resp.stream()

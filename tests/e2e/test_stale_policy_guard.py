@@ -80,6 +80,10 @@ def test_an_engine_that_never_receives_the_update_stops_the_job_by_name(
     # never did: no sample of a version rollout-1 could not show was generated anywhere.
     assert [r["step"] for r in history] == list(range(1, version + 1))
     assert all(r["syncCheckSeconds"] > 0 for r in history)
+    for record in history:  # both replicas generated from weights they really held
+        by_replica = record["logprobMismatchByReplica"]
+        assert set(by_replica) == {"rollout-0", "rollout-1"}, by_replica
+        assert all(gap < 2e-3 for gap in by_replica.values()), by_replica
     trainer_log = (run_dir / "logs" / "quickstart-trainer-0-trainer.log").read_text()
     assert "rollout-1 (" in trainer_log and "re-syncing it" in trainer_log
     sidecar_log = (run_dir / "logs" / "quickstart-rollout-1-sidecar.log").read_text()

@@ -40,11 +40,11 @@ def test_kubectl_apply_get_scale_delete(shared: Cluster) -> None:
     got = kube.kubectl("get", "lrj")
     assert got.returncode == 0, got.stderr
     header, *rows = got.stdout.splitlines()
-    assert header.split() == ["NAME", "PHASE", "STEP", "REWARD", "SYNC", "AGE"]
+    assert header.split() == ["NAME", "PHASE", "STEPS", "REWARD", "EVAL", "AGE"]
     row = next(r.split() for r in rows if r.startswith("quickstart "))
     assert row[:2] == ["quickstart", "Running"]
     wide = kube.kubectl("get", "lrj", "quickstart", "-o", "wide")
-    assert wide.stdout.splitlines()[0].split()[-3:] == ["RUNNING", "REASON", "AGE"]
+    assert wide.stdout.splitlines()[0].split()[-4:] == ["SYNC", "RUNNING", "REASON", "AGE"]
     assert wide.stdout.splitlines()[1].split()[-2] == "True"  # Running condition, by type
 
     # Children: named deterministically, owned by the job, valid Kubernetes objects.
@@ -162,8 +162,10 @@ def test_progress_lands_in_status_and_the_status_api_reads_it(shared: Cluster) -
 
     got = shared.kube.kubectl("get", "lrj", "progress")
     row = got.stdout.splitlines()[1].split()
-    assert row[:3] == ["progress", "Running", "3"]
-    assert (float(row[3]), float(row[4])) == (pytest.approx(0.3), pytest.approx(0.23))
+    assert row[:4] == ["progress", "Running", "3/20", "0.300"]  # step/total, 3-digit reward
+    wide = shared.kube.kubectl("get", "lrj", "progress", "-o", "wide").stdout.splitlines()
+    at = wide[0].index("SYNC")  # by position: an empty column (no eval yet) prints nothing
+    assert float(wide[1][at:].split()[0]) == pytest.approx(0.23), wide
 
     url, token, ca = shared.kube.reader_token(shared.namespace)
     store = KubeStore(StatusKubeApi(url, token=token, verify=ca), progress_url=shared.trainer.url)

@@ -46,10 +46,18 @@ def _variants():
         ("training", {**out, "promptsPerStep": 8, "miniBatchSize": 16}),
         ("training", {**out, "promptsPerStep": 8, "miniBatchSize": 7}),
         ("training", {"totalSteps": 5}),  # no volume: outputs would die with the pod
+        ("training", {**out, "epochs": 2.5}), ("training", {**out, "epochs": 0}),
+        ("training", {**out, "epochs": 1, "totalSteps": 5}),  # one of them, not both
+        ("training", {**out, "resume": "never"}), ("training", {**out, "resume": "always"}),
         ("training", {**out, "outputDir": "/outputs"}),
         ("training", {**out, "outputDir": "/outputs/a/b"}),
         ("training", {**out, "outputDir": "/outputsx"}),
         ("training", {**out, "outputDir": "/workspace/output"}),
+        ("training", {**out, "maxTokensPerMicroBatch": 4096}),
+        ("training", {**out, "maxTokensPerMicroBatch": 0}),
+        ("trainer", {"gpusPerReplica": 1, "fsdp": {"offloadParams": True}}),
+        ("trainer", {"gpusPerReplica": 0, "fsdp": {"offloadParams": False}}),
+        ("trainer", {"activationCheckpointing": False}),
         ("training", {"volume": {"claimName": "o", "mountPath": "/workspace/output"}}),
         ("training", {"volume": {"claimName": "o", "mountPath": "/workspace/"}}),
         ("training", {"volume": {"claimName": "o", "mountPath": "/"}}),
@@ -124,6 +132,13 @@ def _variants():
         doc = copy.deepcopy(base)
         doc["metadata"]["name"] = name
         yield f"name-{name[:12]}", doc
+    # critic.warmupSteps against the step count: the default 100 steps, or none known (epochs)
+    for i, training in enumerate(({**out}, {**out, "epochs": 1}, {**out, "totalSteps": 300})):
+        doc = copy.deepcopy(base)
+        doc["spec"]["algorithm"] = {"name": "ppo", "groupSize": 1}
+        doc["spec"]["critic"] = {"warmupSteps": 200}
+        doc["spec"]["training"] = training
+        yield f"critic-warmup-{i}", doc
 
 
 CASES = list(itertools.chain(_docs(), _variants()))

@@ -191,3 +191,79 @@ def test_export_adapter_is_atomic_replace_and_loadable(model_dir, tmp_path):
     reloaded = PeftModel.from_pretrained(load_base_model(model_dir), str(out))
     want, got = lora_state_dict(model_b), lora_state_dict(reloaded)
     assert all(torch.equal(want[k], got[k]) for k in want)
+
+
+# ---------------------------------------------------------------- training.resume
+
+
+def test_resume_auto_continues_the_newest_and_starts_fresh_in_an_empty_folder(model_dir, tmp_path):
+    model, opt = _trained(model_dir)
+    mgr = CheckpointManager(tmp_path / "ckpt", keep_last=3, job_uid="job-a")
+    assert mgr.start_from("auto") is None
+    mgr.save(4, model, opt, {})
+    mgr.save(8, model, opt, {})
+    assert mgr.start_from("auto").step == 8
+    assert mgr.start_from_shared("auto").step == 8
+
+
+def test_resume_never_refuses_an_earlier_runs_checkpoints_naming_the_folder(model_dir, tmp_path):
+    model, opt = _trained(model_dir)
+    root = tmp_path / "ckpt"
+    CheckpointManager(root, keep_last=3).save(12, model, opt, {})  # an earlier run, no UID
+    mgr = CheckpointManager(root, keep_last=3, job_uid="job-b")
+    with pytest.raises(CheckpointError) as err:
+        mgr.start_from("never")
+    msg = str(err.value)
+    assert str(root) in msg and "step-000012" in msg and "training.resume to auto" in msg
+    assert "new training.outputDir" in msg
+    # and nothing was touched
+    assert [p.name for p in root.iterdir()] == ["step-000012"]
+    with pytest.raises(CheckpointError, match="resume is never"):
+        CheckpointManager(root, keep_last=3).start_from("never")  # no UID: any is earlier
+
+
+def test_resume_never_still_continues_this_jobs_own_checkpoints(model_dir, tmp_path):
+    """A restart of the job's own pods continues: starting over would lose the run."""
+    model, opt = _trained(model_dir)
+    mgr = CheckpointManager(tmp_path, keep_last=3, job_uid="job-c")
+    assert mgr.start_from("never") is None
+    mgr.save(6, model, opt, {})
+    assert mgr.start_from("never").step == 6
+
+
+def test_resume_required_refuses_an_empty_folder_and_continues_otherwise(model_dir, tmp_path):
+    model, opt = _trained(model_dir)
+    mgr = CheckpointManager(tmp_path / "ckpt", keep_last=3, job_uid="job-d")
+    with pytest.raises(CheckpointError, match="resume is required") as err:
+        mgr.start_from("required")
+    assert str(tmp_path / "ckpt") in str(err.value)
+    with pytest.raises(CheckpointError, match="resume is required"):
+        mgr.start_from_shared("required")
+    mgr.save(3, model, opt, {})
+    assert mgr.start_from("required").step == 3
+    with pytest.raises(ValueError, match="auto, never or required"):
+        mgr.start_from("sometimes")
+
+
+def test_the_trainer_applies_the_jobs_resume_policy(tmp_path):
+    """Trainer.resume asks the manager under spec.training.resume (before any collective)."""
+    from lorarl.api.job import LoRARLJob
+    from lorarl.trainer.loop import Trainer
+
+    doc = {
+        "apiVersion": "lorarl.dev/v1alpha1",
+        "kind": "LoRARLJob",
+        "metadata": {"name": "j"},
+        "spec": {
+            "model": {"path": "/models/m"},
+            "data": {"trainFiles": ["t.jsonl"]},
+            "training": {"resume": "required"},
+        },
+    }
+    trainer = Trainer.__new__(Trainer)  # only what resume() reads
+    trainer.job = LoRARLJob.model_validate(doc)
+    trainer.checkpoints = CheckpointManager(tmp_path, keep_last=3, job_uid="job-e")
+    trainer.tracker = None
+    trainer._publish = lambda: None
+    with pytest.raises(CheckpointError, match="resume is required"):
+        trainer.resume()

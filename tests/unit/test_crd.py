@@ -24,8 +24,14 @@ def test_crd_shape():
     assert version["subresources"]["status"] == {}
     assert version["subresources"]["scale"]["specReplicasPath"] == ".spec.rollout.replicas"
     columns = {c["name"]: c for c in version["additionalPrinterColumns"]}
-    assert {"Phase", "Step", "Reward", "Sync", "Age"} <= set(columns)
-    assert columns["Eval"]["jsonPath"] == ".status.eval.accuracy" and columns["Eval"]["priority"]
+    default = [name for name, c in columns.items() if not c.get("priority")]
+    assert default == ["Phase", "Steps", "Reward", "Eval", "Age"]
+    assert list(columns)[-1] == "Age"  # last in -o wide too
+    # a printer column cannot format: the operator writes steps as 12/40 and 3-digit numbers
+    assert columns["Steps"]["jsonPath"] == ".status.columns.steps"
+    assert columns["Reward"]["jsonPath"] == ".status.columns.reward"
+    assert columns["Eval"]["jsonPath"] == ".status.columns.eval"
+    assert columns["Sync"]["priority"] == 1
     # conditions are read by type, never by position
     condition_paths = [c["jsonPath"] for c in columns.values() if "conditions" in c["jsonPath"]]
     assert condition_paths and all("?(@.type==" in p for p in condition_paths)
@@ -96,3 +102,43 @@ def test_the_ppo_fields_and_their_rules_are_in_the_crd():
     assert {".critic", ".critic.warmupSteps"} <= spec_paths
     algorithm_rules = spec["properties"]["algorithm"]["x-kubernetes-validations"]
     assert not any("'ppo'" in r["rule"] and r.get("fieldPath") == ".name" for r in algorithm_rules)
+
+
+def test_status_columns_format_what_kubectl_get_prints():
+    from lorarl.api.status import EvalRecord, LoRARLJobStatus, StepMetrics
+
+    status = LoRARLJobStatus(
+        phase="Running", step=12, total_steps=40, metrics=StepMetrics(reward_mean=0.41236),
+        eval=EvalRecord(step=10, reward_mean=0.5, accuracy=0.6666, prompts=3,
+                        samples_per_prompt=1, seconds=1.0),
+    ).with_columns()  # fmt: skip
+    assert status.wire()["columns"] == {"steps": "12/40", "reward": "0.412", "eval": "0.667"}
+    fresh = LoRARLJobStatus(total_steps=40).with_columns()
+    assert fresh.wire()["columns"] == {"steps": "0/40"}
+
+
+def test_the_operator_writes_the_columns_with_every_status():
+    """`kubectl get lrj` reads status.columns: the reconciler's one status write fills them."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from lorarl.api.status import LoRARLJobStatus, StepMetrics
+    from lorarl.operator.config import OperatorConfig
+    from lorarl.operator.reconciler import Reconciler
+
+    patches = []
+
+    class Kube:
+        async def merge_patch(self, url, body, what):
+            patches.append((url, body))
+
+    reconciler = Reconciler(kube=Kube(), config=OperatorConfig())
+    state = SimpleNamespace(body={"metadata": {"name": "j", "namespace": "ns"}})
+    status = LoRARLJobStatus(
+        phase="Running", step=3, total_steps=30, metrics=StepMetrics(reward_mean=0.25)
+    )
+    asyncio.run(reconciler._write_status(state, status))
+    (url, body), = patches  # fmt: skip
+    assert url.endswith("/namespaces/ns/lorarljobs/j/status")
+    assert body["status"]["columns"] == {"steps": "3/30", "reward": "0.250"}
+    assert state.status.columns.steps == "3/30"

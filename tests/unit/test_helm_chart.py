@@ -637,7 +637,9 @@ def test_every_value_is_documented():
 
 def test_notes_explain_quickstart_and_token():
     notes = render_notes()
-    assert "examples/quickstart.yaml" in notes
+    # the cluster quickstart (claims, not this machine's paths), in a namespace for jobs
+    assert "examples/quickstart-cluster.yaml" in notes and "examples/quickstart.yaml" not in notes
+    assert "kubectl apply -n rl " in notes
     assert "create token" in notes and "Authorization: Bearer" in notes
     assert "port-forward svc/lorarl-status-api 8000:8000" in notes
 

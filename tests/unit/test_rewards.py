@@ -444,3 +444,68 @@ def test_score_batch_errors_name_the_reward_and_item():
         score_batch(lambda p, c, t, m: math.inf, ["p"], ["c"])
     with pytest.raises(RewardError, match="returned str"):
         score_batch(lambda p, c, t, m: "1.0", ["p"], ["c"])
+
+
+# ---------------------------------------------------------------- gsm8k (strict) and gsm8k_lenient
+
+
+@pytest.mark.parametrize(
+    ("completion", "truth"),
+    [
+        ("3 + 4 = 7 apples.\n#### 7", "7"),
+        ("#### 1,234", "1234"),
+        ("#### 1234", "1,234"),  # the truth's commas are dropped too
+        ("#### -3", "-3"),
+        ("first try #### 5, no: #### 8", "8"),  # the last one counts
+        ("Janet has 16 - 3 - 4 = 9 eggs.\n#### 18", "Janet sells ... = $18 per day.\n#### 18"),
+    ],
+)
+def test_gsm8k_strict_scores_the_answer_after_hashes(completion, truth):
+    assert score("gsm8k", completion, truth).score == 1.0
+
+
+@pytest.mark.parametrize(
+    ("completion", "truth"),
+    [
+        ("The answer is 7.", "7"),  # no "####": 0, as in verl (lenient gives 1)
+        ("\\boxed{7}", "7"),
+        ("####7", "7"),  # verl's pattern wants the space
+        ("#### 7.0", "7"),  # compared as text, as verl does
+        ("#### 7\n" + "x" * 400, "7"),  # only the last 300 characters are read
+        ("#### 8", "7"),
+    ],
+)
+def test_gsm8k_strict_refuses_what_verl_refuses(completion, truth):
+    assert score("gsm8k", completion, truth).score == 0.0
+
+
+@pytest.mark.parametrize(
+    ("completion", "truth"),
+    [("The answer is 7.", "7"), ("\\boxed{7}", "7"), ("#### 7.0", "7"), ("#### 1,234", "1234")],
+)
+def test_gsm8k_lenient_keeps_the_last_number_scoring(completion, truth):
+    assert score("gsm8k_lenient", completion, truth).score == 1.0
+    assert score("gsm8k_lenient", completion, truth) == score("math_answer", completion, truth)
+
+
+def test_gsm8k_scorers_are_listed_and_need_a_truth():
+    assert {"gsm8k", "gsm8k_lenient"} <= set(list_rewards())
+    for name in ("gsm8k", "gsm8k_lenient"):
+        with pytest.raises(ValueError, match="ground truth"):
+            score(name, "#### 7", None)
+
+
+def test_gsm8k_strict_agrees_with_the_verl_example_file():
+    """examples/rewards/gsm8k_verl.py is verl's scorer as users copy it: same answers."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).parents[2] / "examples" / "rewards" / "gsm8k_verl.py"
+    spec = importlib.util.spec_from_file_location("_gsm8k_verl_example", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    cases = ["#### 7", "The answer is 7.", "#### 1,234", "####7", "a\n#### -3", "#### 7.0"]
+    for completion in cases:
+        for truth in ("7", "1234", "-3"):
+            want = module.compute_score("openai/gsm8k", completion, truth)["score"]
+            assert score("gsm8k", completion, truth).score == want, (completion, truth)

@@ -480,3 +480,38 @@ def test_with_an_entropy_term_its_gradient_is_the_full_one(policy):
                                   micro_batch_size=6, with_entropy=True)  # fmt: skip
     assert not metric.requires_grad
     torch.testing.assert_close(metric, ent.detach(), rtol=1e-5, atol=1e-6)
+
+
+def test_the_mismatch_is_measured_per_replica_and_a_stale_one_stands_out(policy):
+    """Samples of three engines: two report the trainer's own logprobs, the third's are 0.3
+    nats off on every token (an engine on other weights). The update's per-engine gap names the
+    third alone, numbered by the whole batch's endpoints whatever the rows' order."""
+    from lorarl.trainer.batch import replica_index
+
+    model = copy.deepcopy(policy)
+    exact = _scaled_rollout_batch(model, 1.0)
+    urls = ["http://c:1", "http://a:1", "http://b:1"]
+    samples = []
+    for i in range(len(exact)):
+        resp = exact.response_mask[i].bool()
+        ids = exact.input_ids[i][exact.attention_mask[i].bool()].tolist()
+        n = int(resp.sum())
+        url = urls[i % 3]
+        lps = [v + (0.3 if url == "http://c:1" else 0.0) for v in exact.rollout_logprobs[i][resp]]
+        advantage = 1.0 if i % 2 else -1.0  # none zero: a sample without one is not run
+        samples.append(TrainSample(ids[: len(ids) - n], ids[len(ids) - n :], lps,
+                                   advantage, 0.0, 0, endpoint=url))  # fmt: skip
+    endpoints = replica_index(samples)
+    assert endpoints == ["http://a:1", "http://b:1", "http://c:1"]
+    b = collate(samples, pad_id=0, endpoints=endpoints)
+    assert b.replicas.tolist() == [2, 0, 1, 2, 0, 1]
+    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.0)
+    metrics = update_policy(model, opt, b, UpdateConfig(LossConfig(), micro_batch_size=4),
+                            replicas=len(endpoints))  # fmt: skip
+    assert metrics["replica_mismatch/0"] < 1e-5 and metrics["replica_mismatch/1"] < 1e-5
+    assert metrics["replica_mismatch/2"] == pytest.approx(0.3, abs=1e-4)
+    # without `replicas` nothing per engine is reported (and nothing else changes)
+    plain = update_policy(
+        copy.deepcopy(policy), opt, b, UpdateConfig(LossConfig(), micro_batch_size=4)
+    )
+    assert not any(k.startswith("replica_mismatch/") for k in plain)

@@ -130,9 +130,14 @@ _CRITIC_PPO_ONLY_RULE = Rule(
     field="critic",
 )
 _CRITIC_WARMUP_RULE = Rule(
-    cel="!has(self.critic) || self.critic.warmupSteps < self.training.totalSteps",
+    # With training.epochs the step count is known only once the trainer has read the data: it
+    # checks this rule then (trainer/epochs.py).
+    cel="!has(self.critic) || has(self.training.epochs) || self.critic.warmupSteps < "
+    "(has(self.training.totalSteps) ? self.training.totalSteps : 100)",
     message="must be less than training.totalSteps: the actor would never be trained",
-    check=lambda m: m.critic is None or m.critic.warmup_steps < m.training.total_steps,
+    check=lambda m: (
+        m.critic is None or m.training.steps is None or m.critic.warmup_steps < m.training.steps
+    ),
     field="critic.warmupSteps",
 )
 CRITIC_SPEC_RULES = (_CRITIC_PPO_ONLY_RULE, _CRITIC_WARMUP_RULE)

@@ -18,7 +18,17 @@ SKYRL = "SkyRL"
 _PROMPTS_NOT_SAMPLES = (
     "which counts prompts, where miniBatchSize counts samples (prompts x spec.algorithm.groupSize)"
 )
-_EPOCHS = "lorarl counts steps: epochs x training prompts / spec.training.promptsPerStep"
+_EPOCHS = "the trainer runs ceil(epochs x rows / promptsPerStep) steps"
+_OFFLOAD = "parameters, gradients and optimizer state offload together"
+_KL_ON = "a KL loss is on when kl.coef > 0"
+_SEPARATE = (
+    "engines and trainer are separate servers (spec.rollout.placement: colocated shares GPUs)"
+)
+_OWN_BATCHING = "lorarl batches by spec.training.microBatchSize (and maxTokensPerMicroBatch)"
+_MICRO = "log-probs are computed in spec.training.microBatchSize batches"
+_SYNC = "weights reach the engines by lorarl's own sync (spec.rollout.syncMode)"
+_ENGINE_ARGS = "an engine flag: pass it in spec.rollout.engineArgs if needed"
+_REF = "the reference policy is the base model with the LoRA adapter off: no worker of its own"
 
 
 @dataclass(frozen=True)
@@ -27,6 +37,9 @@ class ForeignName:
     name: str  # the framework's dotted config path
     field: str | None  # the LoRARLJob field path; None: no equivalent
     note: str = ""
+    # How `lorarl import` turns the value into the field's (lorarl.importer.CONVERSIONS names
+    # each); "": the value as it is.
+    convert: str = ""
 
 
 def _names(framework: str, prefix: str, pairs: Sequence[tuple]) -> list[ForeignName]:
@@ -37,11 +50,11 @@ def _names(framework: str, prefix: str, pairs: Sequence[tuple]) -> list[ForeignN
 # the first is the one suggested unless the manifest's location says otherwise.
 FOREIGN_NAMES: tuple[ForeignName, ...] = (
     *_names(VERL, "actor_rollout_ref.model.", [
-        ("path", "spec.model.path"),
+        ("path", "spec.model.path", "a hub id needs a local copy", "model"),
         ("trust_remote_code", "spec.model.trustRemoteCode"),
         ("lora_rank", "spec.lora.rank"),
         ("lora_alpha", "spec.lora.alpha"),
-        ("target_modules", "spec.lora.targetModules"),
+        ("target_modules", "spec.lora.targetModules", "", "list"),
         ("exclude_modules", "spec.lora.excludeModules"),
         ("lora_adapter_path", "spec.lora.adapterPath"),
         ("lora.rank", "spec.lora.rank"),
@@ -51,35 +64,35 @@ FOREIGN_NAMES: tuple[ForeignName, ...] = (
         ("lora.exclude_modules", "spec.lora.excludeModules"),
         ("lora.adapter_path", "spec.lora.adapterPath"),
         ("use_shm", None, "the model is read from spec.model.path as it is (no copy to /dev/shm)"),
-        ("enable_gradient_checkpointing", None, "lorarl has no activation checkpointing setting"),
+        ("enable_gradient_checkpointing", "spec.trainer.activationCheckpointing"),
     ]),
     *_names(VERL, "actor_rollout_ref.actor.", [
         ("optim.lr", "spec.optim.lr"),
         ("optim.lr_warmup_steps", "spec.optim.warmupSteps"),
-        ("optim.warmup_style", "spec.optim.scheduler"),
-        ("optim.lr_scheduler_type", "spec.optim.scheduler"),
+        ("optim.warmup_style", "spec.optim.scheduler", "", "scheduler"),
+        ("optim.lr_scheduler_type", "spec.optim.scheduler", "", "scheduler"),
         ("optim.weight_decay", "spec.optim.weightDecay"),
         ("optim.betas", "spec.optim.betas"),
         ("optim.clip_grad", "spec.optim.gradClip"),
         ("grad_clip", "spec.optim.gradClip"),
-        ("ppo_mini_batch_size", "spec.training.miniBatchSize", _PROMPTS_NOT_SAMPLES),
+        ("ppo_mini_batch_size", "spec.training.miniBatchSize", _PROMPTS_NOT_SAMPLES, "prompts"),
         ("ppo_micro_batch_size_per_gpu", "spec.training.microBatchSize"),
         ("ppo_epochs", "spec.algorithm.ppoEpochs"),
-        ("clip_ratio", "spec.algorithm.clipRatioLow", "set clipRatioLow and clipRatioHigh"),
+        ("clip_ratio", "spec.algorithm.clipRatioLow", "set clipRatioLow and clipRatioHigh", "clip"),
         ("clip_ratio_low", "spec.algorithm.clipRatioLow"),
         ("clip_ratio_high", "spec.algorithm.clipRatioHigh"),
         ("clip_ratio_c", "spec.algorithm.dualClip"),
         ("loss_agg_mode", "spec.algorithm.lossAggregation"),
         ("entropy_coeff", "spec.algorithm.entropyCoef"),
-        ("use_kl_loss", "spec.algorithm.kl.coef", "a KL loss is on when kl.coef > 0"),
+        ("use_kl_loss", "spec.algorithm.kl.coef", _KL_ON, "kl_switch"),
         ("kl_loss_coef", "spec.algorithm.kl.coef"),
-        ("kl_loss_type", "spec.algorithm.kl.estimator"),
+        ("kl_loss_type", "spec.algorithm.kl.estimator", "", "kl_estimator"),
         ("fsdp_config.reshard_after_forward", "spec.trainer.fsdp.reshardAfterForward"),
     ]),
     *_names(VERL, "actor_rollout_ref.rollout.", [
         ("n", "spec.algorithm.groupSize"),
-        ("name", "spec.rollout.engine"),
-        ("tensor_model_parallel_size", "spec.rollout.tensorParallelSize"),
+        ("name", "spec.rollout.engine", "", "engine"),
+        ("tensor_model_parallel_size", "spec.rollout.tensorParallelSize", "", "tp"),
         ("gpu_memory_utilization", "spec.rollout.memoryFraction"),
         ("temperature", "spec.rollout.sampling.temperature"),
         ("top_p", "spec.rollout.sampling.topP"),
@@ -89,8 +102,8 @@ FOREIGN_NAMES: tuple[ForeignName, ...] = (
         ("val_kwargs.top_p", "spec.training.eval.topP"),
     ]),
     *_names(VERL, "data.", [
-        ("train_files", "spec.data.trainFiles"),
-        ("val_files", "spec.data.valFiles"),
+        ("train_files", "spec.data.trainFiles", "", "list"),
+        ("val_files", "spec.data.valFiles", "", "list"),
         ("prompt_key", "spec.data.promptKey"),
         ("max_prompt_length", "spec.data.maxPromptTokens", "longer prompts are dropped"),
         ("max_response_length", "spec.data.maxResponseTokens"),
@@ -100,11 +113,11 @@ FOREIGN_NAMES: tuple[ForeignName, ...] = (
     ]),
     *_names(VERL, "algorithm.", [
         ("adv_estimator", "spec.algorithm.name", "verl's gae is ppo, reinforce_plus_plus is "
-         "reinforce_pp"),
+         "reinforce_pp", "algorithm"),
         ("gamma", "spec.algorithm.gamma"),
         ("lam", "spec.algorithm.lam"),
         ("use_kl_in_reward", "spec.algorithm.kl.inReward"),
-        ("kl_penalty", "spec.algorithm.kl.estimator"),
+        ("kl_penalty", "spec.algorithm.kl.estimator", "", "kl_estimator"),
         ("kl_ctrl.kl_coef", "spec.algorithm.kl.coef"),
         ("kl_ctrl.type", "spec.algorithm.kl.controller"),
         ("kl_ctrl.target_kl", "spec.algorithm.kl.targetKl"),
@@ -119,22 +132,22 @@ FOREIGN_NAMES: tuple[ForeignName, ...] = (
         ("penalty_factor", "spec.algorithm.overlong.penaltyFactor"),
     ]),
     *_names(VERL, "custom_reward_function.", [
-        ("path", "spec.reward.entrypoint", "an importable module:function"),
-        ("name", "spec.reward.entrypoint", "an importable module:function"),
+        ("path", "spec.reward.entrypoint", "path.py:name", "entrypoint"),
+        ("name", "spec.reward.entrypoint", "path.py:name", "entrypoint"),
     ]),
     *_names(VERL, "trainer.", [
         ("total_training_steps", "spec.training.totalSteps"),
-        ("total_epochs", "spec.training.totalSteps", _EPOCHS),
+        ("total_epochs", "spec.training.epochs", _EPOCHS, "epochs"),
         ("save_freq", "spec.training.checkpointInterval"),
         ("test_freq", "spec.training.evalInterval"),
         ("val_before_train", "spec.training.evalBeforeTrain"),
         ("default_local_dir", "spec.training.outputDir"),
         ("max_actor_ckpt_to_keep", "spec.training.keepCheckpoints"),
         ("project_name", "spec.logging.wandb.project"),
-        ("logger", "spec.logging.backends"),
+        ("logger", "spec.logging.backends", "console is always on", "backends"),
         ("nnodes", "spec.trainer.replicas"),
         ("n_gpus_per_node", "spec.trainer.gpusPerReplica", "rollout GPUs are set apart: "
-         "spec.rollout.gpusPerReplica"),
+         "spec.rollout.gpusPerReplica", "gpus"),
         ("critic_warmup", "spec.critic.warmupSteps"),
     ]),
     *_names(VERL, "critic.", [
@@ -146,30 +159,30 @@ FOREIGN_NAMES: tuple[ForeignName, ...] = (
         ("cliprange_value", "spec.critic.valueClip"),
         ("model.lora_rank", "spec.critic.lora.rank"),
         ("model.lora_alpha", "spec.critic.lora.alpha"),
-        ("model.target_modules", "spec.critic.lora.targetModules"),
+        ("model.target_modules", "spec.critic.lora.targetModules", "", "list"),
         ("model.exclude_modules", "spec.critic.lora.excludeModules"),
     ]),
     *_names(SKYRL, "trainer.policy.", [
-        ("model.path", "spec.model.path"),
+        ("model.path", "spec.model.path", "a hub id needs a local copy", "model"),
         ("model.lora.rank", "spec.lora.rank"),
         ("model.lora.alpha", "spec.lora.alpha"),
         ("model.lora.dropout", "spec.lora.dropout"),
-        ("model.lora.target_modules", "spec.lora.targetModules"),
+        ("model.lora.target_modules", "spec.lora.targetModules", "", "list"),
         ("model.lora.exclude_modules", "spec.lora.excludeModules"),
         ("optimizer_config.lr", "spec.optim.lr"),
         ("optimizer_config.adam_betas", "spec.optim.betas"),
         ("optimizer_config.weight_decay", "spec.optim.weightDecay"),
         ("optimizer_config.max_grad_norm", "spec.optim.gradClip"),
         ("optimizer_config.num_warmup_steps", "spec.optim.warmupSteps"),
-        ("optimizer_config.scheduler", "spec.optim.scheduler"),
+        ("optimizer_config.scheduler", "spec.optim.scheduler", "", "scheduler"),
         ("fsdp_config.reshard_after_forward", "spec.trainer.fsdp.reshardAfterForward"),
     ]),
     *_names(SKYRL, "trainer.", [
         ("train_batch_size", "spec.training.promptsPerStep"),
-        ("policy_mini_batch_size", "spec.training.miniBatchSize", _PROMPTS_NOT_SAMPLES),
+        ("policy_mini_batch_size", "spec.training.miniBatchSize", _PROMPTS_NOT_SAMPLES, "prompts"),
         ("micro_train_batch_size_per_gpu", "spec.training.microBatchSize"),
         ("update_epochs_per_batch", "spec.algorithm.ppoEpochs"),
-        ("epochs", "spec.training.totalSteps", _EPOCHS),
+        ("epochs", "spec.training.epochs", _EPOCHS, "epochs"),
         ("eval_interval", "spec.training.evalInterval"),
         ("eval_before_train", "spec.training.evalBeforeTrain"),
         ("ckpt_interval", "spec.training.checkpointInterval"),
@@ -177,32 +190,32 @@ FOREIGN_NAMES: tuple[ForeignName, ...] = (
         ("export_path", "spec.training.outputDir"),
         ("max_ckpts_to_keep", "spec.training.keepCheckpoints"),
         ("max_prompt_length", "spec.data.maxPromptTokens", "longer prompts are dropped"),
-        ("target_modules", "spec.lora.targetModules"),
+        ("target_modules", "spec.lora.targetModules", "", "list"),
         ("seed", "spec.training.seed"),
         ("project_name", "spec.logging.wandb.project"),
-        ("logger", "spec.logging.backends"),
-        ("gradient_checkpointing", None, "lorarl has no activation checkpointing setting"),
-        ("algorithm.advantage_estimator", "spec.algorithm.name", "SkyRL's gae is ppo"),
+        ("logger", "spec.logging.backends", "console is always on", "backends"),
+        ("gradient_checkpointing", "spec.trainer.activationCheckpointing"),
+        ("algorithm.advantage_estimator", "spec.algorithm.name", "SkyRL's gae is ppo", "algorithm"),
         ("algorithm.kl_loss_coef", "spec.algorithm.kl.coef"),
-        ("algorithm.use_kl_loss", "spec.algorithm.kl.coef", "a KL loss is on when kl.coef > 0"),
+        ("algorithm.use_kl_loss", "spec.algorithm.kl.coef", _KL_ON, "kl_switch"),
         ("algorithm.use_kl_in_reward", "spec.algorithm.kl.inReward"),
         ("algorithm.eps_clip_low", "spec.algorithm.clipRatioLow"),
         ("algorithm.eps_clip_high", "spec.algorithm.clipRatioHigh"),
         ("algorithm.clip_ratio_c", "spec.algorithm.dualClip"),
-        ("algorithm.loss_reduction", "spec.algorithm.lossAggregation"),
+        ("algorithm.loss_reduction", "spec.algorithm.lossAggregation", "", "loss_reduction"),
         ("algorithm.gamma", "spec.algorithm.gamma"),
         ("algorithm.lambd", "spec.algorithm.lam"),
         ("algorithm.value_clip", "spec.critic.valueClip"),
         ("critic.optimizer_config.lr", "spec.critic.optim.lr"),
         ("critic.model.lora.rank", "spec.critic.lora.rank"),
         ("critic.model.lora.alpha", "spec.critic.lora.alpha"),
-        ("critic.model.lora.target_modules", "spec.critic.lora.targetModules"),
+        ("critic.model.lora.target_modules", "spec.critic.lora.targetModules", "", "list"),
     ]),
     *_names(SKYRL, "generator.", [
         ("n_samples_per_prompt", "spec.algorithm.groupSize"),
-        ("backend", "spec.rollout.engine"),
+        ("backend", "spec.rollout.engine", "", "engine"),
         ("num_inference_engines", "spec.rollout.replicas"),
-        ("inference_engine_tensor_parallel_size", "spec.rollout.tensorParallelSize"),
+        ("inference_engine_tensor_parallel_size", "spec.rollout.tensorParallelSize", "", "tp"),
         ("gpu_memory_utilization", "spec.rollout.memoryFraction"),
         ("max_turns", "spec.environment.maxTurns"),
         ("sampling_params.max_generate_length", "spec.data.maxResponseTokens"),
@@ -217,8 +230,75 @@ FOREIGN_NAMES: tuple[ForeignName, ...] = (
         ("eval_sampling_params.min_p", "spec.training.eval.minP"),
     ]),
     *_names(SKYRL, "data.", [
-        ("train_data", "spec.data.trainFiles"),
-        ("val_data", "spec.data.valFiles"),
+        ("train_data", "spec.data.trainFiles", "", "list"),
+        ("val_data", "spec.data.valFiles", "", "list"),
+    ]),
+    # Settings lorarl needs none of, or has no equivalent for: `lorarl import` writes each as a
+    # comment saying why, and docs/porting.md lists them.
+    *_names(VERL, "actor_rollout_ref.", [
+        ("hybrid_engine", None, _SEPARATE),
+        ("model.use_remove_padding", None, _OWN_BATCHING),
+        ("actor.use_dynamic_bsz", None, "on when spec.training.maxTokensPerMicroBatch is set"),
+        ("actor.ppo_max_token_len_per_gpu", "spec.training.maxTokensPerMicroBatch",
+         "with use_dynamic_bsz=True", "dynamic_bsz"),
+        ("actor.fsdp_config.param_offload", "spec.trainer.fsdp.offloadParams", _OFFLOAD,
+         "offload"),
+        ("actor.fsdp_config.optimizer_offload", "spec.trainer.fsdp.offloadParams", _OFFLOAD,
+         "offload"),
+        ("actor.ulysses_sequence_parallel_size", None, "lorarl has no sequence parallelism"),
+        ("rollout.log_prob_micro_batch_size_per_gpu", None, _MICRO),
+        ("rollout.load_format", None, _SYNC),
+        ("rollout.layered_summon", None, _SYNC),
+        ("rollout.enable_chunked_prefill", None, _ENGINE_ARGS),
+        ("rollout.enforce_eager", None, _ENGINE_ARGS),
+        ("rollout.free_cache_engine", None, _SEPARATE),
+        ("rollout.max_num_batched_tokens", None, _ENGINE_ARGS),
+        ("ref.log_prob_micro_batch_size_per_gpu", None, _REF),
+        ("ref.fsdp_config.param_offload", None, _REF),
+    ]),
+    *_names(VERL, "data.", [
+        ("filter_overlong_prompts", None, "always on: prompts over maxPromptTokens are dropped"),
+        ("truncation", None, "prompts over maxPromptTokens are dropped, never cut"),
+        ("val_batch_size", None, "evals send every validation prompt at once"),
+    ]),
+    *_names(VERL, "trainer.", [
+        ("experiment_name", None, "the run is named after metadata.name"),
+        ("device", None, "pods get GPUs from trainer.gpusPerReplica"),
+        ("resume_mode", "spec.training.resume", "", "resume"),
+    ]),
+    *_names(VERL, "custom_reward_function.", [
+        ("reward_kwargs", "spec.reward.params"),
+    ]),
+    *_names(SKYRL, "trainer.", [
+        ("strategy", None, "lorarl's trainer is FSDP2 only"),
+        ("placement.colocate_all", "spec.rollout.placement", "true: colocated", "colocate"),
+        ("placement.policy_num_nodes", "spec.trainer.replicas"),
+        ("placement.policy_num_gpus_per_node", "spec.trainer.gpusPerReplica"),
+        ("placement.ref_num_nodes", None, _REF),
+        ("placement.ref_num_gpus_per_node", None, _REF),
+        ("placement.critic_num_gpus_per_node", None, "the critic shares the trainer's GPUs"),
+        ("policy.fsdp_config.cpu_offload", "spec.trainer.fsdp.offloadParams", _OFFLOAD),
+        ("ref.fsdp_config.cpu_offload", None, _REF),
+        ("use_sample_packing", None, _OWN_BATCHING),
+        ("eval_batch_size", None, "evals send every validation prompt at once"),
+        ("run_name", None, "the run is named after metadata.name"),
+        ("resume_mode", "spec.training.resume", "", "resume"),
+        ("micro_forward_batch_size_per_gpu", None, _MICRO),
+    ]),
+    *_names(SKYRL, "generator.", [
+        ("weight_sync_backend", None, _SYNC),
+        ("async_engine", None, "lorarl's engines are always asynchronous servers"),
+        ("batched", None, "lorarl sends each prompt's samples as they are ready"),
+        ("run_engines_locally", None, _SEPARATE),
+        ("enable_prefix_caching", None, _ENGINE_ARGS),
+        ("enable_chunked_prefill", None, _ENGINE_ARGS),
+        ("max_num_batched_tokens", None, _ENGINE_ARGS),
+        ("max_num_seqs", None, _ENGINE_ARGS),
+        ("use_conversation_multi_turn", None, "multi-turn is spec.environment"),
+    ]),
+    *_names(SKYRL, "environment.", [
+        ("env_class", "spec.reward.function", "gsm8k's scorer is reward.function gsm8k",
+         "env_class"),
     ]),
 )  # fmt: skip
 

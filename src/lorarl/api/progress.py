@@ -92,6 +92,11 @@ class StepRecord(ReportModel):
         default=None,
         description="Tool calls this step that failed (unknown tool, bad arguments, tool error).",
     )
+    failed_episodes: int | None = Field(
+        default=None,
+        description="spec.agent: agent episodes that failed this step (an exception, the "
+        "timeout, no model call, a bad return); their groups were not trained.",
+    )
     skipped_prompts: int | None = Field(
         default=None,
         description="Prompts skipped this step because the environment's first messages came "
@@ -117,6 +122,12 @@ class StepRecord(ReportModel):
         default=None,
         description="Seconds of the stale-policy guard this step: the trainer's probe forward "
         "after the update, and the probe requests to the engines (rollout.syncCheck).",
+    )
+    logprob_mismatch_by_replica: dict[str, float] | None = Field(
+        default=None,
+        description="logprob_mismatch per rollout replica (by name): the mean |engine - "
+        "trainer| logprob per token of the samples each generated. One far above the others "
+        "serves other weights than it should (the trainer logs a warning).",
     )
     sync_check_gap: float | None = Field(
         default=None,

@@ -155,8 +155,8 @@ class RewardSpec(ApiModel):
     function: str | None = Field(
         default=None,
         min_length=1,
-        description="Built-in reward: exact_match, math_answer, multiple_choice, regex_match, "
-        "json_valid, format, ...",
+        description="Built-in reward: exact_match, math_answer, gsm8k (verl's strict '#### N'), "
+        "gsm8k_lenient (the last number), multiple_choice, regex_match, json_valid, format, ...",
     )
     entrypoint: str | None = Field(
         default=None,

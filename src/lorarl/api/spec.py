@@ -9,6 +9,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field
 
+from lorarl.api.agent import AGENT_SPEC_RULES, AgentSpec
 from lorarl.api.algorithm import GROUP_ALGORITHMS, Algorithm, AlgorithmSpec, OptimSpec
 from lorarl.api.base import MAX_INT, ApiModel
 from lorarl.api.critic import CRITIC_SPEC_RULES, CriticSpec
@@ -326,6 +327,7 @@ _SPEC_RULES = (
     *TRACKING_SPEC_RULES,
     *CRITIC_SPEC_RULES,
     *ENVIRONMENT_SPEC_RULES,
+    *AGENT_SPEC_RULES,
     *PLACEMENT_SPEC_RULES,
     _OUTPUT_VOLUME_RULE,
     _OUTPUT_ON_VOLUME_RULE,
@@ -361,6 +363,12 @@ class LoRARLJobSpec(ApiModel):
         default=None,
         description="Multi-turn rollouts: an environment answers each model turn (tool results, "
         "new messages) until the episode ends. Unset: one completion per sample.",
+    )
+    agent: AgentSpec | None = Field(
+        default=None,
+        description="Episodes run by your own agent function through an OpenAI-compatible "
+        "endpoint on trainer rank 0; every model call it makes is recorded token-exactly and "
+        "trained with the episode's reward. Exclusive with environment.",
     )
     training: TrainingSpec = Field(default_factory=TrainingSpec, description="Training loop.")
     trainer: TrainerSpec = Field(default_factory=TrainerSpec, description="Trainer pods.")

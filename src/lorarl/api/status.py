@@ -142,6 +142,16 @@ class CheckpointStatus(ReportModel):
     time: str | None = Field(default=None, description="When it was written.")
 
 
+class PrinterColumns(ReportModel):
+    """The status as `kubectl get lrj` prints it (a printer column cannot format a number)."""
+
+    steps: str | None = Field(default=None, description="Completed of total steps, e.g. 12/40.")
+    reward: str | None = Field(
+        default=None, description="Mean reward of the last step, 3 decimals."
+    )
+    eval: str | None = Field(default=None, description="Latest eval accuracy, 3 decimals.")
+
+
 class LoRARLJobStatus(ReportModel):
     phase: Phase | None = Field(default=None, description="Coarse state of the job.")
     conditions: list[Condition] = Field(default_factory=list, description="Detailed state.")
@@ -193,3 +203,16 @@ class LoRARLJobStatus(ReportModel):
     rollout_selector: str | None = Field(
         default=None, description="Label selector of the rollout pods (for autoscalers)."
     )
+    columns: PrinterColumns | None = Field(
+        default=None, description="What `kubectl get lrj` prints (formatted by the operator)."
+    )
+
+    def with_columns(self) -> LoRARLJobStatus:
+        """This status with `columns` computed from its step, total, reward and eval."""
+        reward = self.metrics.reward_mean if self.metrics else None
+        columns = PrinterColumns(
+            steps=f"{self.step or 0}/{self.total_steps}" if self.total_steps is not None else None,
+            reward=None if reward is None else f"{reward:.3f}",
+            eval=None if self.eval is None else f"{self.eval.accuracy:.3f}",
+        )
+        return self.model_copy(update={"columns": columns})

@@ -11,6 +11,8 @@ from lorarl.api.base import ApiModel
 from lorarl.api.k8s import VolumeClaim
 from lorarl.api.rules import Rule, enforce, rules_schema_extra
 
+DEFAULT_TOTAL_STEPS = 100
+
 _GREEDY_ONE_SAMPLE = Rule(
     cel="self.n == 1 || self.temperature > 0",
     message="greedy decoding (temperature 0) gives n identical samples: set n to 1 or "
@@ -107,7 +109,17 @@ _OUTPUT_WRITABLE_RULE = Rule(
 )
 
 
+_STEPS_OR_EPOCHS_RULE = Rule(
+    cel="!has(self.totalSteps) || !has(self.epochs)",
+    message="set totalSteps or epochs, not both (epochs: the trainer counts the steps from the "
+    "training data's size)",
+    check=lambda m: m.total_steps is None or m.epochs is None,
+    field="epochs",
+)
+
+
 _TRAINING_RULES = (
+    _STEPS_OR_EPOCHS_RULE,
     _EXPORT_RULE,
     _OUTPUT_WRITABLE_RULE,
     _EVAL_SETTINGS_UNUSED_RULE,
@@ -118,7 +130,21 @@ _TRAINING_RULES = (
 class TrainingSpec(ApiModel):
     model_config = ConfigDict(json_schema_extra=rules_schema_extra(*_TRAINING_RULES))
 
-    total_steps: int = Field(default=100, gt=0, le=10_000_000, description="RL steps to run.")
+    total_steps: int | None = Field(
+        default=None,
+        gt=0,
+        le=10_000_000,
+        description="RL steps to run (100 when neither totalSteps nor epochs is set). One of "
+        "totalSteps and epochs.",
+    )
+    epochs: float | None = Field(
+        default=None,
+        gt=0,
+        le=100_000,
+        description="Passes over the training data instead of totalSteps: the trainer runs "
+        "ceil(epochs x rows / promptsPerStep) steps, rows counted after prompts over "
+        "data.maxPromptTokens are dropped, and reports that total in the job's status.",
+    )
     prompts_per_step: int = Field(
         default=16, gt=0, le=65536, description="Prompts per step (each gets groupSize samples)."
     )
@@ -131,10 +157,28 @@ class TrainingSpec(ApiModel):
     micro_batch_size: int = Field(
         default=4, gt=0, le=4096, description="Sequences per forward/backward on each rank."
     )
+    max_tokens_per_micro_batch: int | None = Field(
+        default=None,
+        gt=0,
+        le=16_777_216,
+        description="Token budget of one forward/backward on each rank (verl's "
+        "ppo_max_token_len_per_gpu with use_dynamic_bsz): samples are packed shortest first "
+        "into micro-batches of at most this many tokens, counted as rows x longest sample, "
+        "and at most microBatchSize rows (raise it to let short samples pack); a longer sample "
+        "runs alone. Applies to the update and the logprob (and ppo's value) passes; unset: "
+        "microBatchSize alone.",
+    )
     checkpoint_interval: int = Field(
         default=50, gt=0, le=10_000_000, description="Save a checkpoint every N steps."
     )
     keep_checkpoints: int = Field(default=3, ge=1, le=1000, description="Checkpoints to keep.")
+    resume: Literal["auto", "never", "required"] = Field(
+        default="auto",
+        description="Checkpoints in outputDir at start: auto continues from the newest (none: "
+        "step 0); never refuses to start when outputDir holds another run's checkpoints (this "
+        "job's own, after its pods restart, are continued); required refuses to start when "
+        "there is none to continue from.",
+    )
     output_dir: str = Field(
         default="/workspace/output",
         min_length=1,
@@ -194,3 +238,12 @@ class TrainingSpec(ApiModel):
     eval: EvalSpec = Field(default_factory=EvalSpec, description="Eval sampling settings.")
 
     _rules = enforce(*_TRAINING_RULES)
+
+    @property
+    def steps(self) -> int | None:
+        """The steps the job runs as far as the manifest says: totalSteps, 100 when neither it nor
+        epochs is given, None with epochs (the trainer counts them: trainer/epochs.py). Not a
+        stored default: the API server would store it beside epochs."""
+        if self.total_steps is not None:
+            return self.total_steps
+        return None if self.epochs is not None else DEFAULT_TOTAL_STEPS

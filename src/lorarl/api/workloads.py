@@ -107,6 +107,14 @@ class FsdpSpec(ApiModel):
         "reductions on GPU; on CPU, when model.dtype is bfloat16, the LoRA layers run in bf16 "
         "(autocast) instead of casting their input up to fp32.",
     )
+    offload_params: bool = Field(
+        default=False,
+        description="Keep the sharded parameters (the frozen base and LoRA), their gradients and "
+        "the optimizer state in pinned host memory; each layer is copied to the GPU for its "
+        "forward and backward (FSDP2's CPUOffloadPolicy; verl's param_offload and "
+        "optimizer_offload together). Frees the GPU of the base's shard at the cost of host "
+        "bandwidth. GPU trainers only (gpusPerReplica > 0).",
+    )
 
     _rules = enforce(_RESHARD_RULE)
 
@@ -159,7 +167,23 @@ _PROCESSES_RULE = Rule(
     ),
     field="processesPerReplica",
 )
-_TRAINER_RULES = (_TRAINER_ENV_RULE, _ENV_VALUE_RULE, _NO_GPU_RESOURCE, _PROCESSES_RULE)
+# On CPU the parameters are in host memory already: offloading them would be accepted and do
+# nothing.
+_OFFLOAD_GPU_RULE = Rule(
+    cel="self.gpusPerReplica > 0 || !has(self.fsdp) || !has(self.fsdp.offloadParams) || "
+    "!self.fsdp.offloadParams",
+    message="needs GPU trainers (gpusPerReplica > 0): on CPU the parameters are already in "
+    "host memory",
+    check=lambda m: m.gpus_per_replica > 0 or not m.fsdp.offload_params,
+    field="fsdp.offloadParams",
+)
+_TRAINER_RULES = (
+    _TRAINER_ENV_RULE,
+    _ENV_VALUE_RULE,
+    _NO_GPU_RESOURCE,
+    _PROCESSES_RULE,
+    _OFFLOAD_GPU_RULE,
+)
 
 
 class TrainerSpec(PodTemplateFields):
@@ -177,6 +201,13 @@ class TrainerSpec(PodTemplateFields):
         "number on CPU (default 1).",
     )
     fsdp: FsdpSpec = Field(default_factory=FsdpSpec, description="FSDP2 options.")
+    activation_checkpointing: bool | None = Field(
+        default=None,
+        description="Recompute each decoder layer in the backward instead of keeping its "
+        "activations (verl's enable_gradient_checkpointing, SkyRL's gradient_checkpointing): "
+        "the update's activation memory drops to about one hidden state per layer and token, "
+        "for about one more forward of compute. Unset: on for GPU trainers, off on CPU.",
+    )
 
     _rules = enforce(*_TRAINER_RULES)
 

@@ -21,7 +21,7 @@ def sparkline(values: list[float]) -> str:
 
 
 class LiveView:
-    def __init__(self, console: Console, job: str, total_steps: int):
+    def __init__(self, console: Console, job: str, total_steps: int | None):
         self.progress = Progress(
             TextColumn(f"[bold]{job}[/]"),
             BarColumn(),
@@ -60,7 +60,9 @@ class LiveView:
             if r.cpu_util is not None:  # does any core idle while the step runs?
                 parts.append(f"cpu {r.cpu_util:.0%}")
             metrics = " · ".join(parts)
-        self.progress.update(self.task, completed=p.step, metrics=metrics)
+        # the trainer's total: with training.epochs only it knows the count (the spec has none)
+        total = p.total_steps or None
+        self.progress.update(self.task, completed=p.step, total=total, metrics=metrics)
 
     def __enter__(self) -> LiveView:
         self.progress.start()

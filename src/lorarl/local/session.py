@@ -15,7 +15,9 @@ from lorarl.local.console import LiveView, summary
 from lorarl.local.cpu_dtype import emulated_bf16_warning, read_cpuinfo
 from lorarl.local.engine_python import find_engine_python
 from lorarl.local.preflight import check_inputs
+from lorarl.local.prior_run import prepare_run_dir
 from lorarl.local.runner import LocalRun, RunFailed
+from lorarl.local.runs import record_end, record_start, record_status_url
 
 
 def run_local(
@@ -25,18 +27,26 @@ def run_local(
     status_port: int = 8088,
     engine_python: str | None = None,
     console: Console | None = None,
+    existing: str = "ask",
 ) -> int:
     """Run `job` here until it ends; the exit code. Raises UserError (a missing input file or
-    engine interpreter) before any process starts."""
+    engine interpreter; a run already in the run folder, unless `existing` is "resume" or
+    "fresh": local/prior_run.py) before any process starts."""
     console = console or Console()
     check_inputs(job)
     engine_python = find_engine_python(engine_python, module=job.spec.rollout.engine)
     run_dir = Path(run_dir or Path("runs") / job.name)
+    note = prepare_run_dir(run_dir, existing, job.spec.training.resume)
+    if note:
+        console.print(note, highlight=False)
     run = LocalRun(job, run_dir, engine_python=engine_python)
     stop_status = None
-    # SIGTERM (e.g. from a CI timeout) takes the same path as Ctrl-C: stop every child.
+    code = 1
+    # SIGTERM (e.g. from a CI timeout, or `lorarl stop`) takes the same path as Ctrl-C: stop
+    # every child.
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
+        record_start(run.run_dir, job)  # for `lorarl status/stop/resume`
         run.start()
         console.print(f"run directory: {run.run_dir} (logs in {run.run_dir / 'logs'})")
         for warning in (
@@ -47,18 +57,21 @@ def run_local(
                 console.print(f"[yellow]{warning}[/]", highlight=False)
         if status_port >= 0:
             stop_status = _start_status_api(job, run, status_port, console)
-        with LiveView(console, job.name, job.spec.training.total_steps) as view:
+        with LiveView(console, job.name, job.spec.training.steps) as view:
             result = run.wait(on_poll=lambda r: view.update(r.progress()))
+        code = 0
     except RunFailed as exc:
         console.print(f"[red]run failed:[/] {exc}")
         return 1
     except KeyboardInterrupt:
         console.print("[yellow]interrupted: stopping every process[/]")
+        code = 130
         return 130
     finally:
         run.stop()
         if stop_status:
             stop_status()
+        record_end(run.run_dir, code)
         signal.signal(signal.SIGTERM, previous)
     summary(console, run_files.read_history(run.run_dir), run_files.read_progress(run.run_dir))
     console.print(f"adapter: {run.run_dir / 'adapter'}  ({result.seconds:.0f} s)")
@@ -82,4 +95,5 @@ def _start_status_api(job: LoRARLJob, run: LocalRun, port: int, console: Console
         console.print(f"[yellow]status API not started (port {port}: {exc.strerror})[/]")
         return None
     console.print(f"status API and dashboard: {url}/  (jobs at {url}/v1/jobs)")
+    record_status_url(run.run_dir, url)
     return stop

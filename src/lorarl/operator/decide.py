@@ -163,7 +163,7 @@ def decide(obs: Observed) -> Decision:
     st.observed_generation = obs.generation
     st.rollout_selector = rollout_selector(name)
     if st.total_steps is None:
-        st.total_steps = spec.training.total_steps
+        st.total_steps = spec.training.steps  # None with epochs: the trainer reports it
 
     if st.phase in TERMINAL:
         p.cleanup(stop_running=is_true(st, "Failed"))

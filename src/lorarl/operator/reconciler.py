@@ -368,6 +368,7 @@ class Reconciler:
 
     async def _write_status(self, state: JobState, status: LoRARLJobStatus) -> None:
         meta = state.body["metadata"]
+        status = status.with_columns()  # what `kubectl get lrj` prints
         await self.kube.merge_patch(
             job_path(meta.get("namespace") or "default", meta["name"], "status"),
             {"status": status.wire()},

@@ -16,7 +16,16 @@ from typing import Any
 
 from lorarl.rewards.registry import RewardResult, register
 
-__all__ = ["Extraction", "answers_equal", "extract_answer", "math_answer", "parse_number"]
+__all__ = [
+    "Extraction",
+    "answers_equal",
+    "extract_answer",
+    "gsm8k",
+    "gsm8k_lenient",
+    "gsm8k_strict_answer",
+    "math_answer",
+    "parse_number",
+]
 
 REL_TOL = Fraction(1, 10**6)
 
@@ -144,3 +153,53 @@ def math_answer(
         1.0 if ok else 0.0,
         {"extracted": extracted.text, "truth": truth, "method": extracted.method},
     )
+
+
+# GSM8K, strict as verl's `verl/utils/reward_score/gsm8k.py` (`compute_score`, method="strict"):
+# only the number written after the last "#### " in the reply's last 300 characters counts, commas
+# and dollar signs dropped, compared as text with the truth. No "####", no reward: the reward also
+# checks that the model keeps the answer format the prompt asks for.
+_GSM8K_STRICT_RE = re.compile(r"#### (\-?[0-9\.\,]+)")
+_GSM8K_TAIL_CHARS = 300
+
+
+def gsm8k_strict_answer(text: str) -> str | None:
+    """verl's strict extraction: the last `#### N` in the last 300 characters, or None."""
+    found = _GSM8K_STRICT_RE.findall(text[-_GSM8K_TAIL_CHARS:])
+    return found[-1].replace(",", "").replace("$", "") if found else None
+
+
+def _gsm8k_truth(truth: str) -> str:
+    """The truth's final answer: a full GSM8K solution ("... #### 1,234") gives "1234"."""
+    if "####" in truth:
+        truth = truth.rsplit("####", 1)[1]
+    return truth.strip().replace(",", "").replace("$", "")
+
+
+@register("gsm8k")
+def gsm8k(
+    prompt: str, completion: str, ground_truth: str | None, metadata: Mapping[str, Any]
+) -> RewardResult:
+    """1.0 when `#### N` ends the reply with N the truth as text (verl's strict GSM8K scorer).
+
+    "The answer is 72." scores 0, and so do "#### 72.0" and a `\\boxed{72}`: use `gsm8k_lenient`
+    for the last number of a reply in any form, compared numerically."""
+    if ground_truth is None:
+        raise ValueError("gsm8k needs a ground truth (set the dataset's answer key)")
+    truth = _gsm8k_truth(str(ground_truth))
+    got = gsm8k_strict_answer(completion)
+    return RewardResult(
+        float(got is not None and got == truth),
+        {"extracted": got, "truth": truth, "method": "gsm8k" if got is not None else None},
+    )
+
+
+@register("gsm8k_lenient")
+def gsm8k_lenient(
+    prompt: str, completion: str, ground_truth: str | None, metadata: Mapping[str, Any]
+) -> RewardResult:
+    """`math_answer` under a GSM8K name: the last `\\boxed{}`, else the last `####`, else the last
+    number anywhere, compared numerically ("72.0", "$72", "1,234" all count)."""
+    if ground_truth is None:
+        raise ValueError("gsm8k_lenient needs a ground truth (set the dataset's answer key)")
+    return math_answer(prompt, completion, ground_truth, metadata)

@@ -47,7 +47,10 @@ class SpecSummary(ApiModel):
     rollout_replicas: int = Field(description="Rollout engine pods.")
     engine: str = Field(description="Rollout engine (sglang or vllm).")
     sync_mode: str = Field(description="Weight sync mode (merged or adapter).")
-    total_steps: int = Field(description="Steps requested in the spec.")
+    total_steps: int | None = Field(
+        description="Steps requested in the spec (none with training.epochs: the trainer counts "
+        "them from the data and reports them in the status)."
+    )
 
 
 class JobDetail(ApiModel):

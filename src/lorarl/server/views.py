@@ -40,7 +40,7 @@ def spec_summary(job: LoRARLJob) -> SpecSummary:
         rollout_replicas=spec.rollout.replicas,
         engine=spec.rollout.engine,
         sync_mode=spec.rollout.sync_mode,
-        total_steps=spec.training.total_steps,
+        total_steps=spec.training.steps,
     )
 
 

@@ -27,6 +27,9 @@ class TrainSample:
     # ppo with environment.turnRewards: (completion index, reward) per turn; `reward` keeps the
     # episode's total, so the last token gets the total minus these.
     turn_rewards: list[tuple[int, float]] | None = None
+    # The engine that generated it (its URL; "" for fillers): the update measures the
+    # engine-vs-trainer logprob gap per replica, so one serving other weights stands out.
+    endpoint: str = ""
 
 
 @dataclass
@@ -41,6 +44,9 @@ class TensorBatch:
     token_advantages: torch.Tensor | None = None
     # [B, T]: per-turn rewards on the turns' last tokens (ppo, environment.turnRewards)
     turn_rewards: torch.Tensor | None = None
+    # [B]: each row's engine, an index into the step's sorted endpoints (`replica_index`); -1:
+    # none (a filler). None: not tracked.
+    replicas: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -63,11 +69,21 @@ class TensorBatch:
         return self._map(lambda t: t[sl])
 
 
+def replica_index(samples: list[TrainSample]) -> list[str]:
+    """The step's engines in a fixed order: computed from the whole batch (before sharding), so
+    every rank numbers them alike."""
+    return sorted({s.endpoint for s in samples if s.endpoint})
+
+
 def collate(
-    samples: list[TrainSample], pad_id: int, device: torch.device | str | None = None
+    samples: list[TrainSample],
+    pad_id: int,
+    device: torch.device | str | None = None,
+    endpoints: list[str] | None = None,
 ) -> TensorBatch:
     """Right-pad prompt+completion; position t of the masks marks completion token t. Built on
-    the host, then moved to `device` (the trainer's) in one copy per tensor."""
+    the host, then moved to `device` (the trainer's) in one copy per tensor. `endpoints`
+    (`replica_index` of the whole step) numbers each row's engine in `replicas`."""
     if not samples:
         raise ValueError("cannot collate an empty batch")
     length = max(len(s.prompt_ids) + len(s.completion_ids) for s in samples)
@@ -94,7 +110,11 @@ def collate(
             for index, value in s.turn_rewards or ():
                 turns[i, p + index] += value
         turns = turns * resp  # a sample out of the loss (overlong masking) earns nothing here
-    batch = TensorBatch(ids, attn, resp, lps, adv, rewards, turn_rewards=turns)
+    replicas = None
+    if endpoints is not None:
+        where = {url: i for i, url in enumerate(endpoints)}
+        replicas = torch.tensor([where.get(s.endpoint, -1) for s in samples], dtype=torch.long)
+    batch = TensorBatch(ids, attn, resp, lps, adv, rewards, turn_rewards=turns, replicas=replicas)
     return batch if device is None else batch.to(device)
 
 

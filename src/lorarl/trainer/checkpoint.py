@@ -382,6 +382,48 @@ class CheckpointManager:
             log.warning("skipping checkpoint %s: %s", ckpt.path, reason)
         return None
 
+    def start_from(self, policy: str = "auto") -> Checkpoint | None:
+        """The checkpoint a starting job continues from under `training.resume`:
+
+        - auto: the newest usable one, None when there is none;
+        - never: None; refuses (CheckpointError) when the folder holds a checkpoint this job did
+          not write. This job's own (its UID) are still continued: they mean its pods restarted
+          after a failure, which a new start would throw away;
+        - required: the newest usable one; refuses when there is none.
+        """
+        if policy == "never":
+            earlier = [c for c in self._step_dirs() if self._foreign(c.path)]
+            if earlier:
+                names = ", ".join(c.path.name for c in earlier[-3:])
+                raise CheckpointError(
+                    f"training.resume is never, but {self.root} already holds "
+                    f"{len(earlier)} checkpoint(s) of an earlier run ({names}; newest step "
+                    f"{earlier[-1].step}): to start over, move or delete that folder's step-* "
+                    "folders or give this job a new training.outputDir; to continue that run, "
+                    "set training.resume to auto"
+                )
+            return self.latest()  # only this job's own, from before a restart
+        if policy not in ("auto", "required"):
+            raise ValueError(f"resume policy must be auto, never or required, got {policy!r}")
+        found = self.latest()
+        if found is None and policy == "required":
+            raise CheckpointError(
+                f"training.resume is required, but {self.root} holds no usable checkpoint to "
+                "continue from: point training.outputDir at the run to continue (the folder "
+                "holding checkpoints/), or set training.resume to auto to start from step 0 "
+                "when there is none"
+            )
+        return found
+
+    def _foreign(self, path: Path) -> bool:
+        """Whether the checkpoint at `path` was written by some other run than this job: any
+        when this manager has no UID, else one recording another UID or none."""
+        return self.job_uid is None or self.owner(path) != self.job_uid
+
+    def start_from_shared(self, policy: str = "auto") -> Checkpoint | None:
+        """Collective `start_from`: rank 0 decides for every rank, and its refusal fails all."""
+        return _run_on_rank0(self.start_from, policy)
+
     def latest_shared(self) -> Checkpoint | None:
         """Collective: rank 0's `latest()` on every rank, so all ranks resume from the same step
         even when only rank 0 can see the checkpoint volume; a refusal there fails every rank."""

@@ -20,6 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from peft import LoraConfig, PeftModel
 from peft.tuners.tuners_utils import BaseTunerLayer
 from safetensors.torch import load_file, save_file
@@ -32,7 +33,9 @@ from lorarl.trainer.logprobs import (
     _check_shapes,
     first_scored_position,
     position_ids_from_mask,
+    used_width,
 )
+from lorarl.trainer.micro_batches import row_lengths, token_micro_batches
 from lorarl.trainer.model import (
     ADAPTER_NAME,
     AdapterError,
@@ -156,29 +159,49 @@ def sequence_values(
     response_mask: torch.Tensor,
     *,
     micro_batch_size: int,
+    max_tokens: int | None = None,
 ) -> torch.Tensor:
     """Values [B, T] (fp32, zero outside `response_mask`): position t holds V(x_<t), the value of
     the state token t is generated in, read from the hidden state at t - 1 (aligned like
     logprobs).
 
-    Runs the decoder only (no LM head, no other layer's activations kept in a no-grad pass).
-    Keeps the graph when grad is enabled; collective under FSDP2 like every forward. The actor is
-    the active adapter again afterwards, even on error.
+    Runs the decoder only (no LM head, no other layer's activations kept in a no-grad pass), on
+    each micro-batch's used columns (`logprobs.used_width`). Keeps the graph when grad is
+    enabled; collective under FSDP2 like every forward. The actor is the active adapter again
+    afterwards, even on error. `max_tokens` (training.maxTokensPerMicroBatch): micro-batches cut
+    by the token budget too (`micro_batches`), rows shortest first, results in the rows' order.
     """
     _check_shapes(input_ids, attention_mask, response_mask, micro_batch_size)
     head = value_head(model)
     hidden_of = getattr(model, CRITIC_FORWARD)
+    n = input_ids.shape[0]
+    if max_tokens is None:
+        plan = [(torch.arange(s, min(s + micro_batch_size, n)), 1.0)
+                for s in range(0, n, micro_batch_size)]  # fmt: skip
+    else:
+        lengths = row_lengths(attention_mask, response_mask)
+        order = sorted(range(n), key=lambda i: lengths[i])
+        micros = token_micro_batches([lengths[i] for i in order], max_tokens, micro_batch_size)
+        plan = [(torch.tensor([order[p] for p in m.rows]), m.weight) for m in micros]
     values: list[torch.Tensor] = []
+    rows_done: list[torch.Tensor] = []
     with active_lora(model, CRITIC_ADAPTER):
-        for start in range(0, input_ids.shape[0], micro_batch_size):
-            sl = slice(start, start + micro_batch_size)
-            ids, am = input_ids[sl], attention_mask[sl]
-            first = first_scored_position(response_mask[sl])
+        for rows, weight in plan:
+            rows = rows.to(input_ids.device)
+            resp = response_mask[rows]
+            width = used_width(attention_mask[rows], resp)
+            ids, am = input_ids[rows, :width], attention_mask[rows, :width]
+            first = first_scored_position(resp[:, :width])
             hidden = hidden_of(ids, am, position_ids_from_mask(am))
             v = head(hidden[:, first - 1 : -1].float()).squeeze(-1)
             v = torch.cat([v.new_zeros(v.shape[0], first), v], dim=1)
-            values.append(torch.where(response_mask[sl].bool(), v, 0.0))
-    return torch.cat(values)
+            v = F.pad(v, (0, input_ids.shape[1] - width))  # back to the batch's width
+            if weight == 0:  # a filler, run only to match the other ranks' collectives
+                continue
+            values.append(torch.where(resp.bool(), v, 0.0))
+            rows_done.append(rows)
+    back = torch.argsort(torch.cat(rows_done))
+    return torch.cat(values)[back]
 
 
 def _full(t: torch.Tensor) -> torch.Tensor:

@@ -19,6 +19,7 @@ from torch.distributed.tensor import DTensor
 
 from lorarl.trainer.lora_precision import lora_compute
 from lorarl.trainer.losses import chunked_logprobs, entropy_from_logits
+from lorarl.trainer.micro_batches import row_lengths, token_micro_batches
 from lorarl.trainer.model import lora_parameters
 
 
@@ -132,6 +133,7 @@ def sequence_logprobs(
     with_entropy: bool = False,
     temperature: float = 1.0,
     entropy_grad: bool = False,
+    max_tokens: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Logprobs [B, T] (fp32, zero outside `response_mask`) and optionally entropy [B, T], of
     the distribution sampled at `temperature`. The entropy is detached (a metric) unless
@@ -140,39 +142,104 @@ def sequence_logprobs(
     Keeps the autograd graph when grad is enabled, so the caller can backprop a loss on them.
     The LM head and log-softmax run only from the micro-batch's first completion position on:
     with a vocabulary of 50k-150k they cost as much as the decoder, and prompt logits are unused.
+
+    `max_tokens` (training.maxTokensPerMicroBatch): micro-batches hold at most that many tokens
+    (rows x longest) as well as at most `micro_batch_size` rows (`micro_batches`).
     """
     _check_shapes(input_ids, attention_mask, response_mask, micro_batch_size)
     _check_temperature(temperature)
     head_on_demand = _takes_logits_to_keep(model)
+    kw = {"with_entropy": with_entropy, "temperature": temperature, "entropy_grad": entropy_grad}
+    if max_tokens is not None:
+        return _token_budget_logprobs(
+            model, input_ids, attention_mask, response_mask, micro_batch_size, max_tokens,
+            head_on_demand, **kw,
+        )  # fmt: skip
     lps: list[torch.Tensor] = []
     ents: list[torch.Tensor] = []
-    full_width = input_ids.shape[1]
     for start in range(0, input_ids.shape[0], micro_batch_size):
         sl = slice(start, start + micro_batch_size)
-        width = used_width(attention_mask[sl], response_mask[sl])
-        ids, am = input_ids[sl, :width], attention_mask[sl, :width]
-        resp = response_mask[sl, :width]
-        first = first_scored_position(resp)
-        extra = {"logits_to_keep": ids.shape[1] - first + 1} if head_on_demand else {}
-        with lora_compute(model):  # bf16 LoRA compute on CPU when the base is bf16
-            out = model(
-                input_ids=ids,
-                attention_mask=am,
-                position_ids=position_ids_from_mask(am),
-                use_cache=False,
-                **extra,
-            )
-        logits = out.logits if head_on_demand else out.logits[:, first - 1 :]
-        lp, ent = token_logprobs_from_logits(
-            logits, ids, with_entropy, first, temperature, entropy_grad=entropy_grad
+        lp, ent = _micro_pass(
+            model, input_ids[sl], attention_mask[sl], response_mask[sl], head_on_demand, **kw
         )
-        keep = resp.bool()  # where(), not multiply: 0 * -inf would be NaN
-        pad = (0, full_width - width)  # back to the batch's width: zeros on the trimmed columns
-        lps.append(F.pad(torch.where(keep, lp, 0.0), pad))
+        lps.append(lp)
         if ent is not None:
-            ents.append(F.pad(torch.where(keep, ent, 0.0), pad))
+            ents.append(ent)
     logprobs = torch.cat(lps)
     return logprobs, (torch.cat(ents) if with_entropy else None)
+
+
+def _micro_pass(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    response_mask: torch.Tensor,
+    head_on_demand: bool,
+    *,
+    with_entropy: bool,
+    temperature: float,
+    entropy_grad: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One forward over a micro-batch; [b, T] logprobs (and entropy), zero outside the mask."""
+    full_width = input_ids.shape[1]
+    width = used_width(attention_mask, response_mask)
+    ids, am = input_ids[:, :width], attention_mask[:, :width]
+    resp = response_mask[:, :width]
+    first = first_scored_position(resp)
+    extra = {"logits_to_keep": ids.shape[1] - first + 1} if head_on_demand else {}
+    with lora_compute(model):  # bf16 LoRA compute on CPU when the base is bf16
+        out = model(
+            input_ids=ids,
+            attention_mask=am,
+            position_ids=position_ids_from_mask(am),
+            use_cache=False,
+            **extra,
+        )
+    logits = out.logits if head_on_demand else out.logits[:, first - 1 :]
+    lp, ent = token_logprobs_from_logits(
+        logits, ids, with_entropy, first, temperature, entropy_grad=entropy_grad
+    )
+    keep = resp.bool()  # where(), not multiply: 0 * -inf would be NaN
+    pad = (0, full_width - width)  # back to the batch's width: zeros on the trimmed columns
+    lp = F.pad(torch.where(keep, lp, 0.0), pad)
+    if ent is not None:
+        ent = F.pad(torch.where(keep, ent, 0.0), pad)
+    return lp, ent
+
+
+def _token_budget_logprobs(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    response_mask: torch.Tensor,
+    micro_batch_size: int,
+    max_tokens: int,
+    head_on_demand: bool,
+    **kw,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`sequence_logprobs` in micro-batches cut by a token budget (`micro_batches`): rows run
+    shortest first, results go back to their rows; fillers' results are dropped. Collective."""
+    lengths = row_lengths(attention_mask, response_mask)
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])  # stable: ties keep order
+    micros = token_micro_batches([lengths[i] for i in order], max_tokens, micro_batch_size)
+    lp_parts: list[torch.Tensor] = []
+    ent_parts: list[torch.Tensor] = []
+    rows_done: list[int] = []
+    for micro in micros:
+        idx = torch.tensor([order[p] for p in micro.rows], device=input_ids.device)
+        lp, ent = _micro_pass(
+            model, input_ids[idx], attention_mask[idx], response_mask[idx], head_on_demand, **kw
+        )
+        if micro.weight == 0:
+            continue
+        rows_done += idx.tolist()
+        lp_parts.append(lp)
+        if ent is not None:
+            ent_parts.append(ent)
+    # cat then one gather back to the caller's row order: differentiable, unlike index_put
+    back = torch.argsort(torch.tensor(rows_done, device=input_ids.device))
+    logprobs = torch.cat(lp_parts)[back]
+    return logprobs, (torch.cat(ent_parts)[back] if ent_parts else None)
 
 
 def reference_logprobs(
@@ -183,6 +250,7 @@ def reference_logprobs(
     *,
     micro_batch_size: int,
     temperature: float = 1.0,
+    max_tokens: int | None = None,
 ) -> torch.Tensor:
     """Logprobs under the frozen base: the same model with the adapter disabled, no second copy.
     Scored at the sampling temperature like the policy (as verl does), so the KL compares the
@@ -204,6 +272,7 @@ def reference_logprobs(
                 micro_batch_size=micro_batch_size,
                 with_entropy=False,
                 temperature=temperature,
+                max_tokens=max_tokens,
             )
     finally:
         for name, p in peft_model.named_parameters():
@@ -231,6 +300,7 @@ def adapter_reference_logprobs(
     *,
     micro_batch_size: int,
     temperature: float = 1.0,
+    max_tokens: int | None = None,
 ) -> torch.Tensor:
     """Logprobs under a frozen adapter (`snapshot_lora`) on the same base: its tensors are swapped
     into the LoRA parameters for one no-grad pass and the policy's are put back, even on error.
@@ -246,6 +316,7 @@ def adapter_reference_logprobs(
             logprobs, _ = sequence_logprobs(
                 peft_model, input_ids, attention_mask, response_mask,
                 micro_batch_size=micro_batch_size, temperature=temperature,
+                max_tokens=max_tokens,
             )  # fmt: skip
     finally:
         with torch.no_grad():

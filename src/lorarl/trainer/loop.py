@@ -24,7 +24,8 @@ from lorarl.rewards import get_reward, score_batch
 from lorarl.rewards.client import RewardServiceClient
 from lorarl.sync.adapter_files import adapter_fingerprint
 from lorarl.sync.protocol import adapter_name
-from lorarl.trainer.batch import collate, shard_for_rank
+from lorarl.trainer.agents import build_agent_runner
+from lorarl.trainer.batch import collate, replica_index, shard_for_rank
 from lorarl.trainer.checkpoint import CheckpointManager, job_uid_from_env
 from lorarl.trainer.cpu_util import read_cpu_times, utilisation
 from lorarl.trainer.critic import (
@@ -39,6 +40,7 @@ from lorarl.trainer.data import (
 )
 from lorarl.trainer.engine_memory import EngineMemory
 from lorarl.trainer.episodes import build_episode_runner, episode_prompt_lengths
+from lorarl.trainer.epochs import resolve_total_steps
 from lorarl.trainer.eval import Evaluator, build_evaluator
 from lorarl.trainer.export import export_final
 from lorarl.trainer.fleet import Fleet
@@ -78,6 +80,9 @@ from lorarl.trainer.update import update_policy
 from lorarl.trainer.weight_sync import WeightPublisher, gather_adapter
 
 log = logging.getLogger(__name__)
+# A replica whose samples' logprob gap is this many times the other replicas' (and above the
+# guard's tolerance) is named in a warning.
+SAMPLE_MISMATCH_FACTOR = 5.0
 
 
 class Trainer:
@@ -108,6 +113,16 @@ class Trainer:
                 "dropped %d of %d prompts longer than data.maxPromptTokens=%d",
                 self.dropped_prompts, len(loaded), spec.data.max_prompt_tokens,
             )  # fmt: skip
+        # training.epochs becomes a step count now that the rows are known; written into this
+        # process's spec, every use below (schedule, evals, the last checkpoint, progress) sees
+        # the real total.
+        total = resolve_total_steps(job, len(self.dataset))
+        if spec.training.epochs is not None and ctx.is_main:
+            log.info(
+                "training.epochs %g over %d prompts at %d per step: %d steps",
+                spec.training.epochs, len(self.dataset), spec.training.prompts_per_step, total,
+            )  # fmt: skip
+        spec.training.total_steps = total
         self.sampler = PromptSampler(
             len(self.dataset), spec.training.prompts_per_step, spec.data.seed, spec.data.shuffle
         )
@@ -184,6 +199,7 @@ class Trainer:
         )
         self.tracker.watch_engines(client.endpoint_stats)  # the backlog gauges of GET /metrics
         episodes = build_episode_runner(self.job, self.tokenizer, client)  # spec.environment
+        agents = build_agent_runner(self.job, self.tokenizer, client)  # spec.agent
         self.worker = RolloutWorker(
             dataset=self.dataset,
             sampler=self.sampler,
@@ -197,6 +213,7 @@ class Trainer:
             dynamic_rounds=ds.max_rounds if choices.dynamic_sampling else 0,
             dynamic_on_shaped=choices.dynamic_metric == "shaped-reward",
             episodes=episodes,
+            agents=agents,
             final_reward=spec.environment is None or spec.environment.final_reward,
             turn_rewards=spec.environment is not None and spec.environment.turn_rewards,
             overlong=OverlongConfig(
@@ -255,7 +272,8 @@ class Trainer:
     # ------------------------------------------------------------------ lifecycle
 
     def resume(self) -> None:
-        ckpt = self.checkpoints.latest_shared()  # collective: every rank resumes the same step
+        # collective: every rank resumes the same step; training.resume may refuse here
+        ckpt = self.checkpoints.start_from_shared(self.job.spec.training.resume)
         if ckpt is not None:
             loaded = self.checkpoints.load(
                 ckpt, self.model, self.optimizer, critic_optimizer=self.critic_optimizer
@@ -330,13 +348,17 @@ class Trainer:
             self._start_prefetch(collected.position, step + 1)
         t_train = time.perf_counter()
         mine = shard_for_rank(samples, self.ctx.rank, self.ctx.world_size)
-        batch = collate(mine, self.pad_id, self.ctx.device)  # the model's device
+        endpoints = replica_index(samples)  # the whole batch's: every rank numbers them alike
+        batch = collate(mine, self.pad_id, self.ctx.device, endpoints)  # the model's device
         if self.ppo is not None:
-            metrics = self.ppo.update(batch, step, reference=self.kl_reference)
+            metrics = self.ppo.update(
+                batch, step, reference=self.kl_reference, replicas=len(endpoints)
+            )
         else:
             metrics = update_policy(
-                self.model, self.optimizer, batch, self.update_cfg, reference=self.kl_reference
-            )
+                self.model, self.optimizer, batch, self.update_cfg, reference=self.kl_reference,
+                replicas=len(endpoints),
+            )  # fmt: skip
         train_s = time.perf_counter() - t_train
         self.engine_memory.after_update(self.ctx.is_main)  # the engines are back before the sync
         self.state = StepState(step, collected.position, step)
@@ -349,6 +371,7 @@ class Trainer:
                 lr=self.optimizer.param_groups[0]["lr"],
                 cpu_util=utilisation(cpu_start, read_cpu_times()),
             )  # fmt: skip
+            record.logprob_mismatch_by_replica = self._mismatch_by_replica(metrics, endpoints)
             if self.fleet is not None and self.fleet.guard is not None:
                 probe_s, record.sync_check_gap = self.fleet.guard.take_seconds()
                 record.sync_check_seconds, self._probe_s = self._probe_s + probe_s, 0.0
@@ -369,6 +392,34 @@ class Trainer:
             if self.tracker:
                 self.tracker.set_checkpoint(step, str(path))
         return record
+
+    def _mismatch_by_replica(
+        self, metrics: dict[str, float], endpoints: list[str]
+    ) -> dict[str, float] | None:
+        """The update's per-engine gap by replica name; warns about a replica far above the
+        others (the stale-policy guard's second signal: its probe proves the weights, this
+        watches every sample)."""
+        if self.fleet is not None:
+            names = self.fleet.names
+        else:
+            names = {url: f"rollout-{i}" for i, url in enumerate(self.endpoints.rollout)}
+        by = {
+            names.get(url, url): metrics[f"replica_mismatch/{k}"]
+            for k, url in enumerate(endpoints)
+            if f"replica_mismatch/{k}" in metrics
+        }
+        guard = self.fleet.guard if self.fleet is not None else None
+        if guard is not None and len(by) > 1:
+            for name, gap in by.items():
+                others = sorted(v for n, v in by.items() if n != name)
+                typical = others[len(others) // 2]
+                if gap > guard.tolerance and gap > SAMPLE_MISMATCH_FACTOR * typical:
+                    log.warning(
+                        "%s: its samples' logprobs are %.3g per token from the trainer's, the "
+                        "other replicas' %.3g: it may not serve the weights it was sent",
+                        name, gap, typical,
+                    )  # fmt: skip
+        return by or None
 
     def _eval_due(self, step: int) -> bool:
         t = self.job.spec.training

@@ -17,8 +17,10 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import (
+    CPUOffloadPolicy,
     FSDPModule,
     MixedPrecisionPolicy,
+    OffloadPolicy,
     fully_shard,
     register_fsdp_forward_method,
 )
@@ -134,9 +136,17 @@ def compute_dtype(ctx: DistContext, mixed_precision: bool) -> torch.dtype | None
     return None
 
 
-def shard_model(model: nn.Module, ctx: DistContext, mixed_precision: bool = True) -> nn.Module:
+def shard_model(
+    model: nn.Module,
+    ctx: DistContext,
+    mixed_precision: bool = True,
+    offload: OffloadPolicy | None = None,
+) -> nn.Module:
     """Apply FSDP2 per decoder layer (and PPO's value head), then at the root; a no-op for a
     single plain process.
+
+    `offload`: the policy every unit gets (`memory.offload_policy`, trainer.fsdp.offloadParams);
+    a CPU offload needs the sharded path, so a single plain process refuses it.
 
     `reshard_after_forward` stays True on purpose: PEFT's `disable_adapter()` toggles
     `requires_grad` on whatever parameters are registered, and with resharding off those are
@@ -144,20 +154,34 @@ def shard_model(model: nn.Module, ctx: DistContext, mixed_precision: bool = True
     (docs/architecture.md#measured-facts).
     Mixed precision only on GPU: gloo has no use for bf16 compute and CPU bf16 is slow.
     """
+    offload = offload if offload is not None else OffloadPolicy()
     if not ctx.distributed:
+        if isinstance(offload, CPUOffloadPolicy):
+            raise ValueError(
+                "trainer.fsdp.offloadParams needs the trainer to run under torchrun (FSDP2 "
+                "shards the model to offload it)"
+            )
         return model.to(ctx.device)
     mesh = init_device_mesh(ctx.device.type, (ctx.world_size,), mesh_dim_names=("dp",))
     mp = MixedPrecisionPolicy()
     if compute_dtype(ctx, mixed_precision) == torch.bfloat16:
         mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     for layer in decoder_layers(model):
-        fully_shard(layer, mesh=mesh, mp_policy=mp, reshard_after_forward=True)
+        fully_shard(
+            layer, mesh=mesh, mp_policy=mp, offload_policy=offload, reshard_after_forward=True
+        )
     head = getattr(model, VALUE_HEAD, None)
     if isinstance(head, nn.Module):
         # PPO's value head runs outside the root's forward: as a root parameter it would not be
         # gathered then. Its own unit gathers it around its own call; fp32 always.
-        fully_shard(head, mesh=mesh, mp_policy=MixedPrecisionPolicy(), reshard_after_forward=True)
-    fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=True)
+        fully_shard(
+            head,
+            mesh=mesh,
+            mp_policy=MixedPrecisionPolicy(),
+            offload_policy=offload,
+            reshard_after_forward=True,
+        )
+    fully_shard(model, mesh=mesh, mp_policy=mp, offload_policy=offload, reshard_after_forward=True)
     if hasattr(model, CRITIC_FORWARD):
         # The critic's decoder-only pass needs the root's gather/reshard and backward hooks too.
         register_fsdp_forward_method(model, CRITIC_FORWARD)

@@ -3,6 +3,7 @@ settings, built in one place so the training loop only drives them."""
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import torch
@@ -12,11 +13,14 @@ from lorarl.api.job import LoRARLJob
 from lorarl.trainer.critic import actor_parameters, add_critic, critic_parameters
 from lorarl.trainer.logprobs import snapshot_lora
 from lorarl.trainer.lora_precision import cpu_lora_autocast_dtype, set_lora_autocast
+from lorarl.trainer.memory import activation_checkpointing_on, checkpoint_layers, offload_policy
 from lorarl.trainer.model import apply_lora
 from lorarl.trainer.parallel import DistContext, shard_model
 from lorarl.trainer.ppo import PPOConfig, PPOUpdate, ppo_config
 from lorarl.trainer.settings import lora_settings, loss_config
 from lorarl.trainer.update import UpdateConfig
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -42,7 +46,11 @@ def build_policy(job: LoRARLJob, base: PreTrainedModel, ctx: DistContext) -> Pol
     if ppo_cfg is not None:  # the critic: a second adapter + value head, same base
         add_critic(model, ppo_cfg.critic.lora)
     mixed = spec.trainer.fsdp.mixed_precision
-    shard_model(model, ctx, mixed_precision=mixed)
+    if activation_checkpointing_on(spec.trainer.activation_checkpointing, ctx.device):
+        n = checkpoint_layers(model)
+        log.info("activation checkpointing on %d decoder layers", n)
+    offload = offload_policy(spec.trainer.fsdp.offload_params, ctx.device)
+    shard_model(model, ctx, mixed_precision=mixed, offload=offload)
     set_lora_autocast(model, cpu_lora_autocast_dtype(model, ctx.device, mixed))
     kl_reference = None
     if spec.algorithm.kl.reference == "initialAdapter":
@@ -58,6 +66,7 @@ def build_policy(job: LoRARLJob, base: PreTrainedModel, ctx: DistContext) -> Pol
         grad_clip=o.grad_clip,
         behavior_from_rollout=spec.training.off_policy_steps > 0,
         temperature=spec.rollout.sampling.temperature,
+        max_tokens=spec.training.max_tokens_per_micro_batch,
     )
     policy = Policy(model, optimizer, update_cfg, kl_reference, ppo_cfg)
     if ppo_cfg is not None:

@@ -32,8 +32,8 @@ from lorarl.trainer.settings import (
 from lorarl.trainer.update import (
     UpdateConfig,
     all_reduce_sum,
-    micro_batch_slices,
     mini_batch_slices,
+    plan_micro_batches,
     reference_pass,
     rollout_mismatch_metrics,
     update_policy,
@@ -125,10 +125,13 @@ class PPOUpdate:
         if self.kl_controller is not None and saved is not None:
             self.kl_controller.load_state_dict(saved)
 
-    def update(self, batch: TensorBatch, step: int, reference=None) -> dict[str, float]:
-        """Train critic then actor on this rank's share of `step`'s samples; returns metrics."""
+    def update(
+        self, batch: TensorBatch, step: int, reference=None, replicas: int = 0
+    ) -> dict[str, float]:
+        """Train critic then actor on this rank's share of `step`'s samples; returns metrics.
+        `replicas`: the step's engine count, for the per-engine mismatch (`update_policy`)."""
         cfg, ucfg, mask = self.cfg, self.update_cfg, batch.response_mask
-        kw = {"micro_batch_size": ucfg.micro_batch_size}
+        kw = {"micro_batch_size": ucfg.micro_batch_size, "max_tokens": ucfg.max_tokens}
         with torch.no_grad():
             old_lp, _ = sequence_logprobs(
                 self.model, batch.input_ids, batch.attention_mask, mask,
@@ -162,9 +165,10 @@ class PPOUpdate:
             metrics.update(update_policy(
                 self.model, self.actor_optimizer, batch, ucfg, reference,
                 params=self.actor_params, old_logprobs=old_lp, ref_logprobs=ref_lp,
+                replicas=replicas,
             ))  # fmt: skip
         else:  # the actor waits for a critic worth following: its weights stay as they are
-            metrics.update(rollout_mismatch_metrics(batch, old_lp))
+            metrics.update(rollout_mismatch_metrics(batch, old_lp, replicas))
         return metrics
 
     def _global_current_kl(self, kl_tok: torch.Tensor, mask: torch.Tensor) -> tuple[float, int]:
@@ -173,6 +177,16 @@ class PPOUpdate:
         total, count = all_reduce_sum([float(means[rows].sum()), float(rows.sum())])
         return (total / count if count else 0.0), int(count)
 
+    def _critic_micro_batches(self, mini: TensorBatch) -> list[tuple[torch.Tensor, float]]:
+        """(rows in `mini`, loss weight): in order by microBatchSize, or by the token budget
+        (`update.plan_micro_batches`, every row: the value loss has no gradient-free rows)."""
+        ucfg = self.update_cfg
+        if ucfg.max_tokens is not None:
+            return plan_micro_batches(mini, None, ucfg)
+        n = len(mini)
+        return [(torch.arange(s, min(s + ucfg.micro_batch_size, n)), 1.0)
+                for s in range(0, n, ucfg.micro_batch_size)]  # fmt: skip
+
     def _update_critic(self, batch: TensorBatch, old_values, returns) -> dict[str, float]:
         ucfg, crit = self.update_cfg, self.cfg.critic
         world = dist.get_world_size() if dist.is_initialized() else 1
@@ -180,25 +194,24 @@ class PPOUpdate:
         norms: list[float] = []
         for epoch in range(ucfg.epochs):
             for mini in mini_batch_slices(len(batch), ucfg.mini_batches):
-                part = batch.slice(mini)
-                (g_tokens,) = all_reduce_sum([part.response_mask.sum().item()])
+                (g_tokens,) = all_reduce_sum([batch.slice(mini).response_mask.sum().item()])
                 self.critic_optimizer.zero_grad(set_to_none=True)
-                micros = micro_batch_slices(len(part), ucfg.micro_batch_size)
-                for i, mb in enumerate(micros):
+                micros = self._critic_micro_batches(batch.slice(mini))
+                for i, (rows, weight) in enumerate(micros):
                     set_gradient_sync(self.model, i == len(micros) - 1)
-                    sub = part.slice(mb)
-                    idx = slice(mini.start + mb.start, mini.start + mb.stop)
+                    idx = rows + mini.start  # these samples' rows in `batch`
+                    sub = batch.take(idx)
                     values = sequence_values(
                         self.model, sub.input_ids, sub.attention_mask, sub.response_mask,
-                        micro_batch_size=ucfg.micro_batch_size,
+                        micro_batch_size=len(sub),
                     )  # fmt: skip
                     loss, clip = value_loss(
                         values, old_values[idx], returns[idx], sub.response_mask, crit.value_clip
                     )
                     tokens = sub.response_mask.sum().item()
-                    share = tokens / max(g_tokens, 1.0)
+                    share = weight * tokens / max(g_tokens, 1.0)
                     (loss * crit.vf_coef * share * world).backward()
-                    if epoch == 0:
+                    if epoch == 0 and weight:
                         sums["tokens"] += tokens
                         sums["loss"] += float(loss.detach()) * tokens
                         sums["clip"] += float(clip) * tokens

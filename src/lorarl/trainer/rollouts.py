@@ -10,6 +10,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from lorarl.trainer.advantages import compute_advantages
+from lorarl.trainer.agents import AgentEpisode, AgentRunner
 from lorarl.trainer.batch import TrainSample
 from lorarl.trainer.data import (
     DataError,
@@ -69,10 +70,13 @@ class RolloutWorker:
     episodes: EpisodeRunner | None = None  # spec.environment: multi-turn episodes per sample
     final_reward: bool = True  # with episodes: add the scorer's score of the last reply
     turn_rewards: bool = False  # with episodes: keep each turn's reward on its token (ppo)
+    agents: AgentRunner | None = None  # spec.agent: each recorded model call is a sample
 
     def collect(
         self, position: DataPosition, version: int, model_name: str, step: int = 0
     ) -> Collected:
+        if self.agents is not None:
+            return self._collect_agents(position, version, model_name, step)
         gen_s = rew_s = 0.0
         tokens = 0
         all_rewards: list[torch.Tensor] = []
@@ -191,10 +195,69 @@ class RolloutWorker:
         base = self.sampling.seed
         if base is None:
             return self.sampling
-        turns = self.episodes.max_turns if self.episodes is not None else 1
+        runner = self.episodes or self.agents
+        turns = runner.max_turns if runner is not None else 1
         streams = self.sampler.batch_size * self.group_size * turns
         seed = round_seed(base, step, round_, streams=streams, rounds=max(1, self.dynamic_rounds))
         return replace(self.sampling, seed=seed)
+
+    def _collect_agents(
+        self, position: DataPosition, version: int, model_name: str, step: int
+    ) -> Collected:
+        """Agent episodes (spec.agent): each recorded call is a sample with its episode's reward
+        and advantage (the group: the groupSize episodes of one prompt). A group with a failed
+        episode is dropped and counted; a batch where every group failed is replaced by the
+        next one, up to MAX_EMPTY_BATCHES in a row."""
+        assert self.agents is not None
+        t0 = time.perf_counter()
+        failed = empty_batches = 0
+        while True:
+            indices, position = self.sampler.next_batch(position)
+            items = [self.dataset[i] for i in indices]
+            runs = self.agents.run(
+                items, self.group_size, self._params(step, empty_batches), model=model_name,
+                version=version, seed=_episode_seed(self.sampling.seed, step, empty_batches),
+            )  # fmt: skip
+            failed += len(self.agents.failures)
+            groups = [g for g in runs if g]
+            if groups:
+                break
+            empty_batches += 1
+            if empty_batches > MAX_EMPTY_BATCHES:
+                raise RuntimeError(
+                    f"every agent episode group failed in {empty_batches} batches in a row; "
+                    f"first failure: {self.agents.failures[:1]}"
+                )
+        gen_s = time.perf_counter() - t0
+        flat: list[AgentEpisode] = [e for g in groups for e in g]
+        rewards = torch.tensor([e.reward for e in flat], dtype=torch.float32)
+        counts = [sum(len(c.completion_ids) for c in e.calls) for e in flat]
+        advantages = compute_advantages(
+            self.estimator, rewards, self.group_size, token_counts=counts
+        )
+        mask_cut = self.overlong is not None and self.overlong.mask
+        samples, by_endpoint, sums, seen = [], {}, {}, {}
+        for e, a in zip(flat, advantages.tolist(), strict=True):
+            for call in e.calls:
+                in_loss = not (mask_cut and call.finish_reason == "length")
+                samples.append(_train_sample(call, float(a), e.reward, in_loss=in_loss))
+                by_endpoint.setdefault(call.endpoint, []).append(e.reward)
+            for name, value in e.metrics.items():
+                sums[name], seen[name] = sums.get(name, 0.0) + value, seen.get(name, 0) + 1
+        calls = [c for e in flat for c in e.calls]
+        return Collected(
+            samples=samples,
+            rewards=rewards,
+            position=position,
+            generate_seconds=gen_s,
+            reward_seconds=0.0,
+            generated_tokens=sum(counts),
+            rounds=empty_batches + 1,
+            truncated_fraction=sum(c.finish_reason == "length" for c in calls) / max(len(calls), 1),
+            episode_stats={"turns_mean": len(calls) / len(flat), "failed_episodes": failed},
+            engine_rewards={url: sum(rs) / len(rs) for url, rs in by_endpoint.items()},
+            reward_metrics={k: sums[k] / seen[k] for k in sums} or None,
+        )
 
     def _score(self, items, groups: list[list[Sample]], scorer=None) -> torch.Tensor:
         prompts, completions, truths, metas = [], [], [], []
@@ -236,4 +299,5 @@ def _train_sample(
         finish_reason=s.finish_reason or "",
         loss_mask=None if s.loss_mask is None else list(s.loss_mask),
         turn_rewards=list(s.turn_rewards) if turn_rewards and s.turn_rewards else None,
+        endpoint=s.endpoint or "",
     )

@@ -22,6 +22,7 @@ from lorarl.trainer.logprobs import (
     sequence_logprobs,
 )
 from lorarl.trainer.losses import LossConfig, rl_loss
+from lorarl.trainer.micro_batches import max_over_ranks, row_lengths, token_micro_batches
 from lorarl.trainer.parallel import clip_grad_norm, set_gradient_sync
 
 
@@ -39,12 +40,19 @@ class UpdateConfig:
     behavior_from_rollout: bool = False
     # The engines' sampling temperature: every logprob pass scores softmax(logits / T).
     temperature: float = 1.0
+    # training.maxTokensPerMicroBatch: micro-batches also cut by rows x longest <= this
+    # (`micro_batches`); None: by micro_batch_size alone.
+    max_tokens: int | None = None
 
 
 def reference_pass(model, batch: TensorBatch, cfg: UpdateConfig, reference) -> torch.Tensor:
     """KL reference logprobs: the base (adapter disabled) or a frozen adapter snapshot."""
     args = (batch.input_ids, batch.attention_mask, batch.response_mask)
-    kw = {"micro_batch_size": cfg.micro_batch_size, "temperature": cfg.temperature}
+    kw = {
+        "micro_batch_size": cfg.micro_batch_size,
+        "temperature": cfg.temperature,
+        "max_tokens": cfg.max_tokens,
+    }
     if reference is None:
         return reference_logprobs(model, *args, **kw)
     return adapter_reference_logprobs(model, reference, *args, **kw)
@@ -113,6 +121,29 @@ def rows_to_train(
     return rows[by_length(attention_mask[rows], micro_batch_size)]
 
 
+def plan_micro_batches(
+    mini: TensorBatch, skip: torch.Tensor | None, cfg: UpdateConfig
+) -> list[tuple[torch.Tensor, float]]:
+    """A mini-batch's micro-batches as (rows in `mini`, loss weight), the same number on every
+    rank (collective). By `micro_batch_size` (`rows_to_train`), or, with `cfg.max_tokens`, by
+    the token budget too (`micro_batches`): the kept rows shortest first, a rank with none runs
+    weightless fillers. The weights are 1 but for fillers (0), so the sum over micro-batches is
+    the mini-batch's loss either way."""
+    mbs = cfg.micro_batch_size
+    if cfg.max_tokens is None:
+        rows = rows_to_train(mini.attention_mask, skip, mbs)
+        return [(rows[mb], 1.0) for mb in micro_batch_slices(len(rows), mbs)]
+    kept = torch.arange(len(mini)) if skip is None else (~skip).nonzero().squeeze(-1).cpu()
+    lengths = row_lengths(mini.attention_mask, mini.response_mask)
+    if len(kept) == 0:  # nothing to train here: the shortest row, weightless, as often as needed
+        shortest = min(range(len(lengths)), key=lambda i: (lengths[i], i))
+        count = max_over_ranks(1)
+        return [(torch.tensor([shortest]), 0.0)] * count
+    kept = kept[torch.argsort(torch.tensor(lengths)[kept], stable=True)]
+    micros = token_micro_batches([lengths[i] for i in kept.tolist()], cfg.max_tokens, mbs)
+    return [(kept[m.rows], m.weight) for m in micros]
+
+
 def by_length(attention_mask: torch.Tensor, micro_batch_size: int) -> torch.Tensor:
     """Row order for a mini-batch: shortest sample first, so each micro-batch holds samples of
     similar length and `sequence_logprobs` trims its padding (a micro-batch costs as much as its
@@ -134,6 +165,7 @@ def update_policy(
     params: list[torch.nn.Parameter] | None = None,
     old_logprobs: torch.Tensor | None = None,
     ref_logprobs: torch.Tensor | None = None,
+    replicas: int = 0,
 ) -> dict[str, float]:
     """`reference`: a frozen adapter (`snapshot_lora`) for the KL term; None: the base model.
 
@@ -141,6 +173,7 @@ def update_policy(
     on the same model, the actor's only). `old_logprobs` / `ref_logprobs`: passes the caller
     already ran on this batch at the step's starting weights (PPO needs both before the update),
     so they are not run twice. `batch.token_advantages`, when set, replaces the per-sample ones.
+    `replicas`: the step's engine count (`batch.replica_index`), for the per-engine mismatch.
     """
     world = dist.get_world_size() if dist.is_initialized() else 1
     token_level = cfg.loss.agg == "token-mean"
@@ -161,7 +194,7 @@ def update_policy(
         with torch.no_grad():
             old, _ = sequence_logprobs(
                 model, batch.input_ids, batch.attention_mask, batch.response_mask,
-                micro_batch_size=mbs, temperature=cfg.temperature,
+                micro_batch_size=mbs, temperature=cfg.temperature, max_tokens=cfg.max_tokens,
             )  # fmt: skip
     ref = None
     if cfg.loss.kl_coef > 0:
@@ -181,20 +214,18 @@ def update_policy(
             # the loss is normalized by every sample of the mini-batch, trained or skipped
             g_tokens, g_seqs = all_reduce_sum(list(_counts(batch.slice(mini))))
             mini_skip = None if skip is None else skip[mini]
-            rows = rows_to_train(batch.attention_mask[mini], mini_skip, mbs) + mini.start
-            part = batch.take(rows)
+            micros = plan_micro_batches(batch.slice(mini), mini_skip, cfg)
             denominator = max(g_tokens if token_level else g_seqs, 1.0)
             optimizer.zero_grad(set_to_none=True)
-            micros = micro_batch_slices(len(part), mbs)
-            for i, mb in enumerate(micros):
+            for i, (rows, weight) in enumerate(micros):
                 set_gradient_sync(model, i == len(micros) - 1)
-                sub = part.slice(mb)
+                idx = rows + mini.start  # these samples' rows in `batch`
+                sub = batch.take(idx)
                 lp, ent = sequence_logprobs(
                     model, sub.input_ids, sub.attention_mask, sub.response_mask,
-                    micro_batch_size=mbs, with_entropy=True, temperature=cfg.temperature,
+                    micro_batch_size=len(sub), with_entropy=True, temperature=cfg.temperature,
                     entropy_grad=cfg.loss.entropy_coef > 0,  # else a metric: no graph
                 )  # fmt: skip
-                idx = rows[mb]  # these samples' rows in `batch`
                 old_lp = lp.detach() if old is None else old[idx]
                 loss, metrics = rl_loss(
                     lp, old_lp, adv_tok[idx], sub.response_mask, cfg.loss,
@@ -202,9 +233,9 @@ def update_policy(
                     rollout_logprobs=sub.rollout_logprobs,
                 )  # fmt: skip
                 tokens, seqs = _counts(sub)
-                share = (tokens if token_level else seqs) / denominator
+                share = weight * (tokens if token_level else seqs) / denominator
                 (loss * share * world).backward()
-                if epoch == 0:
+                if epoch == 0 and weight:
                     # Engine vs trainer at the same weights: the step's starting policy (later
                     # mini-batches' `lp` has already moved), unless `old` is the engine's own.
                     trainer_lp = lp if old is None or old_is_rollout else old_lp
@@ -216,7 +247,7 @@ def update_policy(
             optimizer.step()
     set_gradient_sync(model, True)
     sums["batch_tokens"] = batch.response_mask.sum().item()  # skipped samples' tokens too
-    return _finish(sums, grad_norms)
+    return _finish(sums, grad_norms, replicas)
 
 
 # |trainer - engine| logprob per token is histogrammed on fixed log-spaced edges (1e-9 .. 1e2, four
@@ -229,8 +260,17 @@ _METRICS = ("policy_loss", "kl", "entropy", "clip_frac", "loss", "tis_clip_frac"
 def _accumulate(sums, metrics, lp: torch.Tensor, sub: TensorBatch, tokens: float) -> None:
     mask = sub.response_mask.bool()
     sums["tokens"] += tokens
-    gap = (sub.rollout_logprobs - lp.detach()).abs()[mask]
+    gaps = (sub.rollout_logprobs - lp.detach()).abs()
+    gap = gaps[mask]
     sums["mismatch"] += gap.sum().item()
+    if sub.replicas is not None:  # per engine: its rows' gap and tokens
+        row_gap = torch.where(mask, gaps, 0.0).sum(-1)
+        row_tokens = mask.sum(-1)
+        for k in sub.replicas.unique().tolist():
+            if k >= 0:
+                rows = sub.replicas == k
+                sums[f"replica{k}_mismatch"] += row_gap[rows].sum().item()
+                sums[f"replica{k}_tokens"] += row_tokens[rows].sum().item()
     edges = torch.tensor(MISMATCH_EDGES, dtype=gap.dtype, device=gap.device)
     counts = torch.bincount(torch.bucketize(gap, edges), minlength=len(MISMATCH_EDGES) + 1)
     for i, c in enumerate(counts.tolist()):
@@ -241,13 +281,13 @@ def _accumulate(sums, metrics, lp: torch.Tensor, sub: TensorBatch, tokens: float
 
 
 def rollout_mismatch_metrics(
-    batch: TensorBatch, trainer_logprobs: torch.Tensor
+    batch: TensorBatch, trainer_logprobs: torch.Tensor, replicas: int = 0
 ) -> dict[str, float]:
     """The engine-vs-trainer metrics of a step whose policy did not move (PPO's critic warm-up):
     the same keys `update_policy` returns, with no update. Collective like it."""
     sums: dict[str, float] = defaultdict(float)
     _accumulate(sums, {}, trainer_logprobs, batch, batch.response_mask.sum().item())
-    return _finish(sums, [])
+    return _finish(sums, [], replicas)
 
 
 def mismatch_quantiles(counts: list[float]) -> dict[str, float]:
@@ -266,12 +306,21 @@ def mismatch_quantiles(counts: list[float]) -> dict[str, float]:
     return out
 
 
-def _finish(sums: dict[str, float], grad_norms: list[float]) -> dict[str, float]:
+def _finish(sums: dict[str, float], grad_norms: list[float], replicas: int = 0) -> dict[str, float]:
+    """The step's metrics, summed over ranks. `replicas`: how many engines the step's rows name
+    (the same on every rank: `batch.replica_index` of the whole batch); their per-engine gap
+    comes back as `replica_mismatch/<index>` (mean |engine - trainer| per token)."""
     hist = [f"hist{i}" for i in range(len(MISMATCH_EDGES) + 1)]
+    per_replica = [f"replica{k}_{part}" for k in range(replicas) for part in ("mismatch", "tokens")]
     keys = ["tokens", "batch_tokens", "mismatch", "first_tokens", "first_clip"]
-    keys += [*[k for k in _METRICS if k in sums], *hist]
+    keys += [*[k for k in _METRICS if k in sums], *hist, *per_replica]
     totals = dict(zip(keys, all_reduce_sum([sums.get(k, 0.0) for k in keys]), strict=True))
     counts = [totals.pop(k) for k in hist]
+    by_replica = {}
+    for k in range(replicas):
+        gap, n = totals.pop(f"replica{k}_mismatch"), totals.pop(f"replica{k}_tokens")
+        if n > 0:
+            by_replica[f"replica_mismatch/{k}"] = gap / n
     first = totals.pop("first_clip") / max(totals.pop("first_tokens"), 1.0)
     batch_tokens = totals.pop("batch_tokens")
     tokens = max(totals.pop("tokens"), 1.0)
@@ -281,4 +330,5 @@ def _finish(sums: dict[str, float], grad_norms: list[float]) -> dict[str, float]
     out["clip_frac_first_update"] = first
     out["grad_norm"] = grad_norms[-1] if grad_norms else 0.0
     out["trained_tokens"] = batch_tokens or tokens  # the batch's loss tokens, run or skipped
+    out.update(by_replica)
     return out

@@ -106,7 +106,7 @@ class LocalStore:
 
     def _status(self, entry: _Entry, read: _Read) -> LoRARLJobStatus:
         if read.progress is None:
-            return LoRARLJobStatus(phase="Pending", total_steps=entry.job.spec.training.total_steps)
+            return LoRARLJobStatus(phase="Pending", total_steps=entry.job.spec.training.steps)
         return views.status_from_progress(read.progress)
 
     def _created(self, entry: _Entry, read: _Read) -> float:

@@ -1,0 +1,168 @@
+"""Peak memory of one policy update with the trainer's memory features on and off.
+
+    python -m bench.trainer_memory                       # SmolLM2-135M, 8 samples of 128-512
+    python -m bench.trainer_memory --model DIR --batch 4 --seq 256
+
+Configurations (each in its own child process, fp32 on CPU, one thread):
+- `plain`: one micro-batch of the whole batch (`--micro` = batch), no checkpointing;
+- `checkpointing`: the same with trainer.activationCheckpointing (every decoder layer recomputed
+  in the backward, `trainer/memory.py`);
+- `token_budget`: the same batch with training.maxTokensPerMicroBatch = `--max-tokens`
+  (`trainer/micro_batches.py`);
+- `both`: checkpointing and the token budget.
+
+The child loads the model, wraps it with LoRA (r=16, all-linear), takes one warm-up update on a
+one-sample batch, trims the heap, resets the kernel's peak-RSS counter (`/proc/self/clear_refs`)
+and runs `update.update_policy` once (token-mean loss, a KL term so the reference pass runs
+too). Reported: RSS before the update, its peak, the peak above the start (the update's own
+memory: activations, logits, gradients), seconds. The samples' lengths are spread evenly from
+seq/4 to seq (prompt 32 tokens), as an RL batch's are. Writes bench/results/trainer_memory.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import gc
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+MODEL = ROOT / ".cache" / "lorarl" / "models" / "SmolLM2-135M-Instruct"
+CONFIGS = {
+    "plain": (False, False),
+    "checkpointing": (True, False),
+    "token_budget": (False, True),
+    "both": (True, True),
+}
+PROMPT = 32
+
+
+def _rss_kib(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(f"{field}:"):
+            return int(line.split()[1])
+    raise RuntimeError(f"no {field} in /proc/self/status")
+
+
+def _reset_peak() -> bool:
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        return True
+    except OSError:
+        return False
+
+
+def _trim() -> None:
+    gc.collect()
+    with contextlib.suppress(OSError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
+def lengths(batch: int, seq: int) -> list[int]:
+    """Sample lengths spread evenly from seq/4 to seq, longest last."""
+    lo = max(seq // 4, PROMPT + 2)
+    return [lo + (seq - lo) * i // max(batch - 1, 1) for i in range(batch)]
+
+
+def child(args: argparse.Namespace) -> dict[str, Any]:
+    import torch
+
+    from lorarl.trainer.batch import TrainSample, collate
+    from lorarl.trainer.losses import LossConfig
+    from lorarl.trainer.memory import checkpoint_layers
+    from lorarl.trainer.model import LoraSettings, apply_lora, load_base_model
+    from lorarl.trainer.update import UpdateConfig, update_policy
+
+    torch.set_num_threads(args.threads)
+    checkpointing, budget = CONFIGS[args.child]
+    torch.manual_seed(0)
+    model = apply_lora(load_base_model(args.model), LoraSettings(rank=16, alpha=32.0))
+    if checkpointing:
+        checkpoint_layers(model)
+    vocab = model.get_base_model().config.vocab_size
+    g = torch.Generator().manual_seed(0)
+
+    def sample(n: int, adv: float) -> TrainSample:
+        ids = torch.randint(0, vocab, (n,), generator=g).tolist()
+        return TrainSample(ids[:PROMPT], ids[PROMPT:], [-2.0] * (n - PROMPT), adv, 0.0, 0)
+
+    batch = collate(
+        [sample(n, (-1.0) ** i) for i, n in enumerate(lengths(args.batch, args.seq))], 0
+    )
+    cfg = UpdateConfig(
+        LossConfig(kl_coef=0.01),
+        micro_batch_size=args.batch,
+        max_tokens=args.max_tokens if budget else None,
+    )
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-6)
+    update_policy(model, opt, collate([sample(PROMPT + 4, 1.0)], 0), cfg)  # optimizer state
+    _trim()
+    before = _rss_kib("VmRSS")
+    reset = _reset_peak()
+    t0 = time.perf_counter()
+    update_policy(model, opt, batch, cfg)
+    seconds = time.perf_counter() - t0
+    peak = _rss_kib("VmHWM") if reset else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return {
+        "config": args.child,
+        "rss_before_mib": round(before / 1024, 1),
+        "peak_rss_mib": round(peak / 1024, 1),
+        "update_peak_mib": round((peak - before) / 1024, 1),
+        "peak_is_update_only": reset,
+        "seconds": round(seconds, 2),
+    }
+
+
+def run_config(name: str, args: argparse.Namespace) -> dict[str, Any]:
+    cmd = [sys.executable, "-m", "bench.trainer_memory", "--child", name, "--model",
+           str(args.model), "--batch", str(args.batch), "--seq", str(args.seq),
+           "--max-tokens", str(args.max_tokens), "--threads", str(args.threads)]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=3600)
+    if proc.returncode != 0:
+        raise SystemExit(f"{name} child failed:\n{proc.stderr[-4000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--child", choices=list(CONFIGS))
+    p.add_argument("--model", type=Path, default=MODEL)
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--seq", type=int, default=512)
+    p.add_argument("--max-tokens", type=int, default=1024)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--configs", default=",".join(CONFIGS))
+    p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "trainer_memory.json",
+                   help="results file (the default is the committed one)")  # fmt: skip
+    args = p.parse_args(argv)
+    if args.child:
+        print(json.dumps(child(args)), flush=True)
+        return 0
+    if not (args.model / "config.json").is_file():
+        from lorarl.local.models import prepare_smollm2
+
+        args.model = prepare_smollm2(args.model.parent)
+    from bench.common import machine, write_results
+
+    runs = [run_config(name, args) for name in args.configs.split(",")]
+    report = {"benchmark": "trainer_memory", "method": __doc__, "machine": machine(),
+              "settings": {"model": args.model.name, "batch": args.batch, "seq": args.seq,
+                           "max_tokens": args.max_tokens, "threads": args.threads},
+              "runs": runs}  # fmt: skip
+    print(json.dumps(report["runs"], indent=2))
+    if args.out is not None:
+        write_results(args.out, report)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

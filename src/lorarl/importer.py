@@ -1,0 +1,745 @@
+"""`lorarl import verl|skyrl FILE`: a verl or SkyRL launch script as a LoRARLJob manifest.
+
+The script is read as bash only as far as these scripts go: line continuations, comments,
+`VAR=value` / `export VAR=value` assignments and `$VAR`, `${VAR}`, `${VAR:-default}` expansions;
+the trainer's command (`python3 -m verl.trainer.main_ppo ...`, `uv run ... -m
+skyrl_train.entrypoints.main_base ...`) gives the Hydra overrides `key=value`. Each override is
+looked up in lorarl.api.porting's table (the one `lorarl validate`'s hints and docs/porting.md
+use) and converted (`CONVERSIONS`: units, value names); what cannot be carried becomes a comment
+in the manifest saying why. The manifest is validated before it is written: a value lorarl
+refuses is dropped to a comment too, so the result always validates.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import textwrap
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+from lorarl.api.porting import FOREIGN_NAMES, SKYRL, VERL, ForeignName
+
+FRAMEWORKS = {"verl": VERL, "skyrl": SKYRL}
+_MODULES = {VERL: ("verl.trainer.main_ppo",), SKYRL: ("skyrl_train.entrypoints.main_base",)}
+_TABLE: dict[tuple[str, str], ForeignName] = {(e.framework, e.name): e for e in FOREIGN_NAMES}
+
+# What the frameworks default to where the script does not say (only those the import needs).
+_DEFAULT_KL_COEF = {VERL: 0.001, SKYRL: 0.001}
+_DEFAULT_KL_LOSS = {VERL: False, SKYRL: True}  # use_kl_loss
+_ANSWER_KEY = {VERL: "reward_model.ground_truth", SKYRL: "reward_spec.ground_truth"}
+_OUTPUT_CLAIM = {"claimName": "rl-outputs", "mountPath": "/output"}
+_MODEL_CLAIM = {"claimName": "models", "mountPath": "/models", "readOnly": True}
+
+
+class ScriptError(ValueError):
+    """The file is not a script this importer can read (no trainer command in it)."""
+
+
+@dataclass
+class Imported:
+    manifest: dict[str, Any]
+    # spec field path ("spec.training.miniBatchSize") -> why/how it was converted
+    notes: dict[str, list[str]] = field(default_factory=dict)
+    # (parameter as written, its value, why it is not in the manifest)
+    uncarried: list[tuple[str, str, str]] = field(default_factory=list)
+    framework: str = VERL
+
+    def note(self, path: str, text: str) -> None:
+        self.notes.setdefault(path, []).append(text)
+
+    def skip(self, key: str, raw: str, why: str) -> None:
+        self.uncarried.append((key, raw, why))
+
+
+# --- reading the script --------------------------------------------------------------------------
+
+_VAR = re.compile(
+    r"\$(?:\{(?P<braced>[A-Za-z_0-9]+)(?::?-(?P<default>[^}]*))?\}"
+    r"|(?P<plain>[A-Za-z_][A-Za-z_0-9]*|[0-9@*]))"
+)
+_ASSIGN = re.compile(r"^(?:export\s+)?([A-Za-z_][A-Za-z_0-9]*)=(.*)$")
+
+
+def _expand(text: str, env: Mapping[str, str], missing: set[str]) -> str:
+    def sub(m: re.Match[str]) -> str:
+        name = m.group("braced") or m.group("plain")
+        if name in env:
+            return env[name]
+        if m.group("default") is not None:
+            return _expand(m.group("default"), env, missing)
+        if name in "@*":
+            return ""
+        missing.add(name)
+        return m.group(0)
+
+    return _VAR.sub(sub, text)
+
+
+def _logical_lines(text: str) -> list[str]:
+    """Lines with continuations joined and comments dropped (a `#` that starts a word)."""
+    joined = re.sub(r"\\\r?\n", " ", text)
+    out = []
+    for line in joined.splitlines():
+        try:
+            words = shlex.split(line, comments=True)
+        except ValueError:
+            words = line.split("#", 1)[0].split()
+        if words:
+            out.append(line.strip())
+    return out
+
+
+def read_overrides(
+    text: str, framework: str, env: Mapping[str, str] | None = None
+) -> tuple[list[tuple[str, str]], set[str]]:
+    """The trainer command's Hydra overrides `(key, value as written)`, variables expanded; and
+    the variables the script uses without setting (left as written)."""
+    variables = dict(env or {})
+    missing: set[str] = set()
+    for line in _logical_lines(text):
+        assign = _ASSIGN.match(line)
+        if assign:
+            try:
+                value = " ".join(shlex.split(assign.group(2), comments=True))
+            except ValueError:
+                value = assign.group(2)
+            variables[assign.group(1)] = _expand(value, variables, set())
+            continue
+        try:
+            words = shlex.split(line, comments=True)
+        except ValueError:
+            continue
+        modules = _MODULES[framework]
+        at = next((i for i, w in enumerate(words) if w in modules), None)
+        if at is None:
+            continue
+        overrides = []
+        for word in words[at + 1 :]:
+            word = _expand(word, variables, missing)
+            if "=" not in word or word.startswith("-"):
+                continue  # `$@` (gone), a flag such as --config-path
+            key, _, value = word.partition("=")
+            overrides.append((key.lstrip("+~"), value))
+        return overrides, missing
+    names = " or ".join(_MODULES[framework])
+    raise ScriptError(f"no `python -m {names}` command found: is this a {framework} script?")
+
+
+def hydra_value(raw: str) -> Any:
+    """A Hydra override's value as Hydra types it: null, booleans, numbers, [lists], strings."""
+    text = raw.strip()
+    if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
+        return text[1:-1]
+    low = text.lower()
+    if low in ("null", "none", "~"):
+        return None
+    if low in ("true", "false"):
+        return low == "true"
+    if re.fullmatch(r"[-+]?\d+", text):
+        return int(text)
+    if re.fullmatch(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?", text):
+        return float(text)
+    if text.startswith("[") and text.endswith("]"):
+        inner = text[1:-1].strip()
+        return [hydra_value(part) for part in _split_list(inner)] if inner else []
+    return text
+
+
+def _split_list(inner: str) -> list[str]:
+    try:
+        loaded = yaml.safe_load(f"[{inner}]")
+        return [str(x) for x in loaded]
+    except yaml.YAMLError:
+        return [p.strip() for p in inner.split(",")]
+
+
+# --- conversions ---------------------------------------------------------------------------------
+
+
+@dataclass
+class _Ctx:
+    values: dict[str, Any]  # every override, typed
+    out: Imported
+
+
+def _set(ctx: _Ctx, path: str, value: Any) -> None:
+    node = ctx.out.manifest
+    *parents, last = path.split(".")
+    for part in parents:
+        node = node.setdefault(part, {})
+    node[last] = value
+
+
+def _get(ctx: _Ctx, path: str, default: Any = None) -> Any:
+    node: Any = ctx.out.manifest
+    for part in path.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return default
+        node = node[part]
+    return node
+
+
+def _group_size(ctx: _Ctx) -> int | None:
+    for key in ("actor_rollout_ref.rollout.n", "generator.n_samples_per_prompt"):
+        if isinstance(ctx.values.get(key), int):
+            return ctx.values[key]
+    return None
+
+
+Conversion = Callable[[_Ctx, ForeignName, Any], "Any | str"]
+
+
+class _Skip(Exception):
+    """Raised by a conversion: the value cannot be carried (the message says why)."""
+
+
+def _plain(ctx: _Ctx, e: ForeignName, value: Any) -> Any:
+    if isinstance(value, str) and value.startswith("$"):
+        raise _Skip(f"{value} is a shell variable the script does not set")
+    return value
+
+
+def _as_list(ctx: _Ctx, e: ForeignName, value: Any) -> Any:
+    return value if isinstance(value, list) else [value]
+
+
+def _model(ctx: _Ctx, e: ForeignName, value: Any) -> Any:
+    from lorarl.api.spec import ModelSpec
+
+    try:
+        ModelSpec.model_validate({"path": value})
+        return value
+    except ValueError:
+        pass
+    local = "/models/" + str(value).rstrip("/").split("/")[-1]
+    _set(ctx, "spec.model.volume", dict(_MODEL_CLAIM))
+    ctx.out.note(
+        "spec.model.path",
+        f"was {value}, a Hugging Face hub id: lorarl reads a local folder (on a PVC in a "
+        f"cluster) today; download it there, e.g. huggingface-cli download {value} "
+        f"--local-dir {local}, on the claim named in model.volume",
+    )
+    return local
+
+
+def _prompts_to_samples(ctx: _Ctx, e: ForeignName, value: Any) -> Any:
+    group = _group_size(ctx)
+    if not isinstance(value, int) or group is None:
+        raise _Skip(
+            "counts prompts, lorarl's miniBatchSize counts samples, and the script "
+            "gives no group size to convert with"
+        )
+    ctx.out.note(e.field or "", f"{e.name}={value} prompts x groupSize {group}")
+    return value * group
+
+
+def _epochs(ctx: _Ctx, e: ForeignName, value: Any) -> Any:
+    if "trainer.total_training_steps" in ctx.values:
+        raise _Skip("total_training_steps is given and wins (as in verl)")
+    ctx.out.note(
+        e.field or "",
+        f"{e.name}={value}: the trainer runs ceil(epochs x rows / promptsPerStep) steps, where "
+        f"{e.framework} drops each epoch's last partial batch (a few steps fewer)",
+    )
+    return value
+
+
+def _offload(ctx: _Ctx, e: ForeignName, value: Any) -> Any:
+    both = [k for k in ctx.values if k.endswith(("fsdp_config.param_offload",
+                                                   "fsdp_config.optimizer_offload"))
+            and k.startswith("actor_rollout_ref.actor.")]  # fmt: skip
+    on = any(ctx.values[k] is True for k in both)
+    if on and value is not True:
+        raise _Done  # the other one turns offload on (lorarl offloads both together)
+    if on and not all(ctx.values[k] is True for k in both):
+        ctx.out.note(e.field or "", f"{e.name}=True: {e.note}")
+    return on
+
+
+def _dynamic_bsz(ctx: _Ctx, e: ForeignName, value: Any) -> Any:
+    if ctx.values.get("actor_rollout_ref.actor.use_dynamic_bsz") is not True:
+        raise _Skip("applies with use_dynamic_bsz=True only")
+    return value
+
+
+_RESUME = {"auto": "auto", "latest": "auto", "disable": "never", None: "never"}
+
+
+def _resume(ctx: _Ctx, e: ForeignName, value: Any) -> Any:
+    if value not in _RESUME:
+        raise _Skip("resuming from a given checkpoint path: lorarl resumes from outputDir only")
+    if _RESUME[value] == "never":
+        ctx.out.note(e.field or "", f"{e.name}={value}: never refuses to start over another "
+                     "run's checkpoints instead of ignoring them")  # fmt: skip
+    return _RESUME[value]
+
+
+_ALGORITHMS = {
+    "grpo": "grpo", "gae": "ppo", "ppo": "ppo", "rloo": "rloo", "reinforce_plus_plus":
+    "reinforce_pp", "reinforce_pp": "reinforce_pp", "dr_grpo": "dr_grpo", "dapo": "dapo",
+}  # fmt: skip
+
+
+def _algorithm(ctx: _Ctx, e: ForeignName, value: Any) -> Any:
+    if value not in _ALGORITHMS:
+        raise _Skip(f"lorarl's algorithms are {', '.join(sorted(set(_ALGORITHMS.values())))}")
+    return _ALGORITHMS[value]
+
+
+_KL_ESTIMATORS = {"kl": "k1", "k1": "k1", "abs": None, "mse": "mse", "k2": "k2", "k3": "k3",
+                  "low_var_kl": "low_var_kl"}  # fmt: skip
+
+
+def _kl_estimator(ctx: _Ctx, e: ForeignName, value: Any) -> Any:
+    if _KL_ESTIMATORS.get(value) is None:
+        raise _Skip("lorarl's estimators are k1, k2, k3, low_var_kl, mse")
+    return _KL_ESTIMATORS[value]
+
+
+def _kl_switch(ctx: _Ctx, e: ForeignName, value: Any) -> Any:
+    if value is False:
+        ctx.out.note("spec.algorithm.kl.coef", f"{e.name}=False: no KL loss")
+        return 0.0
+    coef_key = e.name.replace("use_kl_loss", "kl_loss_coef")
+    if coef_key in ctx.values:
+        raise _Done  # kl_loss_coef carries it
+    coef = _DEFAULT_KL_COEF[e.framework]
+    ctx.out.note("spec.algorithm.kl.coef", f"{e.name}=True with the framework's default {coef}")
+    return coef
+
+
+def _kl_coef(ctx: _Ctx, e: ForeignName, value: Any) -> Any:
+    switch = e.name.replace("kl_loss_coef", "use_kl_loss")
+    if ctx.values.get(switch, _DEFAULT_KL_LOSS[e.framework]) is not True:
+        raise _Skip(f"{switch} is not True, so the framework ignores it")
+    return value
+
+
+def _scheduler(ctx: _Ctx, e: ForeignName, value: Any) -> Any:
+    if value in ("constant", "cosine"):
+        return value
+    if value == "constant_with_warmup":
+        return "constant"
+    raise _Skip("lorarl's schedules are constant and cosine")
+
+
+def _engine(ctx: _Ctx, e: ForeignName, value: Any) -> Any:
+    if value in ("vllm", "sglang"):
+        return value
+    raise _Skip("lorarl's engines are vllm and sglang")
+
+
+def _tp(ctx: _Ctx, e: ForeignName, value: Any) -> Any:
+    if ctx.values.get("trainer.placement.colocate_all") is True:
+        return value
+    _set(ctx, "spec.rollout.gpusPerReplica", value)
+    ctx.out.note(
+        "spec.rollout.gpusPerReplica", "one engine per rollout pod, on tensorParallelSize GPUs"
+    )
+    return value
+
+
+def _gpus(ctx: _Ctx, e: ForeignName, value: Any) -> Any:
+    ctx.out.note(
+        e.field or "",
+        f"{e.name}={value}: the trainer's GPUs; {e.framework} runs the engines on them too, "
+        "lorarl gives them pods of their own (spec.rollout) unless rollout.placement is colocated",
+    )
+    return value
+
+
+def _clip(ctx: _Ctx, e: ForeignName, value: Any) -> Any:
+    if "clip_ratio_high" not in " ".join(ctx.values):
+        _set(ctx, "spec.algorithm.clipRatioHigh", value)
+    return value
+
+
+_BACKENDS = ("tensorboard", "mlflow", "wandb")
+
+
+def _backends(ctx: _Ctx, e: ForeignName, value: Any) -> Any:
+    names = value if isinstance(value, list) else [value]
+    kept = [n for n in names if n in _BACKENDS]
+    dropped = [str(n) for n in names if n not in _BACKENDS and n != "console"]
+    if dropped:
+        ctx.out.skip(e.name, ",".join(dropped), "lorarl's backends are " + ", ".join(_BACKENDS))
+    if not kept:
+        raise _Done
+    return kept
+
+
+_LOSS_REDUCTION = {"token_mean": "token-mean", "sequence_mean": "seq-mean-token-mean",
+                   "seq_mean_token_sum_norm": "seq-mean-token-sum-norm"}  # fmt: skip
+
+
+def _loss_reduction(ctx: _Ctx, e: ForeignName, value: Any) -> Any:
+    if value not in _LOSS_REDUCTION:
+        raise _Skip("lorarl's aggregations are " + ", ".join(_LOSS_REDUCTION.values()))
+    return _LOSS_REDUCTION[value]
+
+
+def _entrypoint(ctx: _Ctx, e: ForeignName, value: Any) -> Any:
+    prefix = e.name.rsplit(".", 1)[0]
+    path, name = ctx.values.get(f"{prefix}.path"), ctx.values.get(f"{prefix}.name")
+    if e.name.endswith(".name"):
+        if path is None:
+            raise _Skip("names a function in custom_reward_function.path, which is not given")
+        raise _Done  # carried with the path
+    name = name or "compute_score"  # verl's default
+    ctx.out.note(
+        "spec.reward.entrypoint",
+        f"{prefix}.path={path}, name={name}; in a cluster the "
+        "file must be in the pods: reward.configMap or a claim (docs/rewards.md)",
+    )
+    return f"{path}:{name}"
+
+
+def _colocate(ctx: _Ctx, e: ForeignName, value: Any) -> Any:
+    return "colocated" if value is True else "separate"
+
+
+def _env_class(ctx: _Ctx, e: ForeignName, value: Any) -> Any:
+    if value != "gsm8k":
+        raise _Skip(
+            "a SkyRL environment class: write its reward (reward.entrypoint) or "
+            "environment (spec.environment) for lorarl"
+        )
+    return "gsm8k"
+
+
+class _Done(Exception):
+    """Raised by a conversion that set what it needed itself (or left it to another key)."""
+
+
+CONVERSIONS: dict[str, tuple[Conversion, str]] = {
+    "": (_plain, "as written"),
+    "list": (_as_list, "a single name becomes a one-item list"),
+    "model": (_model, "a hub id becomes a local path under /models, with a comment"),
+    "prompts": (_prompts_to_samples, "x groupSize (prompts to samples)"),
+    "epochs": (_epochs, "not with total_training_steps"),
+    "offload": (_offload, "on when either is true"),
+    "dynamic_bsz": (_dynamic_bsz, "only with use_dynamic_bsz=True"),
+    "resume": (_resume, "auto, latest: auto; disable, null: never"),
+    "algorithm": (_algorithm, "gae: ppo, reinforce_plus_plus: reinforce_pp"),
+    "kl_estimator": (_kl_estimator, "kl: k1; abs has none"),
+    "kl_switch": (_kl_switch, "False: coef 0; True: coef from kl_loss_coef"),
+    "scheduler": (_scheduler, "constant or cosine"),
+    "engine": (_engine, "vllm or sglang (hf has none)"),
+    "tp": (_tp, "also rollout.gpusPerReplica"),
+    "gpus": (_gpus, "trainer GPUs only"),
+    "clip": (_clip, "both clipRatioLow and clipRatioHigh"),
+    "backends": (_backends, "console dropped (always on)"),
+    "loss_reduction": (_loss_reduction, "token_mean: token-mean, ..."),
+    "entrypoint": (_entrypoint, "path.py:name (name defaults to compute_score)"),
+    "colocate": (_colocate, "true: colocated"),
+    "env_class": (_env_class, "gsm8k only"),
+}
+_SPECIAL = {"kl_loss_coef": _kl_coef}
+# Conversions that write their own comment (the table's note would repeat it).
+_OWN_NOTES = ("prompts", "epochs", "model", "gpus", "entrypoint", "offload", "resume")
+
+
+# --- building the manifest -----------------------------------------------------------------------
+
+
+def import_script(
+    text: str,
+    framework: str,
+    *,
+    name: str | None = None,
+    default_name: str = "imported-job",
+    env: Mapping[str, str] | None = None,
+    cluster: bool = True,
+) -> Imported:
+    """The manifest a launch script becomes; `framework` is "verl" or "skyrl"."""
+    fw = FRAMEWORKS[framework]
+    overrides, missing = read_overrides(text, fw, env)
+    out = Imported(manifest={}, framework=fw)
+    values = {k: hydra_value(v) for k, v in overrides}
+    ctx = _Ctx(values, out)
+    for var in sorted(missing):
+        out.skip(
+            f"${var}",
+            "",
+            "the script uses it without setting it: values with it were "
+            "left out (set it in the environment of `lorarl import`)",
+        )
+    for key, raw in overrides:
+        if any(f"${v}" in raw or f"${{{v}" in raw for v in missing):
+            out.skip(key, raw, "holds an unset shell variable")
+            continue
+        entry = _TABLE.get((fw, key))
+        if entry is None:
+            out.skip(key, raw, f"no lorarl setting known for this {fw} parameter")
+            continue
+        if entry.field is None:
+            out.skip(key, raw, entry.note)
+            continue
+        if entry.field.startswith("spec.critic.") and _algo(values) not in ("gae", "ppo"):
+            out.skip(key, raw, "a critic setting, and the algorithm has no critic (ppo only)")
+            continue
+        convert = _SPECIAL.get(key.rsplit(".", 1)[-1]) or CONVERSIONS[entry.convert][0]
+        try:
+            value = convert(ctx, entry, values[key])
+        except _Skip as exc:
+            out.skip(key, raw, str(exc))
+            continue
+        except _Done:
+            continue
+        _set(ctx, entry.field, value)
+        if entry.note and entry.convert not in _OWN_NOTES:
+            out.note(entry.field, f"{key}: {entry.note}")
+    _defaults(ctx, fw, name, default_name, cluster)
+    _settle(out, cluster)
+    return out
+
+
+def _algo(values: dict[str, Any]) -> Any:
+    return values.get(
+        "algorithm.adv_estimator", values.get("trainer.algorithm.advantage_estimator")
+    )
+
+
+def _job_name(ctx: _Ctx, name: str | None, default_name: str) -> str:
+    from lorarl.api.job import MAX_NAME_LENGTH
+
+    raw = name or ctx.values.get("trainer.experiment_name") or ctx.values.get("trainer.run_name")
+    slug = re.sub(r"[^a-z0-9]+", "-", str(raw or default_name).lower()).strip("-")
+    slug = slug[:MAX_NAME_LENGTH].rstrip("-")
+    return slug if slug and slug[0].isalpha() else f"job-{slug}"[:MAX_NAME_LENGTH].rstrip("-")
+
+
+def _defaults(ctx: _Ctx, fw: str, name: str | None, default_name: str, cluster: bool) -> None:
+    """What the manifest needs and the script leaves to the framework's defaults."""
+    job = _job_name(ctx, name, default_name)
+    out = ctx.out
+    m = out.manifest
+    spec = m.setdefault("spec", {})
+    out.manifest = {"apiVersion": "lorarl.dev/v1alpha1", "kind": "LoRARLJob",
+                    "metadata": {"name": job}, "spec": spec}  # fmt: skip
+    if "path" not in spec.get("model", {}):
+        spec.setdefault("model", {})["path"] = "/models/base-model"
+        out.note("spec.model.path", "the script names no model: a placeholder")
+    data = spec.setdefault("data", {})
+    if "answerKey" not in data:
+        data["answerKey"] = _ANSWER_KEY[fw]
+        out.note("spec.data.answerKey", f"where {fw}'s preprocessed data keeps the answer")
+    if "trainFiles" not in data:
+        data["trainFiles"] = ["/data/train.parquet"]
+        out.note("spec.data.trainFiles", "the script names no training data: a placeholder")
+    reward = spec.get("reward", {})
+    if "entrypoint" not in reward and "function" not in reward:
+        files = " ".join(data.get("trainFiles", [])).lower()
+        function = "gsm8k" if "gsm8k" in files else "math_answer"
+        spec.setdefault("reward", {})["function"] = function
+        out.note(
+            "spec.reward.function",
+            f"{fw} scores by each row's data_source by default; "
+            f"chosen from the data's name: check it",
+        )
+    kl = spec.get("algorithm", {}).get("kl", {})
+    if fw == VERL and kl.get("coef") and "estimator" not in kl:
+        kl["estimator"] = "low_var_kl"
+        out.note("spec.algorithm.kl.estimator", "verl's default kl_loss_type")
+    training = spec.setdefault("training", {})
+    if "totalSteps" not in training and "epochs" not in training:
+        out.note(
+            "spec.training.totalSteps",
+            "the script gives no step count: lorarl's default (100) applies",
+        )
+    if (training.get("evalInterval") or training.get("evalBeforeTrain")) and not data.get(
+        "valFiles"
+    ):
+        for key in ("evalInterval", "evalBeforeTrain"):
+            if key in training:
+                out.skip(f"spec.training.{key}", str(training.pop(key)), "no validation files")
+    if data.get("valFiles") and not (
+        training.get("evalInterval") or training.get("evalBeforeTrain")
+    ):
+        out.skip("data.valFiles", str(data.pop("valFiles")), "evals are off in the script")
+    rollout = spec.get("rollout", {})
+    if rollout.get("placement") == "colocated":
+        gpus = spec.get("trainer", {}).get("gpusPerReplica", 1)
+        if "replicas" in rollout:
+            out.skip(
+                "rollout.replicas",
+                str(rollout.pop("replicas")),
+                "colocated: one engine per trainer pod",
+            )
+        rollout["gpusPerReplica"] = rollout["tensorParallelSize"] = gpus
+        out.note(
+            "spec.rollout.tensorParallelSize", "colocated: each trainer pod's engine spans its GPUs"
+        )
+    order = ("model", "lora", "algorithm", "optim", "critic", "data", "reward", "environment",
+             "training", "trainer", "rollout", "logging")  # fmt: skip
+    out.manifest["spec"] = {
+        k: spec[k] for k in sorted(spec, key=lambda k: order.index(k) if k in order else len(order))
+    }
+    spec = out.manifest["spec"]
+    if "outputDir" in training:
+        out.skip(
+            "training.outputDir",
+            str(training.pop("outputDir")),
+            "outputs go under training.volume in a cluster, under the run directory locally",
+        )
+    if cluster:
+        training["volume"] = dict(_OUTPUT_CLAIM)
+        training["outputDir"] = f"{_OUTPUT_CLAIM['mountPath']}/{job}"
+        out.note(
+            "spec.training.volume",
+            "a PersistentVolumeClaim you create (checkpoints and the adapter outlive the pods)",
+        )
+
+
+def _settle(out: Imported, cluster: bool) -> None:
+    """Drop each value lorarl refuses (to a comment) until the manifest validates."""
+    from lorarl.api.validation import check_manifest
+
+    for _ in range(32):
+        problems = check_manifest(out.manifest, cluster=cluster)
+        if not problems:
+            return
+        dropped = False
+        for problem in problems:
+            if _drop(out.manifest, problem.path):
+                out.skip(problem.path, "", f"refused by lorarl: {problem.message}")
+                dropped = True
+        if not dropped:
+            raise ScriptError(
+                "the imported manifest does not validate: " + "; ".join(str(p) for p in problems)
+            )
+    raise ScriptError("the imported manifest does not validate")
+
+
+def _drop(manifest: dict[str, Any], path: str) -> bool:
+    parts = path.split(".")
+    if parts[0] != "spec" or len(parts) < 2 or parts[:2] in (["spec", "model"], ["spec", "data"]):
+        return False
+    node: Any = manifest
+    for part in parts[:-1]:
+        if not isinstance(node, dict) or part not in node:
+            return False
+        node = node[part]
+    if isinstance(node, dict) and parts[-1] in node:
+        del node[parts[-1]]
+        return True
+    return False
+
+
+# --- writing it ----------------------------------------------------------------------------------
+
+
+def _scalar(value: Any) -> str:
+    text = yaml.safe_dump(value, default_flow_style=True, width=10_000).strip()
+    return text.removesuffix("\n...").removesuffix("...").strip()
+
+
+def _comment(lines: list[str], indent: str, text: str, hang: str = "") -> None:
+    for line in textwrap.wrap(text, 98 - len(indent), subsequent_indent=hang):
+        lines.append(f"{indent}# {line}")
+
+
+def _emit(
+    node: dict[str, Any], path: str, notes: dict[str, list[str]], lines: list[str], depth: int
+) -> None:
+    indent = "  " * depth
+    for key, value in node.items():
+        here = f"{path}.{key}" if path else key
+        for text in notes.get(here, []):
+            _comment(lines, indent, text)
+        if isinstance(value, dict) and value:
+            if (
+                all(not isinstance(v, dict | list) for v in value.values())
+                and len(value) <= 3
+                and not any(f"{here}.{k}" in notes for k in value)
+            ):
+                inner = ", ".join(f"{k}: {_scalar(v)}" for k, v in value.items())
+                lines.append(f"{indent}{key}: {{{inner}}}")
+                continue
+            lines.append(f"{indent}{key}:")
+            _emit(value, here, notes, lines, depth + 1)
+        elif isinstance(value, list):
+            lines.append(f"{indent}{key}: [{', '.join(_scalar(v) for v in value)}]")
+        else:
+            lines.append(f"{indent}{key}: {_scalar(value)}")
+
+
+def render(out: Imported, source: str = "") -> str:
+    """The manifest as YAML with a comment on every converted field and a block listing what
+    was not carried."""
+    fw = out.framework
+    lines = [
+        f"# Imported by `lorarl import` from {fw}" + (f" script {source}" if source else "") + "."
+    ]
+    lines.append(
+        "# Check the comments, then `lorarl validate` (add --deep on the machine that "
+        "has the files)."
+    )
+    if out.uncarried:
+        lines.append(f"# Not carried ({len(out.uncarried)}):")
+        for key, raw, why in out.uncarried:
+            shown = f"{key}={raw}" if raw else key
+            _comment(lines, "", f"- {shown}: {why}", hang="    ")
+    _emit(out.manifest, "", out.notes, lines, 0)
+    return "\n".join(lines) + "\n"
+
+
+# --- docs/porting.md -----------------------------------------------------------------------------
+
+
+def _md(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def porting_tables() -> str:
+    """The generated part of docs/porting.md: one table per framework, then the parameters with
+    no equivalent."""
+    out = []
+    for fw in (VERL, SKYRL):
+        out += [f"### {fw}", "", f"| {fw} parameter | lorarl field | conversion / note |",
+                "|---|---|---|"]  # fmt: skip
+        for e in FOREIGN_NAMES:
+            if e.framework != fw or e.field is None:
+                continue
+            how = CONVERSIONS[e.convert][1] if e.convert else ""
+            note = "; ".join(x for x in (how, e.note) if x)
+            out.append(f"| `{e.name}` | `{e.field}` | {_md(note)} |")
+        out.append("")
+    out += ["### No equivalent", "", "| framework | parameter | why |", "|---|---|---|"]
+    for e in FOREIGN_NAMES:
+        if e.field is None:
+            out.append(f"| {e.framework} | `{e.name}` | {_md(e.note)} |")
+    return "\n".join(out) + "\n"
+
+
+EXAMPLE_SCRIPT = "tests/fixtures/porting/verl_gsm8k_grpo_lora.sh"
+_EXAMPLE_ENV = {"HOME": "/home/user"}
+
+
+def example_manifest(root: str = ".") -> str:
+    """The worked example of docs/porting.md: verl's GSM8K GRPO LoRA script, imported."""
+    from pathlib import Path
+
+    path = Path(root) / EXAMPLE_SCRIPT
+    result = import_script(path.read_text(), "verl", env=_EXAMPLE_ENV, default_name=path.stem)
+    return render(result, path.name)
+
+
+_REGION = re.compile(r"(<!-- generated: (\w+) .*?-->\n)(.*?)(<!-- end generated -->)", re.S)
+
+
+def update_doc(text: str, root: str = ".") -> str:
+    """docs/porting.md with its generated regions (tables, example) rewritten."""
+    generated = {
+        "tables": lambda: porting_tables(),
+        "example": lambda: f"```yaml\n{example_manifest(root)}```\n",
+    }
+
+    def sub(m: re.Match[str]) -> str:
+        return m.group(1) + generated[m.group(2)]() + m.group(4)
+
+    return _REGION.sub(sub, text)

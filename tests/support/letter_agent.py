@@ -1,0 +1,32 @@
+"""Agent functions for the agent tests (spec.agent): the letter task through the openai SDK."""
+
+from __future__ import annotations
+
+import re
+
+
+async def run(client, sample, ctx):
+    """One call: the row's prompt as chat messages; reward 1 when the reply starts with the
+    answer (as the letter task's regex reward would)."""
+    reply = await client.chat.completions.create(
+        model=ctx.model, messages=sample.messages, max_tokens=ctx.max_tokens
+    )
+    text = reply.choices[0].message.content or ""
+    right = re.match(rf"^.{{0,3}}{sample.answer}", text) is not None
+    return {"reward": float(right), "replied": float(bool(text.strip()))}
+
+
+async def two_calls(client, sample, ctx):
+    """Two calls of one episode: the second sees the first reply (each is its own sample)."""
+    first = await client.chat.completions.create(model=ctx.model, messages=sample.messages)
+    text = first.choices[0].message.content or ""
+    messages = [*sample.messages, {"role": "assistant", "content": text},
+                {"role": "user", "content": sample.prompt}]  # fmt: skip
+    await client.chat.completions.create(model=ctx.model, messages=messages)
+    return float(sample.answer in text)
+
+
+async def broken(client, sample, ctx):
+    if ctx.episode % 2:
+        raise RuntimeError("the agent fell over")
+    return await run(client, sample, ctx)
