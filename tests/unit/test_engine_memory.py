@@ -305,7 +305,7 @@ def loop_trainer(monkeypatch, events: list, urls: list[str], http, **kw: Any) ->
     t._generate, t._publish, t._evaluate = generate, publish, evaluate
     monkeypatch.setattr(loop, "update_policy", update)
     monkeypatch.setattr(loop, "shard_for_rank", lambda samples, rank, world: samples)
-    monkeypatch.setattr(loop, "collate", lambda samples, pad, device=None: None)
+    monkeypatch.setattr(loop, "collate", lambda samples, pad, device=None, endpoints=None: None)
     monkeypatch.setattr(loop, "step_record", lambda *a, **kw: SimpleNamespace(eval=None))
     return t
 
@@ -348,6 +348,8 @@ def test_a_step_hands_the_update_a_batch_on_the_trainers_device(monkeypatch, eve
     t.ctx = DistContext(rank=0, world_size=1, local_rank=0, device=torch.device("meta"),
                         backend=None)  # fmt: skip
     seen: list[Any] = []
-    monkeypatch.setattr(loop, "collate", lambda samples, pad, device=None: seen.append(device))
+    monkeypatch.setattr(
+        loop, "collate", lambda samples, pad, device=None, endpoints=None: seen.append(device)
+    )
     t.train_step()
     assert seen == [torch.device("meta")]

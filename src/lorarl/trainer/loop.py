@@ -256,7 +256,10 @@ class Trainer:
             chat_template_kwargs=self.dataset.chat_template_kwargs,
         )[0]  # fmt: skip
         answer = item.answer if isinstance(item.answer, str) else ""
-        return probe_ids(prompt, self.tokenizer(answer, add_special_tokens=False)["input_ids"])
+        answer_ids = self.tokenizer(answer, add_special_tokens=False)["input_ids"]
+        if len(prompt) + len(answer_ids) < 2:  # a one-token prompt, no answer: end it
+            answer_ids = [*answer_ids, self.pad_id]
+        return probe_ids(prompt, answer_ids)
 
     def _scorer(self):
         reward = self.job.spec.reward
