@@ -5,7 +5,9 @@ shared harness: start the real operator, read its CPU and memory from /proc."""
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import datetime as dt
+import gc
 import json
 import os
 import platform
@@ -134,3 +136,27 @@ def _healthy(port: int) -> bool:
         return httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).is_success
     except httpx.HTTPError:
         return False
+
+
+def rss_kib(field: str) -> int:
+    """A memory figure of this process from /proc/self/status (VmRSS, VmHWM, ...), in KiB."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(f"{field}:"):
+            return int(line.split()[1])
+    raise RuntimeError(f"no {field} in /proc/self/status")
+
+
+def reset_peak_rss() -> bool:
+    """Reset VmHWM to the current RSS (Linux >= 4.0); False where the kernel refuses."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        return True
+    except OSError:
+        return False
+
+
+def trim_heap() -> None:
+    """Return freed memory to the OS, so the next peak starts from live objects only."""
+    gc.collect()
+    with contextlib.suppress(OSError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)

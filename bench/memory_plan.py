@@ -21,9 +21,6 @@ model on the meta device).
 from __future__ import annotations
 
 import argparse
-import contextlib
-import ctypes
-import gc
 import json
 import os
 import subprocess
@@ -31,6 +28,8 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from bench.common import reset_peak_rss, rss_kib, trim_heap
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results" / "memory_plan.json"
@@ -48,27 +47,6 @@ RANK = 16
 MALLOC = {"glibc_default": {}, "mmap_64k": {"MALLOC_MMAP_THRESHOLD_": "65536"}}
 
 
-def _rss_kib(field: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(f"{field}:"):
-            return int(line.split()[1])
-    raise RuntimeError(f"no {field} in /proc/self/status")
-
-
-def _reset_peak() -> bool:
-    try:
-        Path("/proc/self/clear_refs").write_text("5")
-        return True
-    except OSError:
-        return False
-
-
-def _trim() -> None:
-    gc.collect()
-    with contextlib.suppress(OSError):
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-
-
 def measure(model_dir: Path, rows: int, seq: int, checkpointing: bool) -> dict[str, float]:
     """The measured resident and update memory (MiB) of one configuration, in this process."""
     import torch
@@ -80,8 +58,8 @@ def measure(model_dir: Path, rows: int, seq: int, checkpointing: bool) -> dict[s
     from lorarl.trainer.update import UpdateConfig, update_policy
 
     torch.manual_seed(0)
-    _trim()
-    start = _rss_kib("VmRSS")
+    trim_heap()
+    start = rss_kib("VmRSS")
     model = apply_lora(load_base_model(model_dir), LoraSettings(rank=RANK, alpha=2.0 * RANK))
     if checkpointing:
         checkpoint_layers(model)
@@ -97,14 +75,14 @@ def measure(model_dir: Path, rows: int, seq: int, checkpointing: bool) -> dict[s
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-6)
     update_policy(model, opt, collate([sample(prompt + 4)], 0), cfg)  # optimizer state
     batch = collate([sample(seq) for _ in range(rows)], 0)
-    _trim()
-    before = _rss_kib("VmRSS")
-    if not _reset_peak():
+    trim_heap()
+    before = rss_kib("VmRSS")
+    if not reset_peak_rss():
         raise SystemExit("cannot reset the peak RSS (/proc/self/clear_refs): no measurement")
     t0 = time.perf_counter()
     update_policy(model, opt, batch, cfg)
     seconds = time.perf_counter() - t0
-    peak = _rss_kib("VmHWM")
+    peak = rss_kib("VmHWM")
     return {
         "resident_mib": round((before - start) / 1024, 1),
         "update_mib": round((peak - before) / 1024, 1),

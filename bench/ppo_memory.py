@@ -25,9 +25,6 @@ dtype.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import ctypes
-import gc
 import json
 import os
 import resource
@@ -38,32 +35,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.common import reset_peak_rss, rss_kib, trim_heap
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results" / "ppo_memory.json"
 MODEL = ROOT / ".cache" / "lorarl" / "models" / "SmolLM2-135M-Instruct"
 SIDES = ("lorarl", "separate")
-
-
-def _rss_kib(field: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(f"{field}:"):
-            return int(line.split()[1])
-    raise RuntimeError(f"no {field} in /proc/self/status")
-
-
-def _reset_peak() -> bool:
-    """Reset VmHWM to the current RSS (Linux >= 4.0); False where the kernel refuses."""
-    try:
-        Path("/proc/self/clear_refs").write_text("5")
-        return True
-    except OSError:
-        return False
-
-
-def _trim() -> None:
-    gc.collect()
-    with contextlib.suppress(OSError):
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
 # ---------------------------------------------------------------- child
@@ -155,8 +132,8 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     from lorarl.trainer.critic import actor_parameters
 
     torch.set_num_threads(args.threads)
-    _trim()
-    rss_start = _rss_kib("VmRSS")
+    trim_heap()
+    rss_start = rss_kib("VmRSS")
     actor, critic, values_fn, critic_params = _build(args.child, Path(args.model), args.rank)
     actor_opt = torch.optim.AdamW([p for _, p in actor_parameters(actor)], lr=1e-5)
     critic_opt = torch.optim.AdamW([p for _, p in critic_params], lr=1e-5)
@@ -169,13 +146,13 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     batch = (ids, attn, resp, torch.rand(args.batch, generator=g))
     tiny = tuple(t[:1, -16:] if t.dim() == 2 else t[:1] for t in batch)
     _ppo_step(actor, critic, values_fn, actor_opt, critic_opt, tiny, 1)  # optimizer state
-    _trim()
-    rss_built = _rss_kib("VmRSS")
-    reset = _reset_peak()
+    trim_heap()
+    rss_built = rss_kib("VmRSS")
+    reset = reset_peak_rss()
     t0 = time.perf_counter()
     _ppo_step(actor, critic, values_fn, actor_opt, critic_opt, batch, args.micro)
     seconds = time.perf_counter() - t0
-    peak = _rss_kib("VmHWM") if reset else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    peak = rss_kib("VmHWM") if reset else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     n_params = sum(p.numel() for m in {id(actor): actor, id(critic): critic}.values()
                    for p in m.parameters())  # fmt: skip
     return {

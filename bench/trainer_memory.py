@@ -22,9 +22,6 @@ seq/4 to seq (prompt 32 tokens), as an RL batch's are. Writes bench/results/trai
 from __future__ import annotations
 
 import argparse
-import contextlib
-import ctypes
-import gc
 import json
 import os
 import resource
@@ -33,6 +30,8 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from bench.common import reset_peak_rss, rss_kib, trim_heap
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = ROOT / ".cache" / "lorarl" / "models" / "SmolLM2-135M-Instruct"
@@ -43,27 +42,6 @@ CONFIGS = {
     "both": (True, True),
 }
 PROMPT = 32
-
-
-def _rss_kib(field: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(f"{field}:"):
-            return int(line.split()[1])
-    raise RuntimeError(f"no {field} in /proc/self/status")
-
-
-def _reset_peak() -> bool:
-    try:
-        Path("/proc/self/clear_refs").write_text("5")
-        return True
-    except OSError:
-        return False
-
-
-def _trim() -> None:
-    gc.collect()
-    with contextlib.suppress(OSError):
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
 def lengths(batch: int, seq: int) -> list[int]:
@@ -104,13 +82,13 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     )
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-6)
     update_policy(model, opt, collate([sample(PROMPT + 4, 1.0)], 0), cfg)  # optimizer state
-    _trim()
-    before = _rss_kib("VmRSS")
-    reset = _reset_peak()
+    trim_heap()
+    before = rss_kib("VmRSS")
+    reset = reset_peak_rss()
     t0 = time.perf_counter()
     update_policy(model, opt, batch, cfg)
     seconds = time.perf_counter() - t0
-    peak = _rss_kib("VmHWM") if reset else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    peak = rss_kib("VmHWM") if reset else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return {
         "config": args.child,
         "rss_before_mib": round(before / 1024, 1),
