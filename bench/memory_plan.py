@@ -51,11 +51,11 @@ def measure(model_dir: Path, rows: int, seq: int, checkpointing: bool) -> dict[s
     """The measured resident and update memory (MiB) of one configuration, in this process."""
     import torch
 
-    from lorarl.trainer.batch import TrainSample, collate
-    from lorarl.trainer.losses import LossConfig
-    from lorarl.trainer.memory import checkpoint_layers
-    from lorarl.trainer.model import LoraSettings, apply_lora, load_base_model
-    from lorarl.trainer.update import UpdateConfig, update_policy
+    from lorarl.trainer.model.loading import LoraSettings, apply_lora, load_base_model
+    from lorarl.trainer.model.memory import checkpoint_layers
+    from lorarl.trainer.rl.losses import LossConfig
+    from lorarl.trainer.update.actor import UpdateConfig, update_policy
+    from lorarl.trainer.update.batch import TrainSample, collate
 
     torch.manual_seed(0)
     trim_heap()
@@ -93,7 +93,7 @@ def measure(model_dir: Path, rows: int, seq: int, checkpointing: bool) -> dict[s
 def estimate(model_dir: Path, rows: int, seq: int, checkpointing: bool) -> dict[str, float]:
     """The plan's figures (MiB) for the same configuration: one fp32 CPU rank."""
     from lorarl.plan.memory import MIB, Settings, model_shape, read_config, trainer_memory
-    from lorarl.trainer.model import LoraSettings
+    from lorarl.trainer.model.loading import LoraSettings
 
     shape = model_shape(read_config(model_dir), LoraSettings(rank=RANK, alpha=2.0 * RANK))
     s = Settings(

@@ -42,8 +42,8 @@ from lorarl.sync.buckets import SyncHeader, pack
 from lorarl.sync.merge import lora_scaling
 from lorarl.sync.names import group_lora_pairs
 from lorarl.sync.protocol import adapter_name
-from lorarl.trainer.logprobs import sequence_logprobs
-from lorarl.trainer.model import LoraSettings, apply_lora, load_base_model, lora_state_dict
+from lorarl.trainer.model.loading import LoraSettings, apply_lora, load_base_model, lora_state_dict
+from lorarl.trainer.model.logprobs import sequence_logprobs
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results" / "mismatch.json"

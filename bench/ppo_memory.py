@@ -5,7 +5,7 @@
 
 Two ways to hold actor, reference and critic for PPO with LoRA:
 - `lorarl`: one frozen base, the actor adapter ("default"), the critic adapter ("critic") and an
-  fp32 value head (trainer/critic.py); the reference is the base with both adapters disabled.
+  fp32 value head (trainer/model/critic.py); the reference is the base with both adapters disabled.
 - `separate`: what verl and SkyRL do with `critic.model.lora_rank`: the actor model (base + LoRA,
   its reference again the base with the adapter off) and a second full critic model (its own copy
   of the base + its own LoRA + a value head).
@@ -51,8 +51,8 @@ def _build(side: str, model_dir: Path, rank: int):
     import torch
     from torch import nn
 
-    from lorarl.trainer.critic import add_critic, critic_parameters, sequence_values
-    from lorarl.trainer.model import LoraSettings, apply_lora, load_base_model
+    from lorarl.trainer.model.critic import add_critic, critic_parameters, sequence_values
+    from lorarl.trainer.model.loading import LoraSettings, apply_lora, load_base_model
 
     lora = LoraSettings(rank=rank, alpha=2.0 * rank)
     torch.manual_seed(0)
@@ -67,7 +67,7 @@ def _build(side: str, model_dir: Path, rank: int):
     decoder = critic.get_base_model().base_model
 
     def values(model, ids, attn, resp, *, micro_batch_size):
-        from lorarl.trainer.logprobs import position_ids_from_mask
+        from lorarl.trainer.model.logprobs import position_ids_from_mask
 
         out = []
         for s in range(0, ids.shape[0], micro_batch_size):
@@ -86,8 +86,8 @@ def _ppo_step(actor, critic, values_fn, actor_opt, critic_opt, batch, micro: int
     """One PPO step's memory shape (the objective is PPO's; the data is random)."""
     import torch
 
-    from lorarl.trainer.logprobs import reference_logprobs, sequence_logprobs
-    from lorarl.trainer.parallel import clip_grad_norm
+    from lorarl.trainer.model.logprobs import reference_logprobs, sequence_logprobs
+    from lorarl.trainer.model.parallel import clip_grad_norm
 
     ids, attn, resp, reward = batch
     mask = resp.float()
@@ -129,7 +129,7 @@ def _ppo_step(actor, critic, values_fn, actor_opt, critic_opt, batch, micro: int
 def child(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
-    from lorarl.trainer.critic import actor_parameters
+    from lorarl.trainer.model.critic import actor_parameters
 
     torch.set_num_threads(args.threads)
     trim_heap()

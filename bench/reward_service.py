@@ -23,11 +23,11 @@ from pathlib import Path
 
 import httpx
 
-from lorarl.api.spec import RewardServiceSpec
+from lorarl.api.spec.job import RewardServiceSpec
 from lorarl.local.ports import free_port
 from lorarl.rewards import get_reward, score_batch
-from lorarl.rewards.auth import authorization_header
-from lorarl.rewards.serve import APP_NAME, BatchSettings, RewardTarget, build_app
+from lorarl.rewards.service.auth import authorization_header
+from lorarl.rewards.service.serve import APP_NAME, BatchSettings, RewardTarget, build_app
 
 RESULTS = Path(__file__).resolve().parent / "results" / "reward_service.json"
 

@@ -54,10 +54,10 @@ def _load(name: str, source: str) -> types.ModuleType:
 
 def old_path() -> tuple[Callable[..., Any], Callable[..., Any]]:
     """(old run_python, old python_tests) built from git, without registering anything."""
-    sandbox = _load("old_sandbox", _git_source("src/lorarl/rewards/sandbox.py"))
-    source = _git_source("src/lorarl/rewards/code_reward.py")
+    sandbox = _load("old_sandbox", _git_source("src/lorarl/rewards/sandbox/run.py"))
+    source = _git_source("src/lorarl/rewards/functions/code.py")
     source = source.replace(
-        "from lorarl.rewards.sandbox import SandboxLimits, SandboxResult, run_python",
+        "from lorarl.rewards.sandbox.run import SandboxLimits, SandboxResult, run_python",
         "from old_sandbox import SandboxLimits, SandboxResult, run_python",
     ).replace('@register("python_tests", check=_check)\n', "")
     reward = _load("old_code_reward", source)
@@ -67,9 +67,9 @@ def old_path() -> tuple[Callable[..., Any], Callable[..., Any]]:
 def bubblewrap_before_issue34() -> tuple[Callable[..., Any], Callable[..., Any]]:
     """(run_python, python_tests) as they were at BEFORE_ISSUE34, under private module names."""
     names = {
-        "lorarl.rewards.isolation": "i34_isolation",
-        "lorarl.rewards.sandbox": "i34_sandbox",
-        "lorarl.rewards.assert_judge": "i34_assert_judge",
+        "lorarl.rewards.sandbox.isolation": "i34_isolation",
+        "lorarl.rewards.sandbox.run": "i34_sandbox",
+        "lorarl.rewards.functions.assert_judge": "i34_assert_judge",
     }
 
     def source(path: str) -> str:
@@ -78,16 +78,16 @@ def bubblewrap_before_issue34() -> tuple[Callable[..., Any], Callable[..., Any]]
             text = text.replace(f"from {real} import", f"from {private} import")
         return text.replace('@register("python_tests", check=_check)\n', "")
 
-    _load("i34_isolation", source("src/lorarl/rewards/isolation.py"))
-    sandbox = _load("i34_sandbox", source("src/lorarl/rewards/sandbox.py"))
-    _load("i34_assert_judge", source("src/lorarl/rewards/assert_judge.py"))
-    reward = _load("i34_code_reward", source("src/lorarl/rewards/code_reward.py"))
+    _load("i34_isolation", source("src/lorarl/rewards/sandbox/isolation.py"))
+    sandbox = _load("i34_sandbox", source("src/lorarl/rewards/sandbox/run.py"))
+    _load("i34_assert_judge", source("src/lorarl/rewards/functions/assert_judge.py"))
+    reward = _load("i34_code_reward", source("src/lorarl/rewards/functions/code.py"))
     return sandbox.run_python, reward.python_tests
 
 
 def new_path() -> tuple[Callable[..., Any], Callable[..., Any]]:
-    from lorarl.rewards.code_reward import python_tests
-    from lorarl.rewards.sandbox import run_python
+    from lorarl.rewards.functions.code import python_tests
+    from lorarl.rewards.sandbox.run import run_python
 
     return run_python, python_tests
 

@@ -39,7 +39,7 @@ HOST = "127.0.0.1"
 SYNC_KEY = "bench-sync-key"  # the channel is signed; both ends only need to agree
 ALL_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 ENGINE_DTYPE = torch.bfloat16
-# The adapter's wire dtype: the trainer's compute dtype (trainer/parallel.py compute_dtype),
+# The adapter's wire dtype: the trainer's compute dtype (trainer/model/parallel.py compute_dtype),
 # fp32 on CPU, bf16 under FSDP2 mixed precision on GPU.
 WIRE_DTYPES = (torch.float32, torch.bfloat16)
 

@@ -28,7 +28,7 @@ from typing import Any
 import yaml
 
 from bench.common import ROOT, machine, write_results
-from lorarl.trainer.sync_check import DEFAULT_TOLERANCE
+from lorarl.trainer.fleet.sync_check import DEFAULT_TOLERANCE
 
 RESULTS = ROOT / "bench" / "results" / "sync_check.json"
 DEMO = ROOT / "examples" / "demo.yaml"
@@ -48,7 +48,7 @@ def run_once(tmp: Path, mode: str, guard: bool, steps: int, dtype: str) -> dict[
         "LORARL_ENGINE_PYTHON", str(ROOT / ".venv-engine" / "bin" / "python"))}  # fmt: skip
     start = time.monotonic()
     proc = subprocess.run(
-        [sys.executable, "-m", "lorarl.cli", "run", str(job_file), "--local",
+        [sys.executable, "-m", "lorarl.cli.main", "run", str(job_file), "--local",
          "--run-dir", str(run_dir), "--status-port", "0"],
         cwd=ROOT, env=env, capture_output=True, text=True,
     )  # fmt: skip
@@ -86,7 +86,7 @@ def main() -> None:
     parser.add_argument("--dtype", default="float32", choices=sorted(DEFAULT_TOLERANCE))
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
-    cli = [sys.executable, "-m", "lorarl.cli", "prepare"]  # what `make demo` prepares
+    cli = [sys.executable, "-m", "lorarl.cli.main", "prepare"]  # what `make demo` prepares
     subprocess.run([*cli, "smollm2"], cwd=ROOT, check=True)
     subprocess.run([*cli, "task", "larger", "-n", "512", "-o", ".cache/lorarl/data/larger.jsonl"],
                    cwd=ROOT, check=True)  # fmt: skip

@@ -38,7 +38,7 @@ from lorarl.local.ports import free_port
 from lorarl.local.processes import Child
 from lorarl.rewards import get_reward
 from lorarl.rollout.vllm_engine import vllm_launch_command
-from lorarl.trainer.data import prompt_text
+from lorarl.trainer.data.prompts import prompt_text
 
 RESULTS = ROOT / "bench" / "results" / "tools.json"
 EXAMPLE = ROOT / "examples" / "tool-calling.yaml"
@@ -172,7 +172,7 @@ def probe(
 
 def environment_accepted() -> str | None:
     """Why the API cannot run the example yet, or None when it can."""
-    proc = subprocess.run([sys.executable, "-m", "lorarl.cli", "validate", str(EXAMPLE)],
+    proc = subprocess.run([sys.executable, "-m", "lorarl.cli.main", "validate", str(EXAMPLE)],
                           cwd=ROOT, capture_output=True, text=True)  # fmt: skip
     return None if proc.returncode == 0 else (proc.stdout + proc.stderr).strip()[-800:]
 
@@ -187,7 +187,7 @@ def train(steps: int, run_dir: Path) -> dict[str, Any]:
     manifest["spec"]["training"]["export"] = ["adapter", "merged"]  # served for the re-probe
     job = run_dir / "tool-calling.yaml"
     job.write_text(yaml.safe_dump(manifest, sort_keys=False))
-    command = [sys.executable, "-m", "lorarl.cli", "run", "--local", str(job),
+    command = [sys.executable, "-m", "lorarl.cli.main", "run", "--local", str(job),
                "--run-dir", str(run_dir / "run"), "--status-port", "0",
                "--engine-python", engine_python()]  # fmt: skip
     t0 = time.monotonic()

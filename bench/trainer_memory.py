@@ -6,9 +6,9 @@
 Configurations (each in its own child process, fp32 on CPU, one thread):
 - `plain`: one micro-batch of the whole batch (`--micro` = batch), no checkpointing;
 - `checkpointing`: the same with trainer.activationCheckpointing (every decoder layer recomputed
-  in the backward, `trainer/memory.py`);
+  in the backward, `trainer/model/memory.py`);
 - `token_budget`: the same batch with training.maxTokensPerMicroBatch = `--max-tokens`
-  (`trainer/micro_batches.py`);
+  (`trainer/update/micro_batches.py`);
 - `both`: checkpointing and the token budget.
 
 The child loads the model, wraps it with LoRA (r=16, all-linear), takes one warm-up update on a
@@ -53,11 +53,11 @@ def lengths(batch: int, seq: int) -> list[int]:
 def child(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
-    from lorarl.trainer.batch import TrainSample, collate
-    from lorarl.trainer.losses import LossConfig
-    from lorarl.trainer.memory import checkpoint_layers
-    from lorarl.trainer.model import LoraSettings, apply_lora, load_base_model
-    from lorarl.trainer.update import UpdateConfig, update_policy
+    from lorarl.trainer.model.loading import LoraSettings, apply_lora, load_base_model
+    from lorarl.trainer.model.memory import checkpoint_layers
+    from lorarl.trainer.rl.losses import LossConfig
+    from lorarl.trainer.update.actor import UpdateConfig, update_policy
+    from lorarl.trainer.update.batch import TrainSample, collate
 
     torch.set_num_threads(args.threads)
     checkpointing, budget = CONFIGS[args.child]

@@ -26,10 +26,10 @@ from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM, Qwen2Config
 
 from bench.common import machine, write_results
-from lorarl.trainer import logprobs
-from lorarl.trainer.batch import TrainSample, collate
-from lorarl.trainer.losses import LossConfig
-from lorarl.trainer.update import UpdateConfig, update_policy
+from lorarl.trainer.model import logprobs
+from lorarl.trainer.rl.losses import LossConfig
+from lorarl.trainer.update.actor import UpdateConfig, update_policy
+from lorarl.trainer.update.batch import TrainSample, collate
 
 RESULTS = Path(__file__).parent / "results" / "trainer_step.json"
 H100_BF16_DENSE_FLOPS = 989e12

@@ -36,7 +36,7 @@ def trl_child(
     from trl.extras import profiling
 
     from lorarl.rewards import get_reward
-    from lorarl.trainer.cpu_util import read_cpu_times, utilisation
+    from lorarl.trainer.telemetry.cpu_util import read_cpu_times, utilisation
 
     timings: list[tuple[str, float]] = []
     original = profiling.ProfilingContext._log_metrics

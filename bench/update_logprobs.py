@@ -28,9 +28,9 @@ from transformers import AutoModelForCausalLM
 
 from bench.common import machine, write_results
 from bench.trainer_step import synthetic_batch
-from lorarl.trainer import logprobs
-from lorarl.trainer.losses import LossConfig
-from lorarl.trainer.update import UpdateConfig, update_policy
+from lorarl.trainer.model import logprobs
+from lorarl.trainer.rl.losses import LossConfig
+from lorarl.trainer.update.actor import UpdateConfig, update_policy
 
 RESULTS = Path(__file__).parent / "results" / "update_logprobs.json"
 COMMAND = "python -m bench.update_logprobs"

@@ -209,7 +209,7 @@ def run_lorarl(
     engine_python: str,
     variant: Variant,
 ) -> RunStats:
-    from lorarl.api.run_files import read_history
+    from lorarl.api.reports.run_files import read_history
     from lorarl.local import LocalRun
 
     shutil.rmtree(run_dir, ignore_errors=True)  # a leftover checkpoint would resume, not rerun

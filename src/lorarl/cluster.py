@@ -9,7 +9,7 @@ that refuses the object (e.g. no CRD installed).
 
 from __future__ import annotations
 
-from lorarl.api.job import GROUP, PLURAL, VERSION, LoRARLJob
+from lorarl.api.resource import GROUP, PLURAL, VERSION, LoRARLJob
 from lorarl.errors import UserError
 
 OPERATOR_EXTRA_HINT = "pip install 'lorarl[operator]'"

@@ -26,10 +26,10 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from lorarl.api.placement import COLOCATED_PROCESSES_ENV
-from lorarl.api.workloads import SYNC_KEY_ENV
+from lorarl.api.spec.placement import COLOCATED_PROCESSES_ENV
+from lorarl.api.spec.workloads import SYNC_KEY_ENV
 from lorarl.local.env_refs import expand
-from lorarl.rewards.auth import REWARD_API_KEY_ENV, REWARD_KEY_CONTAINERS
+from lorarl.rewards.service.auth import REWARD_API_KEY_ENV, REWARD_KEY_CONTAINERS
 from lorarl.sync.protocol import SYNC_KEY_CONTAINERS
 
 MAX_RESTARTS = 3

@@ -211,7 +211,7 @@ def convert_gsm8k(source: str | Path, out: str | Path, split: str = "train") -> 
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from lorarl.trainer.data_files import read_rows
+    from lorarl.trainer.data.files import read_rows
 
     rows = gsm8k_verl_rows(read_rows(source), split)
     if not rows:

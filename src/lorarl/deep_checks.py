@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-from lorarl.api.job import LoRARLJob
+from lorarl.api.resource import LoRARLJob
 from lorarl.entrypoints import is_file_entrypoint, split_entrypoint
 
 

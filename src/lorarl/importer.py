@@ -208,7 +208,7 @@ def _as_list(ctx: _Ctx, e: ForeignName, value: Any) -> Any:
 
 
 def _model(ctx: _Ctx, e: ForeignName, value: Any) -> Any:
-    from lorarl.api.spec import ModelSpec
+    from lorarl.api.spec.job import ModelSpec
 
     try:
         ModelSpec.model_validate({"path": value})
@@ -505,7 +505,7 @@ def _algo(values: dict[str, Any]) -> Any:
 
 
 def _job_name(ctx: _Ctx, name: str | None, default_name: str) -> str:
-    from lorarl.api.job import MAX_NAME_LENGTH
+    from lorarl.api.resource import MAX_NAME_LENGTH
 
     raw = name or ctx.values.get("trainer.experiment_name") or ctx.values.get("trainer.run_name")
     slug = re.sub(r"[^a-z0-9]+", "-", str(raw or default_name).lower()).strip("-")

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from lorarl.api.job import LoRARLJob
+from lorarl.api.resource import LoRARLJob
 
 # Prompts measured per data source: an evenly spaced sample beyond this (tokenizing a whole
 # large dataset would take minutes; the trainer measures every prompt at start).
@@ -108,7 +108,7 @@ def _matches(name: str, modules: Sequence[str]) -> list[str]:
 def lora_problems(job: LoRARLJob, model: Any) -> list[str]:
     from peft import LoraConfig
 
-    from lorarl.trainer.model import (
+    from lorarl.trainer.model.loading import (
         ALL_LINEAR,
         AdapterError,
         check_adapter_matches,
@@ -164,8 +164,8 @@ def data_problems(job: LoRARLJob, tokenizer: Any | None) -> list[str]:
     """The rows as the trainer reads them (keys, prompt shapes) and, with the model's tokenizer,
     whether any prompt fits `data.maxPromptTokens` once rendered with the chat template (longer
     ones are dropped)."""
-    from lorarl.trainer.data import PromptDataset, drop_long_prompts
-    from lorarl.trainer.data_files import DataError
+    from lorarl.trainer.data.files import DataError
+    from lorarl.trainer.data.prompts import PromptDataset, drop_long_prompts
 
     data = job.spec.data
     problems = []

@@ -17,7 +17,7 @@ import yaml
 from tests.integration.test_operator_harness import quickstart
 from tests.support.cluster import NS, RELEASE, Cluster, cluster
 from tests.support.controlplane import wait_until
-from tests.unit.test_helm_chart import CHART
+from tests.unit.deploy.test_helm_chart import CHART
 
 JOBS_NS = "default"
 # The job's pods stay Pending (no node has this label): what is checked is the operator's work

@@ -21,8 +21,8 @@ from lorarl.api import LoRARLJob
 from lorarl.plan.engines import SERVED_MODEL_NAME, sglang_command
 from lorarl.rollout.engine import EngineError
 from lorarl.rollout.sglang_engine import SGLangEngine
-from lorarl.trainer.engines_wire import build_sglang_generate_request
-from lorarl.trainer.rollout_types import SamplingParams
+from lorarl.trainer.generation.types import SamplingParams
+from lorarl.trainer.generation.wire import build_sglang_generate_request
 from tests.contract.conftest import Harness
 
 BASE = {
@@ -202,7 +202,7 @@ def test_sglang_refuses_what_sampling_params_refuse(sglang: Harness, field, valu
 def test_sglang_takes_at_most_the_stop_strings_the_api_allows(sglang: Harness) -> None:
     """rollout.sampling.stop has maxItems 32: SGLang's MAX_STOP_COUNT. Stop strings need the
     engine's tokenizer, so our launch never skips loading it."""
-    from lorarl.api.workloads import SamplingSpec
+    from lorarl.api.spec.workloads import SamplingSpec
 
     for spec in (job_spec(), job_spec(rollout={"syncMode": "adapter"})):
         assert "--skip-tokenizer-init" not in sglang_command(spec, "/models/m", "0.0.0.0", 1)

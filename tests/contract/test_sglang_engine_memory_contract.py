@@ -16,7 +16,7 @@ import pytest
 
 from lorarl.api.validation import parse_job
 from lorarl.plan.engines import sglang_command
-from lorarl.trainer.engine_memory import CALLS, EngineMemory, EngineMemoryError
+from lorarl.trainer.fleet.engine_memory import CALLS, EngineMemory, EngineMemoryError
 from tests.contract.conftest import Harness
 
 MEMORY_FIELDS = ["enable_memory_saver", "enable_weights_cpu_backup"]

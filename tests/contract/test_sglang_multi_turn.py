@@ -25,11 +25,11 @@ from lorarl.environments.base import EpisodeItem, item_messages
 from lorarl.local.tiny import make_tiny_model, make_tokenizer
 from lorarl.plan.engines import SERVED_MODEL_NAME, sglang_command, vllm_command
 from lorarl.sync.protocol import adapter_name
-from lorarl.trainer.data import PromptItem
-from lorarl.trainer.episodes import EpisodeRunner
-from lorarl.trainer.rollout_client import RolloutClient
-from lorarl.trainer.rollout_types import SamplingParams
-from lorarl.trainer.turn_tokens import TurnTokens
+from lorarl.trainer.data.prompts import PromptItem
+from lorarl.trainer.episodes.environment import EpisodeRunner
+from lorarl.trainer.episodes.turn_tokens import TurnTokens
+from lorarl.trainer.generation.client import RolloutClient
+from lorarl.trainer.generation.types import SamplingParams
 from tests.contract.conftest import Harness
 from tests.support.letter_relay import LetterRelay
 

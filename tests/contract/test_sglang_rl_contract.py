@@ -19,7 +19,7 @@ from lorarl.sync.adapter_files import write_adapter_dir
 from lorarl.sync.buckets import SyncHeader
 from lorarl.sync.merge import lora_scaling
 from tests.contract.conftest import sglang_python
-from tests.unit.test_rl_spec import make
+from tests.unit.trainer.rl.test_rl_spec import make
 
 STUBS = Path(__file__).resolve().parent / "sglang_stubs"
 

@@ -21,14 +21,14 @@ from typing import Any
 import pytest
 import torch
 
-from lorarl.trainer.advantages import (
+from lorarl.trainer.rl.advantages import (
     explained_variance,
     gae,
     last_token_rewards,
     value_loss,
     whiten,
 )
-from lorarl.trainer.kl_reward import KLController, current_kl, kl_in_reward
+from lorarl.trainer.rl.kl_reward import KLController, current_kl, kl_in_reward
 
 ROOT = Path(__file__).resolve().parents[2]
 RUNNER = Path(__file__).resolve().parent / "verl_runner.py"

@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 import torch
 
-from lorarl.trainer.advantages import compute_advantages
-from lorarl.trainer.rollout_types import Sample
-from lorarl.trainer.rollouts import _token_counts
+from lorarl.trainer.generation.rollouts import _token_counts
+from lorarl.trainer.generation.types import Sample
+from lorarl.trainer.rl.advantages import compute_advantages
 
 ROOT = Path(__file__).resolve().parents[2]
 RUNNER = Path(__file__).resolve().parent / "verl_reinforce_runner.py"

@@ -17,7 +17,7 @@ import pytest
 
 from lorarl.api.validation import parse_job
 from lorarl.plan.engines import engine_env, vllm_command
-from lorarl.trainer.engine_memory import CALLS
+from lorarl.trainer.fleet.engine_memory import CALLS
 
 PROBE = r"""
 import json, sys, warnings
@@ -29,7 +29,7 @@ from vllm.entrypoints.launchers.api_server.routers import register_api_routers
 from vllm.entrypoints.launchers.cli_args import make_arg_parser
 from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-from lorarl.trainer.engine_memory import EngineMemory, EngineMemoryError
+from lorarl.trainer.fleet.engine_memory import EngineMemory, EngineMemoryError
 
 req = json.load(sys.stdin)
 out = {"argv": {}}

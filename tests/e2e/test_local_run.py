@@ -19,7 +19,7 @@ from fastapi.testclient import TestClient
 from peft import PeftModel
 from transformers import AutoModelForCausalLM
 
-from lorarl.api import run_files
+from lorarl.api.reports import run_files
 from lorarl.api.validation import load_job_file
 from lorarl.local import LocalRun
 from lorarl.server.app import create_app
@@ -206,7 +206,7 @@ def test_cli_runs_the_quickstart_in_adapter_mode(tmp_path: Path, engine_python: 
     out, err = tmp_path / "stdout.txt", tmp_path / "stderr.txt"
     with out.open("w") as stdout, err.open("w") as stderr:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "lorarl.cli", "run", str(job_file), "--local",
+            [sys.executable, "-m", "lorarl.cli.main", "run", str(job_file), "--local",
              "--run-dir", str(run_dir), "--status-port", "0"],
             cwd=ROOT, stdout=stdout, stderr=stderr, text=True,
             env={**os.environ, "LORARL_ENGINE_PYTHON": engine_python, "COLUMNS": "120"},

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lorarl.api import run_files
+from lorarl.api.reports import run_files
 from tests.e2e.test_local_run import processes_of
 from tests.support.cluster_jobs import prepare_assets
 
@@ -25,7 +25,7 @@ QUICKSTART = ROOT / "examples" / "quickstart.yaml"
 
 def lorarl(*args: str, env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "lorarl.cli", *args], cwd=ROOT, env=env, capture_output=True,
+        [sys.executable, "-m", "lorarl.cli.main", *args], cwd=ROOT, env=env, capture_output=True,
         text=True, timeout=timeout,
     )  # fmt: skip
 
@@ -42,7 +42,7 @@ def test_stop_and_resume_a_local_run(tmp_path: Path, engine_python: str):
     where = ("--local", "--runs-dir", str(runs_dir))
     with (tmp_path / "run.log").open("w") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "lorarl.cli", "run", str(job_file), "--local",
+            [sys.executable, "-m", "lorarl.cli.main", "run", str(job_file), "--local",
              "--run-dir", str(run_dir), "--status-port", "0"],
             cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
         )  # fmt: skip

@@ -31,9 +31,9 @@ from lorarl.api import LoRARLJob
 from lorarl.data_tasks import write_task_jsonl
 from lorarl.local import LocalRun
 from lorarl.sync.adapter_files import adapter_fingerprint
-from lorarl.trainer.critic import read_critic_dir
 from lorarl.trainer.loop import Trainer
-from lorarl.trainer.parallel import init_distributed
+from lorarl.trainer.model.critic import read_critic_dir
+from lorarl.trainer.model.parallel import init_distributed
 from lorarl.trainer.settings import Endpoints
 from tests.support.hf_engine_server import create_app, serve_in_thread
 from tests.support.local_jobs import hf_engine, letter_job, read_history

@@ -18,7 +18,7 @@ import pytest
 from lorarl.local import LocalRun, RunFailed
 from lorarl.local.ports import free_port
 from lorarl.local.runner import ray_temp_fits
-from lorarl.rewards.client import RewardServiceClient, RewardServiceError, ScoreSample
+from lorarl.rewards.service.client import RewardServiceClient, RewardServiceError, ScoreSample
 from lorarl.trainer.loop import _score_remote, wait_for_reward_service
 from tests.support.local_jobs import hf_engine, letter_job, read_history
 

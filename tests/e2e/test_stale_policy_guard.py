@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lorarl.api import run_files
+from lorarl.api.reports import run_files
 from tests.support.cluster_jobs import prepare_assets
 
 pytestmark = pytest.mark.slow
@@ -50,7 +50,7 @@ def run_quickstart(tmp_path: Path, engine_python: str, sync_mode: str, lazy: str
         "LORARL_TEST_LAZY_SIDECAR": lazy,
     }
     proc = subprocess.run(
-        [sys.executable, "-m", "lorarl.cli", "run", str(job_file), "--local",
+        [sys.executable, "-m", "lorarl.cli.main", "run", str(job_file), "--local",
          "--run-dir", str(run_dir), "--status-port", "0"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,
     )  # fmt: skip

@@ -40,14 +40,14 @@ from lorarl.local.tiny import make_tiny_model, teach_letter_neighbourhood
 from lorarl.plan.engines import SERVED_MODEL_NAME
 from lorarl.rollout.vllm_engine import VLLMEngine, vllm_launch_command
 from lorarl.sync.protocol import adapter_name
-from lorarl.trainer.batch import collate
-from lorarl.trainer.data import PromptItem
-from lorarl.trainer.episodes import Episode, EpisodeRunner
-from lorarl.trainer.logprobs import sequence_logprobs
-from lorarl.trainer.rollout_client import RolloutClient
-from lorarl.trainer.rollout_types import SamplingParams
-from lorarl.trainer.rollouts import _train_sample
-from lorarl.trainer.turn_tokens import TurnTokens
+from lorarl.trainer.data.prompts import PromptItem
+from lorarl.trainer.episodes.environment import Episode, EpisodeRunner
+from lorarl.trainer.episodes.turn_tokens import TurnTokens
+from lorarl.trainer.generation.client import RolloutClient
+from lorarl.trainer.generation.rollouts import _train_sample
+from lorarl.trainer.generation.types import SamplingParams
+from lorarl.trainer.model.logprobs import sequence_logprobs
+from lorarl.trainer.update.batch import collate
 from tests.support.letter_relay import LetterRelay
 from tests.support.vllm_serve import stop_server_group
 

@@ -41,7 +41,7 @@ import yaml
 from peft import PeftModel
 from safetensors.torch import load_file
 
-from lorarl.api.job import LoRARLJob
+from lorarl.api.resource import LoRARLJob
 from lorarl.local.env_refs import with_engine_key
 from lorarl.local.ports import free_port_block
 from lorarl.local.processes import Child
@@ -50,7 +50,8 @@ from lorarl.plan.engines import SERVED_MODEL_NAME
 from lorarl.rollout.vllm_engine import VLLMEngine
 from lorarl.sync.names import group_lora_pairs
 from lorarl.sync.protocol import adapter_name
-from lorarl.trainer.model import (
+from lorarl.trainer.fleet.publish import WeightPublisher
+from lorarl.trainer.model.loading import (
     LoraSettings,
     apply_lora,
     load_base_model,
@@ -58,7 +59,6 @@ from lorarl.trainer.model import (
     lora_state_dict,
     set_lora_state_dict,
 )
-from lorarl.trainer.weight_sync import WeightPublisher
 from tests.support.tiny_models import make_tiny_model, make_tokenizer
 from tests.support.vllm_serve import VLLM_CPU_DEFAULT_BUDGET, seeded_prompts, seeded_step
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from lorarl.trainer.parallel import DistContext, init_distributed, shutdown_distributed
+from lorarl.trainer.model.parallel import DistContext, init_distributed, shutdown_distributed
 
 ON_CPU_ENV = "LORARL_GPU_TESTS_ON_CPU"
 HERE = Path(__file__).resolve().parent

@@ -12,10 +12,10 @@ import torch
 from transformers import LlamaForSequenceClassification
 
 from lorarl.local.tiny import make_tokenizer, tiny_config
-from lorarl.rewards.reward_model import RewardModelScorer
+from lorarl.rewards.functions.reward_model import RewardModelScorer
 from lorarl.sync.merge import BaseWeights, lora_scaling, merge_adapter
 from lorarl.sync.names import group_lora_pairs
-from lorarl.trainer.weight_sync import WeightPublisher, for_the_wire, gather_adapter
+from lorarl.trainer.fleet.publish import WeightPublisher, for_the_wire, gather_adapter
 from tests.gpu.test_trainer_gpu import ALPHA, RANK, build, rl_batch, step
 from tests.integration.test_sync_transport import HOST, KEY, collect, receiver_main
 

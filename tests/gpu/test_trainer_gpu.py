@@ -27,19 +27,18 @@ from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 
 from lorarl.api.validation import parse_job
 from lorarl.local.ports import free_port
-from lorarl.trainer.batch import TensorBatch, TrainSample, collate
-from lorarl.trainer.checkpoint import CheckpointManager
-from lorarl.trainer.critic import VALUE_HEAD, actor_parameters, critic_parameters
-from lorarl.trainer.engine_memory import EngineMemory
-from lorarl.trainer.logprobs import reference_logprobs, sequence_logprobs
-from lorarl.trainer.lora_precision import cpu_lora_autocast_dtype
-from lorarl.trainer.model import (
+from lorarl.trainer.checkpoint.manager import CheckpointManager
+from lorarl.trainer.fleet.engine_memory import EngineMemory
+from lorarl.trainer.fleet.publish import gather_adapter
+from lorarl.trainer.model.critic import VALUE_HEAD, actor_parameters, critic_parameters
+from lorarl.trainer.model.loading import (
     load_base_model,
     lora_parameters,
     lora_state_dict,
     peft_to_param_names,
 )
-from lorarl.trainer.parallel import (
+from lorarl.trainer.model.logprobs import reference_logprobs, sequence_logprobs
+from lorarl.trainer.model.parallel import (
     CPU_BACKEND,
     GPU_BACKEND,
     DistContext,
@@ -47,9 +46,10 @@ from lorarl.trainer.parallel import (
     init_distributed,
     shutdown_distributed,
 )
-from lorarl.trainer.policy_setup import Policy, build_policy
-from lorarl.trainer.update import all_reduce_sum, update_policy
-from lorarl.trainer.weight_sync import gather_adapter
+from lorarl.trainer.model.policy import Policy, build_policy
+from lorarl.trainer.model.precision import cpu_lora_autocast_dtype
+from lorarl.trainer.update.actor import all_reduce_sum, update_policy
+from lorarl.trainer.update.batch import TensorBatch, TrainSample, collate
 from tests.gpu.conftest import torchrun_env
 
 RANK = 8
@@ -398,7 +398,7 @@ def test_skipping_samples_without_advantage_on_the_gpu_gives_the_same_step(
     """No KL term: a GRPO group whose rewards were equal (advantage 0) is not run, on the
     device's tensors (rows, lengths and the gathered logprobs live there); the step equals the
     one that runs every sample."""
-    import lorarl.trainer.update as update_module
+    import lorarl.trainer.update.actor as update_module
 
     samples = [dataclasses.replace(s, advantage=0.0) if i < 4 else s
                for i, s in enumerate(rl_samples())]  # fmt: skip

@@ -17,18 +17,23 @@ import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
-from lorarl.trainer.checkpoint import CheckpointManager
-from lorarl.trainer.critic import (
+from lorarl.trainer.checkpoint.export import export_critic
+from lorarl.trainer.checkpoint.manager import CheckpointManager
+from lorarl.trainer.model.critic import (
     actor_parameters,
     add_critic,
     critic_parameters,
     critic_state_dict,
     sequence_values,
 )
-from lorarl.trainer.export import export_critic
-from lorarl.trainer.logprobs import reference_logprobs, sequence_logprobs
-from lorarl.trainer.model import LoraSettings, apply_lora, load_base_model, lora_state_dict
-from lorarl.trainer.parallel import clip_grad_norm, init_distributed, set_gradient_sync, shard_model
+from lorarl.trainer.model.loading import LoraSettings, apply_lora, load_base_model, lora_state_dict
+from lorarl.trainer.model.logprobs import reference_logprobs, sequence_logprobs
+from lorarl.trainer.model.parallel import (
+    clip_grad_norm,
+    init_distributed,
+    set_gradient_sync,
+    shard_model,
+)
 
 LORA = LoraSettings(rank=4, alpha=8.0)
 CRITIC_LORA = LoraSettings(rank=2, alpha=4.0, target_modules=["q_proj", "v_proj", "up_proj"])

@@ -21,21 +21,21 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import save_file
 
-from lorarl.trainer.checkpoint import CheckpointManager, export_adapter
-from lorarl.trainer.logprobs import (
-    adapter_reference_logprobs,
-    reference_logprobs,
-    sequence_logprobs,
-    snapshot_lora,
-)
-from lorarl.trainer.model import (
+from lorarl.trainer.checkpoint.manager import CheckpointManager, export_adapter
+from lorarl.trainer.model.loading import (
     LoraSettings,
     apply_lora,
     load_base_model,
     lora_parameters,
     lora_state_dict,
 )
-from lorarl.trainer.parallel import (
+from lorarl.trainer.model.logprobs import (
+    adapter_reference_logprobs,
+    reference_logprobs,
+    sequence_logprobs,
+    snapshot_lora,
+)
+from lorarl.trainer.model.parallel import (
     clip_grad_norm,
     init_distributed,
     set_gradient_sync,

@@ -16,12 +16,12 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from lorarl.trainer.batch import TrainSample, collate
-from lorarl.trainer.losses import LossConfig
-from lorarl.trainer.memory import checkpoint_layers, checkpointing_summary
-from lorarl.trainer.model import LoraSettings, apply_lora, load_base_model, lora_parameters
-from lorarl.trainer.parallel import init_distributed, shard_model
-from lorarl.trainer.update import UpdateConfig, update_policy
+from lorarl.trainer.model.loading import LoraSettings, apply_lora, load_base_model, lora_parameters
+from lorarl.trainer.model.memory import checkpoint_layers, checkpointing_summary
+from lorarl.trainer.model.parallel import init_distributed, shard_model
+from lorarl.trainer.rl.losses import LossConfig
+from lorarl.trainer.update.actor import UpdateConfig, update_policy
+from lorarl.trainer.update.batch import TrainSample, collate
 
 LORA = LoraSettings(rank=4, alpha=8.0, target_modules="all-linear")
 INIT_SEED = 99

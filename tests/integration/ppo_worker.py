@@ -1,4 +1,5 @@
-"""PPO's update (trainer/ppo.py) on a tiny llama: under torchrun on 2 gloo ranks, or in one plain
+"""PPO's update (trainer/update/ppo.py) on a tiny llama: under torchrun on 2 gloo ranks, or in one
+plain
 process. tests/integration/test_ppo_update.py runs both on the same global batches and compares.
 
 Three steps, the first a critic warm-up; two mini-batches per step, the KL in the reward under the
@@ -13,14 +14,19 @@ from pathlib import Path
 
 import torch
 
-from lorarl.trainer.batch import TrainSample, collate, shard_for_rank
-from lorarl.trainer.critic import actor_parameters, add_critic, critic_parameters, critic_state_dict
-from lorarl.trainer.losses import LossConfig
-from lorarl.trainer.model import LoraSettings, apply_lora, load_base_model, lora_state_dict
-from lorarl.trainer.parallel import init_distributed, shard_model, shutdown_distributed
-from lorarl.trainer.ppo import PPOConfig, PPOUpdate
+from lorarl.trainer.model.critic import (
+    actor_parameters,
+    add_critic,
+    critic_parameters,
+    critic_state_dict,
+)
+from lorarl.trainer.model.loading import LoraSettings, apply_lora, load_base_model, lora_state_dict
+from lorarl.trainer.model.parallel import init_distributed, shard_model, shutdown_distributed
+from lorarl.trainer.rl.losses import LossConfig
 from lorarl.trainer.settings import CriticSettings, KLRewardSettings
-from lorarl.trainer.update import UpdateConfig
+from lorarl.trainer.update.actor import UpdateConfig
+from lorarl.trainer.update.batch import TrainSample, collate, shard_for_rank
+from lorarl.trainer.update.ppo import PPOConfig, PPOUpdate
 
 LORA = LoraSettings(rank=4, alpha=8.0)
 CRITIC = CriticSettings(

@@ -13,14 +13,14 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from lorarl.local.tiny import teach_letter_neighbourhood
-from lorarl.trainer.agent_endpoint import AgentEndpoint, EpisodeCalls, serve
-from lorarl.trainer.agents import AgentRunner
-from lorarl.trainer.batch import collate
-from lorarl.trainer.data import PromptItem
-from lorarl.trainer.logprobs import sequence_logprobs
-from lorarl.trainer.rollout_client import RolloutClient, RolloutError
-from lorarl.trainer.rollout_types import Sample, SamplingParams
-from lorarl.trainer.rollouts import _train_sample
+from lorarl.trainer.data.prompts import PromptItem
+from lorarl.trainer.episodes.agents import AgentRunner
+from lorarl.trainer.episodes.endpoint import AgentEndpoint, EpisodeCalls, serve
+from lorarl.trainer.generation.client import RolloutClient, RolloutError
+from lorarl.trainer.generation.rollouts import _train_sample
+from lorarl.trainer.generation.types import Sample, SamplingParams
+from lorarl.trainer.model.logprobs import sequence_logprobs
+from lorarl.trainer.update.batch import collate
 from tests.support import letter_agent
 from tests.support.hf_engine_server import create_app, serve_in_thread
 from tests.support.tiny_models import make_tiny_model

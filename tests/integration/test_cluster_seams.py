@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
-from lorarl.api.job import LoRARLJob
+from lorarl.api.resource import LoRARLJob
 from lorarl.operator import builders
 from lorarl.plan import plan
 from lorarl.plan.addressing import CLUSTER_PORTS
@@ -88,8 +88,8 @@ def termination(p: Obj, container: str) -> Obj:
 
 WRITE_PROGRESS = """
 import os
-from lorarl.api.progress import Progress
-from lorarl.api.run_files import write_progress
+from lorarl.api.reports.progress import Progress
+from lorarl.api.reports.run_files import write_progress
 from lorarl.trainer.settings import load_job, output_dirs
 job = load_job(os.environ["LORARL_CONFIG"])
 root, _, _ = output_dirs(job)

@@ -15,14 +15,19 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from lorarl.environments.base import EnvStep, item_messages
 from lorarl.local.tiny import teach_letter_neighbourhood
-from lorarl.trainer.batch import collate
-from lorarl.trainer.data import PromptItem
-from lorarl.trainer.episodes import EpisodeRunner, busy_seconds, episode_rewards, episode_stats
-from lorarl.trainer.logprobs import sequence_logprobs
-from lorarl.trainer.rollout_client import RolloutClient
-from lorarl.trainer.rollout_types import SamplingParams
-from lorarl.trainer.rollouts import _train_sample
-from lorarl.trainer.turn_tokens import TurnTokens
+from lorarl.trainer.data.prompts import PromptItem
+from lorarl.trainer.episodes.environment import (
+    EpisodeRunner,
+    busy_seconds,
+    episode_rewards,
+    episode_stats,
+)
+from lorarl.trainer.episodes.turn_tokens import TurnTokens
+from lorarl.trainer.generation.client import RolloutClient
+from lorarl.trainer.generation.rollouts import _train_sample
+from lorarl.trainer.generation.types import SamplingParams
+from lorarl.trainer.model.logprobs import sequence_logprobs
+from lorarl.trainer.update.batch import collate
 from tests.support.hf_engine_server import create_app, serve_in_thread
 from tests.support.letter_relay import LetterRelay
 from tests.support.tiny_models import make_tiny_model
@@ -174,8 +179,8 @@ def test_an_environment_prompt_over_the_prompt_budget_skips_its_row(engine, capl
 
 def test_episode_rewards_add_the_final_score_only_when_asked():
     from lorarl.rewards.registry import RewardResult
-    from lorarl.trainer.episodes import Episode
-    from lorarl.trainer.rollout_types import Sample
+    from lorarl.trainer.episodes.environment import Episode
+    from lorarl.trainer.generation.types import Sample
 
     def ep(reward: float, reply: str) -> Episode:
         s = Sample([1], [5], [-0.1], "stop", 0, "e", loss_mask=(1,))
@@ -224,7 +229,7 @@ def test_turn_tokens_match_the_template_on_smollm2():
 
 
 def test_turn_tokens_need_a_chat_template(tmp_path: Path):
-    from lorarl.trainer.data import DataError
+    from lorarl.trainer.data.prompts import DataError
     from tests.support.tiny_models import make_tokenizer
 
     tok = make_tokenizer()
@@ -237,8 +242,8 @@ def test_the_rollout_worker_trains_on_episodes(engine):
     """RolloutWorker with episodes: group advantages over episode rewards, masks and per-turn
     rewards carried into the train samples, the step's episode metrics."""
     from lorarl.rewards.registry import RewardResult
-    from lorarl.trainer.data import DataPosition, PromptDataset, PromptSampler
-    from lorarl.trainer.rollouts import RolloutWorker
+    from lorarl.trainer.data.prompts import DataPosition, PromptDataset, PromptSampler
+    from lorarl.trainer.generation.rollouts import RolloutWorker
 
     run = runner(engine, LetterRelay)
     scored = []

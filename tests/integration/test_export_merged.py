@@ -17,9 +17,9 @@ import torch
 from safetensors import safe_open
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from lorarl.api.job import LoRARLJob
-from lorarl.trainer.export import export_final, merge_lora
-from lorarl.trainer.model import LoraSettings, apply_lora, load_base_model, lora_parameters
+from lorarl.api.resource import LoRARLJob
+from lorarl.trainer.checkpoint.export import export_final, merge_lora
+from lorarl.trainer.model.loading import LoraSettings, apply_lora, load_base_model, lora_parameters
 from tests.support.tiny_models import make_tiny_model
 
 RANK, ALPHA = 8, 12.0

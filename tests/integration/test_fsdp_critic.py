@@ -14,9 +14,9 @@ from peft import PeftModel
 from safetensors.torch import load_file
 
 from lorarl.local.ports import free_port
-from lorarl.trainer.critic import critic_parameters, sequence_values
-from lorarl.trainer.logprobs import sequence_logprobs
-from lorarl.trainer.model import load_base_model
+from lorarl.trainer.model.critic import critic_parameters, sequence_values
+from lorarl.trainer.model.loading import load_base_model
+from lorarl.trainer.model.logprobs import sequence_logprobs
 from tests.integration import fsdp_critic_worker as W
 from tests.support.tiny_models import make_tiny_model
 

@@ -19,8 +19,8 @@ from peft import PeftModel
 from safetensors.torch import load_file
 
 from lorarl.local.ports import free_port
-from lorarl.trainer.logprobs import sequence_logprobs
-from lorarl.trainer.model import apply_lora, load_base_model, lora_state_dict
+from lorarl.trainer.model.loading import apply_lora, load_base_model, lora_state_dict
+from lorarl.trainer.model.logprobs import sequence_logprobs
 from tests.integration import fsdp_worker as W
 from tests.support.tiny_models import make_tiny_model
 

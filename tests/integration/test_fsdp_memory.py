@@ -14,10 +14,10 @@ import pytest
 import torch
 
 from lorarl.local.ports import free_port
-from lorarl.trainer.batch import collate
-from lorarl.trainer.micro_batches import pack_by_tokens
-from lorarl.trainer.model import lora_parameters
-from lorarl.trainer.update import update_policy
+from lorarl.trainer.model.loading import lora_parameters
+from lorarl.trainer.update.actor import update_policy
+from lorarl.trainer.update.batch import collate
+from lorarl.trainer.update.micro_batches import pack_by_tokens
 from tests.integration import memory_worker as W
 from tests.support.tiny_models import make_tiny_model
 

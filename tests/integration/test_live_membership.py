@@ -20,9 +20,9 @@ import torch
 from peft import LoraConfig, PeftModel, get_peft_model, set_peft_model_state_dict
 from transformers import AutoModelForCausalLM
 
-from lorarl.trainer.fleet import Fleet
-from lorarl.trainer.model import lora_state_dict
-from lorarl.trainer.weight_sync import WeightPublisher
+from lorarl.trainer.fleet.membership import Fleet
+from lorarl.trainer.fleet.publish import WeightPublisher
+from lorarl.trainer.model.loading import lora_state_dict
 from tests.integration.test_sidecar import (
     ALPHA,
     HOST,

@@ -16,8 +16,8 @@ from peft import LoraConfig, PeftModel, get_peft_model, set_peft_model_state_dic
 from transformers import AutoModelForCausalLM
 
 from lorarl.sync.errors import SyncTransportError
-from lorarl.trainer.model import lora_state_dict
-from lorarl.trainer.weight_sync import SyncFailed, WeightPublisher
+from lorarl.trainer.fleet.publish import SyncFailed, WeightPublisher
+from lorarl.trainer.model.loading import lora_state_dict
 from tests.integration.test_sidecar import (
     ALPHA,
     HOST,

@@ -1,6 +1,7 @@
 """The reward service: config and HTTP rules in process, then the real Ray Serve app.
 
-The slow part starts `python -m lorarl.rewards.serve` exactly as the plan's reward role does,
+The slow part starts `python -m lorarl.rewards.service.serve` exactly as the plan's reward role
+does,
 scores over HTTP, and checks that SIGTERM leaves no Ray process behind.
 """
 
@@ -26,12 +27,12 @@ import torch
 import yaml
 from fastapi.testclient import TestClient
 
-from lorarl.api.spec import RewardServiceSpec, RewardSpec
+from lorarl.api.spec.job import RewardServiceSpec, RewardSpec
 from lorarl.local.ports import free_port
 from lorarl.rewards import get_reward
-from lorarl.rewards.auth import REWARD_API_KEY_ENV, authorization_header
 from lorarl.rewards.registry import BoundReward, RewardResult
-from lorarl.rewards.serve import (
+from lorarl.rewards.service.auth import REWARD_API_KEY_ENV, authorization_header
+from lorarl.rewards.service.serve import (
     ApiLimits,
     BatchSettings,
     RewardTarget,
@@ -249,7 +250,7 @@ def classifier_dir(tmp_path_factory):
 def test_reward_model_scores_match_an_unbatched_forward(classifier_dir):
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    import lorarl.rewards.reward_model  # noqa: F401  (registers reward_model)
+    import lorarl.rewards.functions.reward_model  # noqa: F401  (registers reward_model)
 
     reward = get_reward("reward_model", path=str(classifier_dir), batch_size=2)
     prompts, completions = ["1+1=", "say hi", "x"], ["2", "hello there, friend", "yz"]
@@ -271,7 +272,7 @@ def test_reward_model_scores_match_an_unbatched_forward(classifier_dir):
 
 
 def test_reward_model_config_errors(classifier_dir, tmp_path):
-    import lorarl.rewards.reward_model  # noqa: F401
+    import lorarl.rewards.functions.reward_model  # noqa: F401
 
     with pytest.raises(ValueError, match="is not a directory with a model"):
         get_reward("reward_model", path=str(tmp_path / "missing"))
@@ -330,7 +331,7 @@ def _start(run: Path, job: Path, *extra: str) -> Service:
     port = free_port()
     log = run / "service.log"
     cmd = [
-        sys.executable, "-m", "lorarl.rewards.serve", "--config", str(job),
+        sys.executable, "-m", "lorarl.rewards.service.serve", "--config", str(job),
         "--port", str(port), "--host", "127.0.0.1", "--ray-temp-dir", ray_dir, "--num-cpus", "2",
         *extra,
     ]  # fmt: skip
@@ -438,7 +439,7 @@ def test_oversized_and_unknown_requests_are_refused(service):
 
 @pytest.mark.slow
 def test_hostile_samples_score_zero_and_the_service_survives(service):
-    from lorarl.rewards.client import RewardServiceClient
+    from lorarl.rewards.service.client import RewardServiceClient
 
     samples = [_sample(LOOP), _sample(FORK_BOMB), _sample(GOOD)]
     with RewardServiceClient(service.url, timeout_s=30, max_retries=0, api_key=KEY) as client:

@@ -12,7 +12,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from lorarl.local.ports import free_port
-from lorarl.trainer.rollout_client import RolloutClient, RolloutError, Sample, SamplingParams
+from lorarl.trainer.generation.client import RolloutClient, RolloutError, Sample, SamplingParams
 from tests.support.hf_engine_server import Controls, create_app, serve_in_thread
 from tests.support.tiny_models import make_tiny_model
 
@@ -282,7 +282,7 @@ def test_async_context_shares_one_connection_pool(servers) -> None:
 def test_a_vanished_replica_costs_a_connect_timeout_not_the_request_timeout() -> None:
     """A deleted pod's address drops SYNs without a reset: connects give up in seconds and
     the request moves to another replica, while generation keeps the long read timeout."""
-    from lorarl.trainer.rollout_client import CONNECT_TIMEOUT_S
+    from lorarl.trainer.generation.client import CONNECT_TIMEOUT_S
 
     c = RolloutClient(["http://127.0.0.1:1"], "vllm", model_name="m", timeout_s=300)
     timeout = c._new_http().timeout

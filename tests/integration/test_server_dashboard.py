@@ -12,15 +12,15 @@ from urllib.parse import urlparse
 
 import pytest
 
-from lorarl.api import run_files
-from lorarl.api.samples import append_samples
-from lorarl.api.status import EvalRecord
+from lorarl.api.reports import run_files
+from lorarl.api.reports.samples import append_samples
+from lorarl.api.reports.status import EvalRecord
 from lorarl.server import KubeAuth, KubeStore, LocalStore, create_app
 from tests.support.browser import ARGS, CHROMIUM, point_steps, wait_for_step
 from tests.support.fake_trainer import FakeTrainer
 from tests.support.server_live import live_server
 from tests.support.status_auth import world as status_world
-from tests.unit.test_server_local import make_job, write_run
+from tests.unit.server.test_server_local import make_job, write_run
 
 STEPS = 12
 OTHER_STEPS = 8

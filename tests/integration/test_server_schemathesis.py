@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from lorarl.server import LocalStore, create_app
 from tests.support.fake_trainer import FakeTrainer
-from tests.unit.test_server_local import make_job, write_run
+from tests.unit.server.test_server_local import make_job, write_run
 
 OPERATIONS = [
     ("GET", "/v1/jobs"),

@@ -15,14 +15,14 @@ from typing import Any
 import pytest
 import yaml
 
-from lorarl.api.progress import StepRecord
-from lorarl.api.run_files import read_history
-from lorarl.api.samples import SAMPLES_FILE, read_sample_rows
-from lorarl.api.status import EvalRecord
+from lorarl.api.reports.progress import StepRecord
+from lorarl.api.reports.run_files import read_history
+from lorarl.api.reports.samples import SAMPLES_FILE, read_sample_rows
+from lorarl.api.reports.status import EvalRecord
 from lorarl.api.validation import parse_job
 from lorarl.local.ports import free_port
-from lorarl.trainer.progress import ProgressTracker
-from lorarl.trainer.tracking import IDS_FILE, Fanout, build_fanout
+from lorarl.trainer.telemetry.progress import ProgressTracker
+from lorarl.trainer.telemetry.tracking import IDS_FILE, Fanout, build_fanout
 from tests.support.mlflow_server import MlflowServer, mlflow_server_process
 from tests.support.wandb_files import wandb_history
 
@@ -88,7 +88,7 @@ def test_an_mlflow_server_that_is_down_warns_and_never_holds_or_fails_the_run(
 ):
     dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     job = _job({"backends": ["mlflow", "tensorboard"], "mlflow": {"trackingUri": dead}})
-    caplog.set_level(logging.WARNING, logger="lorarl.trainer.tracking")
+    caplog.set_level(logging.WARNING, logger="lorarl.trainer.telemetry.tracking")
     t0 = time.monotonic()
     tracker = ProgressTracker(job.name, STEPS, tmp_path)
     tracker.tracking = build_fanout(job, tmp_path)
@@ -128,7 +128,7 @@ class _Flaky:
 
 
 def test_a_raising_sink_is_skipped_for_a_backoff_then_retried(caplog):
-    caplog.set_level(logging.WARNING, logger="lorarl.trainer.tracking")
+    caplog.set_level(logging.WARNING, logger="lorarl.trainer.telemetry.tracking")
     bad, good = _Flaky(fail=1), _Flaky(fail=0)
     fan = Fanout([bad, good], backoff_s=(2.0, 4.0))
     fan.log_metrics(1, {"a": 1.0})
@@ -144,7 +144,7 @@ def test_a_raising_sink_is_skipped_for_a_backoff_then_retried(caplog):
 
 
 def test_a_stalled_sink_never_holds_the_caller_and_overflow_is_dropped(caplog):
-    caplog.set_level(logging.WARNING, logger="lorarl.trainer.tracking")
+    caplog.set_level(logging.WARNING, logger="lorarl.trainer.telemetry.tracking")
     slow = _Flaky(fail=0, delay=0.5)
     fan = Fanout([slow], queue_size=2)
     t0 = time.monotonic()

@@ -13,10 +13,10 @@ import pytest
 
 from lorarl.api.validation import parse_job
 from lorarl.rewards import get_reward, score_batch
-from lorarl.trainer.data import PromptDataset
-from lorarl.trainer.eval import build_evaluator
-from lorarl.trainer.rollout_client import RolloutClient
-from lorarl.trainer.rollout_types import SamplingParams
+from lorarl.trainer.data.prompts import PromptDataset
+from lorarl.trainer.generation.client import RolloutClient
+from lorarl.trainer.generation.eval import build_evaluator
+from lorarl.trainer.generation.types import SamplingParams
 from tests.support.hf_engine_server import Controls, create_app, serve_in_thread
 from tests.support.tiny_models import make_tiny_model, make_tokenizer
 
@@ -68,7 +68,7 @@ def test_eval_scores_every_val_prompt_with_the_jobs_reward(tmp_path, engine, cap
     long = "a prompt far longer than the forty tokens this job allows"
     rows.append({"prompt": long, "answer": "x", "pattern": ALWAYS})
     train = PromptDataset.from_rows([{"prompt": "after b"}, {"prompt": "after z"}], "prompt")
-    with caplog.at_level(logging.WARNING, logger="lorarl.trainer.eval"):
+    with caplog.at_level(logging.WARNING, logger="lorarl.trainer.generation.eval"):
         ev = evaluator(job_with_val(tmp_path, rows, n=4, temperature=1.0, maxPrompts=4), url, train)
     assert len(ev.dataset) == 4  # the long prompt dropped, then the first 4 kept
     assert "dropped 1 of 7 validation prompts longer than data.maxPromptTokens=40" in caplog.text

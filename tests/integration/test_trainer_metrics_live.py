@@ -12,9 +12,9 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from lorarl.api.progress import StepRecord
-from lorarl.trainer.progress import ProgressServer, ProgressTracker
-from lorarl.trainer.rollout_client import RolloutClient, SamplingParams
+from lorarl.api.reports.progress import StepRecord
+from lorarl.trainer.generation.client import RolloutClient, SamplingParams
+from lorarl.trainer.telemetry.progress import ProgressServer, ProgressTracker
 from tests.support.hf_engine_server import Controls, create_app, serve_in_thread
 from tests.support.tiny_models import make_tiny_model
 

@@ -376,8 +376,8 @@ def test_sampled_logprobs_are_those_of_the_temperature_scaled_distribution(serve
 def test_stop_strings_min_p_and_repetition_penalty_through_the_client(server) -> None:
     """Issue 14 #6: our request builder's stop / min_p / repetition_penalty reach vLLM's own
     validation and sampler, and the samples keep ids and logprobs aligned."""
-    from lorarl.trainer.rollout_client import RolloutClient
-    from lorarl.trainer.rollout_types import SamplingParams
+    from lorarl.trainer.generation.client import RolloutClient
+    from lorarl.trainer.generation.types import SamplingParams
     from tests.support.tiny_models import make_tokenizer
 
     client = RolloutClient([server["url"]], "vllm", model_name=MODEL_NAME, api_key=API_KEY)

@@ -21,9 +21,9 @@ import yaml
 from click.testing import CliRunner
 
 from lorarl.api import LoRARLJob
-from lorarl.api.engine_flags import managed_flags, overriding_arg
 from lorarl.api.safe_yaml import MAX_DEPTH, MAX_NODES
-from lorarl.cli import main
+from lorarl.api.spec.engine_flags import managed_flags, overriding_arg
+from lorarl.cli.main import main
 from lorarl.operator.handlers import webhook
 from lorarl.plan.engines import engine_command
 
@@ -92,7 +92,7 @@ def test_nested_brackets_are_a_short_error_not_a_traceback(tmp_path: Path) -> No
     f.write_text(QUICKSTART.read_text() + "extra: " + "[" * 5000 + "]" * 5000 + "\n")
     start = time.monotonic()
     r = subprocess.run(
-        [sys.executable, "-m", "lorarl.cli", "validate", str(f)],
+        [sys.executable, "-m", "lorarl.cli.main", "validate", str(f)],
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert time.monotonic() - start < 30

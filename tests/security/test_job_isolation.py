@@ -28,15 +28,15 @@ from click.testing import CliRunner
 
 from lorarl.api import LoRARLJob
 from lorarl.api.validation import ManifestError
-from lorarl.cli import main
+from lorarl.cli.main import main
 from lorarl.operator import builders
 from lorarl.operator.config import OperatorConfig
 from lorarl.operator.handlers import webhook
 from lorarl.operator.parsing import job_from_body
 from lorarl.operator.reconciler import Reconciler
 from lorarl.plan import plan
-from lorarl.trainer.checkpoint import CheckpointError, CheckpointManager
-from lorarl.trainer.model import LoraSettings, apply_lora, load_base_model, lora_parameters
+from lorarl.trainer.checkpoint.manager import CheckpointError, CheckpointManager
+from lorarl.trainer.model.loading import LoraSettings, apply_lora, load_base_model, lora_parameters
 from tests.support.tiny_models import make_tiny_model
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -400,7 +400,7 @@ def test_a_checkpoint_without_a_uid_is_taken_with_a_warning(
     old = CheckpointManager(tmp_path).save(4, model, opt, {"step": 4})
     assert "job_uid" not in json.loads((old / "state.json").read_text())
     mgr = CheckpointManager(tmp_path, keep_last=1, job_uid="uid-a")
-    with caplog.at_level(logging.WARNING, logger="lorarl.trainer.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="lorarl.trainer.checkpoint.manager"):
         assert mgr.latest().path == old
     assert "records no job UID" in caplog.text and "uid-a" in caplog.text
     mgr.save(5, model, opt, {})

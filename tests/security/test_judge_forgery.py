@@ -40,7 +40,7 @@ SHADOWS = (
 
 @pytest.fixture(scope="module")
 def reward():
-    import lorarl.rewards.code_reward  # noqa: F401  (registers python_tests)
+    import lorarl.rewards.functions.code  # noqa: F401  (registers python_tests)
 
     return get_reward("python_tests", timeout_seconds=6, test_timeout_seconds=2, memory_mb=256)
 

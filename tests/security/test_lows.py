@@ -30,12 +30,12 @@ from fastapi.testclient import TestClient
 from rich.console import Console
 
 from lorarl.api.validation import load_job_file
-from lorarl.cli import main
+from lorarl.cli.main import main
 from lorarl.local import LocalRun, session
 from lorarl.plan import LocalAddressing, plan
 from lorarl.plan.engines import ENGINE_API_KEY_ENV, ENGINE_API_KEY_REF
 from lorarl.server import LocalStore, create_app
-from tests.unit.test_server_local import make_job
+from tests.unit.server.test_server_local import make_job
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = ROOT / "examples" / "quickstart.yaml"

@@ -42,11 +42,13 @@ from lorarl.local import LocalRun
 from lorarl.local.ports import free_port
 from lorarl.operator import builders
 from lorarl.plan import LocalAddressing, plan
-from lorarl.rewards import code_reward, get_reward, sandbox
-from lorarl.rewards.auth import REWARD_API_KEY_ENV, authorization_header
-from lorarl.rewards.cancel import CancelScope, ScoringCancelled
-from lorarl.rewards.client import RewardServiceClient, RewardServiceError, ScoreSample
-from lorarl.rewards.serve import ApiLimits, make_api, score_requests
+from lorarl.rewards import get_reward
+from lorarl.rewards.functions import code as code_reward
+from lorarl.rewards.sandbox import run as sandbox
+from lorarl.rewards.service.auth import REWARD_API_KEY_ENV, authorization_header
+from lorarl.rewards.service.cancel import CancelScope, ScoringCancelled
+from lorarl.rewards.service.client import RewardServiceClient, RewardServiceError, ScoreSample
+from lorarl.rewards.service.serve import ApiLimits, make_api, score_requests
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = ROOT / "examples" / "quickstart.yaml"
@@ -169,7 +171,15 @@ def test_an_app_without_a_key_cannot_be_built():
 def test_the_service_does_not_start_without_a_key(tmp_path):
     job = _job_yaml(tmp_path / "job.yaml")
     env = {k: v for k, v in os.environ.items() if k != REWARD_API_KEY_ENV}
-    cmd = [sys.executable, "-m", "lorarl.rewards.serve", "--config", str(job), "--port", "9"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "lorarl.rewards.service.serve",
+        "--config",
+        str(job),
+        "--port",
+        "9",
+    ]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     last = proc.stderr.strip().splitlines()[-1]
@@ -460,7 +470,8 @@ def service(tmp_path_factory) -> Iterator[Service]:
     port = free_port()
     log = run / "service.log"
     cmd = [
-        sys.executable, "-m", "lorarl.rewards.serve", "--config", str(_job_yaml(run / "job.yaml")),
+        sys.executable, "-m", "lorarl.rewards.service.serve",
+        "--config", str(_job_yaml(run / "job.yaml")),
         "--port", str(port), "--host", "127.0.0.1", "--ray-temp-dir", ray_dir,
         "--num-cpus", "2", "--workers", "1",
     ]  # fmt: skip

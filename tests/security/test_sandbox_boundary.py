@@ -20,8 +20,14 @@ from pathlib import Path
 
 import pytest
 
-from lorarl.rewards import get_reward, isolation
-from lorarl.rewards.sandbox import Sandbox, SandboxLimits, SandboxUnavailable, run_python
+from lorarl.rewards import get_reward
+from lorarl.rewards.sandbox import isolation
+from lorarl.rewards.sandbox.run import (
+    Sandbox,
+    SandboxLimits,
+    SandboxUnavailable,
+    run_python,
+)
 
 MIB = 1024 * 1024
 FAST = SandboxLimits(wall_seconds=6.0, cpu_seconds=4, memory_bytes=256 * MIB)
@@ -31,7 +37,7 @@ ADD = "\ndef add(a, b):\n    return a + b\n"
 
 @pytest.fixture(scope="module")
 def reward():
-    import lorarl.rewards.code_reward  # noqa: F401  (registers python_tests)
+    import lorarl.rewards.functions.code  # noqa: F401  (registers python_tests)
 
     return get_reward("python_tests", timeout_seconds=6, test_timeout_seconds=2, memory_mb=256)
 

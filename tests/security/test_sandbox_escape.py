@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from lorarl.rewards import get_reward
-from lorarl.rewards.sandbox import SandboxLimits, run_python
+from lorarl.rewards.sandbox.run import SandboxLimits, run_python
 
 ADD_TESTS = json.dumps(
     ["assert add(1, 2) == 3", "assert add(-4, 4) == 0", "assert add(5, 5) == 10"]
@@ -45,7 +45,7 @@ for _f in gc.get_objects():
 
 @pytest.fixture(scope="module")
 def reward():
-    import lorarl.rewards.code_reward  # noqa: F401  (registers python_tests)
+    import lorarl.rewards.functions.code  # noqa: F401  (registers python_tests)
 
     return get_reward("python_tests", timeout_seconds=4, test_timeout_seconds=1, memory_mb=256)
 
@@ -220,7 +220,7 @@ def test_parents_environment_and_files_are_not_readable(tmp_path):
     token.chmod(0o600)
     helper = (
         "import os, sys\n"
-        "from lorarl.rewards.sandbox import run_python\n"
+        "from lorarl.rewards.sandbox.run import run_python\n"
         "paths = [f'/proc/{os.getpid()}/environ', sys.argv[1]]\n"
         "print(run_python(sys.argv[2].replace('PATHS', repr(paths))).stdout)\n"
     )

@@ -38,7 +38,7 @@ from lorarl.server.stores import JobNotFound
 from tests.support.fake_trainer import make_record
 from tests.support.status_auth import World, account
 from tests.support.status_auth import world as status_world
-from tests.unit.test_server_local import make_job
+from tests.unit.server.test_server_local import make_job
 
 HUGE_MIB = 150
 TRICKLE_BYTES = 20  # at 1 byte/s: the old code was held 20 s by one answer

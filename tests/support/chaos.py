@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from lorarl.operator.builders import INDEX_LABEL, ROLE_LABEL
-from lorarl.trainer.checkpoint import STEP_RE, CheckpointManager
+from lorarl.trainer.checkpoint.manager import STEP_RE, CheckpointManager
 from tests.support.cluster import NS, Cluster
 from tests.support.cluster_jobs import JOB_LABEL, job_pods
 from tests.support.kubelet.pod import PodRun

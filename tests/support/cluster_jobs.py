@@ -31,7 +31,7 @@ Obj = dict[str, Any]
 def prepare_assets() -> None:
     """The quickstart's model and data (`lorarl prepare quickstart`): once per test process
     (each call is an interpreter start and the imports, ~5 s here)."""
-    subprocess.run([sys.executable, "-m", "lorarl.cli", "prepare", "quickstart"], cwd=ROOT,
+    subprocess.run([sys.executable, "-m", "lorarl.cli.main", "prepare", "quickstart"], cwd=ROOT,
                    check=True, capture_output=True, timeout=300)  # fmt: skip
 
 

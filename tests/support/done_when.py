@@ -11,10 +11,11 @@ import pytest
 import torch
 from fastapi.testclient import TestClient
 
-from lorarl.api import LoRARLJob, run_files
+from lorarl.api import LoRARLJob
+from lorarl.api.reports import run_files
 from lorarl.server.app import create_app
 from lorarl.server.stores.local import LocalStore
-from lorarl.trainer.tracking import IDS_FILE
+from lorarl.trainer.telemetry.tracking import IDS_FILE
 from tests.support.browser import ARGS, CHROMIUM
 from tests.support.server_live import live_server
 from tests.support.vllm_serve import greedy_with_logprobs, vllm_serving

@@ -12,8 +12,8 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from lorarl.api.progress import Progress, StepRecord
-from lorarl.api.status import SyncStatus
+from lorarl.api.reports.progress import Progress, StepRecord
+from lorarl.api.reports.status import SyncStatus
 
 
 def make_record(step: int, *, t0: float = 1_700_000_000.0) -> StepRecord:

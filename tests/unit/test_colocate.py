@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from lorarl import colocate
-from lorarl.api.placement import COLOCATED_PROCESSES_ENV
-from lorarl.api.workloads import SYNC_KEY_ENV
+from lorarl.api.spec.placement import COLOCATED_PROCESSES_ENV
+from lorarl.api.spec.workloads import SYNC_KEY_ENV
 
 # Writes its pid, its env and its argv, then behaves as told: `crash-once` exits 3 the first
 # time (a marker file remembers), `exit:N` exits N, `sleep` runs until stopped.

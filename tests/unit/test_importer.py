@@ -13,9 +13,9 @@ from click.testing import CliRunner
 from lorarl import importer
 from lorarl.api import safe_yaml
 from lorarl.api.porting import FOREIGN_NAMES
-from lorarl.api.spec import ModelSpec
+from lorarl.api.spec.job import ModelSpec
 from lorarl.api.validation import check_manifest, load_job_file, parse_job
-from lorarl.cli import main
+from lorarl.cli.main import main
 from lorarl.plan import plan
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -13,7 +13,7 @@ import yaml
 from click.testing import CliRunner
 
 from lorarl.api.validation import parse_job
-from lorarl.cli import main
+from lorarl.cli.main import main
 from lorarl.local.tiny import make_tiny_model
 from lorarl.model_checks import model_problems
 

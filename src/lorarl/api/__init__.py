@@ -1,8 +1,8 @@
 """The LoRARLJob API: pydantic models are the source of truth for the CRD and for validation."""
 
-from lorarl.api.job import API_VERSION, GROUP, KIND, PLURAL, VERSION, LoRARLJob, ObjectMeta
-from lorarl.api.spec import RESERVED_ENV, LoRARLJobSpec
-from lorarl.api.status import Condition, LoRARLJobStatus
+from lorarl.api.reports.status import Condition, LoRARLJobStatus
+from lorarl.api.resource import API_VERSION, GROUP, KIND, PLURAL, VERSION, LoRARLJob, ObjectMeta
+from lorarl.api.spec.job import RESERVED_ENV, LoRARLJobSpec
 
 __all__ = [
     "API_VERSION",

@@ -13,7 +13,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from lorarl.api import safe_yaml
-from lorarl.api.job import GROUP, KIND, PLURAL, SHORT_NAMES, SINGULAR, VERSION, LoRARLJob
+from lorarl.api.resource import GROUP, KIND, PLURAL, SHORT_NAMES, SINGULAR, VERSION, LoRARLJob
 
 CRD_NAME = f"{PLURAL}.{GROUP}"
 _KEEP = {

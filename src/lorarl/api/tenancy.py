@@ -25,13 +25,13 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from lorarl.api.k8s import DNS1123_LABEL, DNS1123_SUBDOMAIN, Toleration
 from lorarl.api.safe_yaml import excerpt
-from lorarl.api.training import TrainingSpec
+from lorarl.api.spec.k8s import DNS1123_LABEL, DNS1123_SUBDOMAIN, Toleration
+from lorarl.api.spec.training import TrainingSpec
 
 if TYPE_CHECKING:
-    from lorarl.api.job import LoRARLJob
-    from lorarl.api.spec import LoRARLJobSpec
+    from lorarl.api.resource import LoRARLJob
+    from lorarl.api.spec.job import LoRARLJobSpec
 
 Finding = tuple[str, str]
 

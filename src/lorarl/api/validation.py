@@ -14,7 +14,7 @@ import yaml
 from pydantic import ValidationError
 
 from lorarl.api.hints import as_served, quoted_value_hint, unknown_field_hint
-from lorarl.api.job import LoRARLJob
+from lorarl.api.resource import LoRARLJob
 from lorarl.api.rules import CLUSTER, CRD_ONLY
 from lorarl.api.safe_yaml import (
     EXCERPT_CHARS,

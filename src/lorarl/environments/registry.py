@@ -17,7 +17,7 @@ from lorarl.entrypoints import import_entrypoint
 from lorarl.environments.base import Environment
 from lorarl.environments.single_turn import SingleTurn
 from lorarl.environments.tool_calling import ToolCalling
-from lorarl.rewards.isolation import SandboxUnavailable
+from lorarl.rewards.sandbox.isolation import SandboxUnavailable
 
 __all__ = [
     "BUILTIN_ENVIRONMENTS",

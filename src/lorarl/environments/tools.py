@@ -6,7 +6,8 @@ expression that does not evaluate, code that raises) is a `ToolError`, shown to 
 anything else a tool raises is a fault of the machine, not of the model, and propagates.
 
 Nothing here evaluates model text in-process: the calculator walks a small arithmetic AST and the
-python tool runs code behind the same OS boundary the code rewards use (`lorarl.rewards.sandbox`).
+python tool runs code behind the same OS boundary the code rewards use
+(`lorarl.rewards.sandbox.run`).
 """
 
 from __future__ import annotations
@@ -242,7 +243,7 @@ def python_tool(timeout_seconds: float = 5.0, memory_mb: int = 256) -> Tool:
     """The python tool; raises SandboxUnavailable (saying what to do) where the sandbox can't
     run, so an environment offering it fails when it is built, never by running code
     unsandboxed."""
-    from lorarl.rewards.sandbox import SandboxLimits, SandboxUnavailable, check_available
+    from lorarl.rewards.sandbox.run import SandboxLimits, SandboxUnavailable, check_available
 
     try:
         check_available()
@@ -256,7 +257,7 @@ def python_tool(timeout_seconds: float = 5.0, memory_mb: int = 256) -> Tool:
     )
 
     def run(args: dict[str, Any]) -> str:
-        from lorarl.rewards.sandbox import run_python
+        from lorarl.rewards.sandbox.run import run_python
 
         code = args["code"]
         if len(code) > MAX_CODE_CHARS:

@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from lorarl.api.job import LoRARLJob
+from lorarl.api.resource import LoRARLJob
 
 # Spec paths in the manifest's spelling. Locally: this interpreter and .venv-engine instead of
 # images; no pod limits or placement; model.path and data files as local paths, outputs in the

@@ -6,8 +6,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from lorarl.api.progress import Progress as TrainerProgress
-from lorarl.api.progress import StepRecord
+from lorarl.api.reports.progress import Progress as TrainerProgress
+from lorarl.api.reports.progress import StepRecord
 
 SPARK = "▁▂▃▄▅▆▇█"
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-from lorarl.api.workloads import SYNC_KEY_ENV
+from lorarl.api.spec.workloads import SYNC_KEY_ENV
 from lorarl.plan.engines import ENGINE_API_KEY_ENV, ENGINE_API_KEY_REF
-from lorarl.rewards.auth import REWARD_API_KEY_ENV, REWARD_KEY_CONTAINERS
+from lorarl.rewards.service.auth import REWARD_API_KEY_ENV, REWARD_KEY_CONTAINERS
 from lorarl.sync.protocol import SYNC_KEY_CONTAINERS
 
 _REFERENCE = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_]*)\)")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from lorarl.api.job import LoRARLJob
+from lorarl.api.resource import LoRARLJob
 from lorarl.entrypoints import is_file_entrypoint, split_entrypoint
 from lorarl.errors import UserError
 

@@ -19,7 +19,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from lorarl.api import run_files
+from lorarl.api.reports import run_files
 from lorarl.errors import UserError
 
 __all__ = ["EXISTING_CHOICES", "PriorRun", "find_prior_run", "prepare_run_dir"]

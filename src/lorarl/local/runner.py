@@ -25,15 +25,15 @@ from pathlib import Path
 import httpx
 
 from lorarl.api import safe_yaml
-from lorarl.api.job import LoRARLJob
-from lorarl.api.progress import Progress
-from lorarl.api.workloads import JOB_UID_ENV, SYNC_KEY_ENV
+from lorarl.api.reports.progress import Progress
+from lorarl.api.resource import LoRARLJob
+from lorarl.api.spec.workloads import JOB_UID_ENV, SYNC_KEY_ENV
 from lorarl.local.env_refs import api_key_from_env, expand, with_job_keys
 from lorarl.local.ports import free_port_block
 from lorarl.local.processes import Child
 from lorarl.plan import ContainerPlan, JobPlan, LocalAddressing, ReplicaPlan, plan
 from lorarl.plan.engines import ENGINE_API_KEY_ENV, VLLM_RPC_BASE_ENV, vllm_rpc_base
-from lorarl.rewards.auth import REWARD_API_KEY_ENV, REWARD_KEY_CONTAINERS
+from lorarl.rewards.service.auth import REWARD_API_KEY_ENV, REWARD_KEY_CONTAINERS
 from lorarl.sync.protocol import SYNC_KEY_CONTAINERS
 
 log = logging.getLogger(__name__)
@@ -57,7 +57,7 @@ RUN_UID_FILE = "job-uid"
 def run_job_uid(run_dir: Path) -> str:
     """A local run's job UID (what a job's metadata.uid is in a cluster): made once per run
     directory and kept there, so a run resumed in the same directory is the same job, and a
-    checkpoint another run wrote is refused (trainer/checkpoint.py)."""
+    checkpoint another run wrote is refused (trainer/checkpoint/manager.py)."""
     path = run_dir / RUN_UID_FILE
     try:
         uid = path.read_text().strip()

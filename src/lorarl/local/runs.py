@@ -22,10 +22,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from lorarl.api import run_files, safe_yaml
-from lorarl.api.job import LoRARLJob
-from lorarl.api.progress import Progress
-from lorarl.api.status import Condition, LoRARLJobStatus
+from lorarl.api import safe_yaml
+from lorarl.api.reports import run_files
+from lorarl.api.reports.progress import Progress
+from lorarl.api.reports.status import Condition, LoRARLJobStatus
+from lorarl.api.resource import LoRARLJob
 from lorarl.errors import UserError
 
 MANIFEST_FILE = "manifest.yaml"

@@ -8,8 +8,8 @@ from pathlib import Path
 
 from rich.console import Console
 
-from lorarl.api import run_files
-from lorarl.api.job import LoRARLJob
+from lorarl.api.reports import run_files
+from lorarl.api.resource import LoRARLJob
 from lorarl.local.cluster_fields import local_warning
 from lorarl.local.console import LiveView, summary
 from lorarl.local.cpu_dtype import emulated_bf16_warning, read_cpuinfo

@@ -10,16 +10,16 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from lorarl.api.job import LoRARLJob, config_yaml
-from lorarl.api.k8s import GPU_RESOURCE, ResourceRequirements
-from lorarl.api.placement import COLOCATED_PROCESSES_ENV
+from lorarl.api.resource import LoRARLJob, config_yaml
+from lorarl.api.spec.k8s import GPU_RESOURCE, ResourceRequirements
+from lorarl.api.spec.placement import COLOCATED_PROCESSES_ENV
+from lorarl.api.spec.workloads import JOB_UID_ENV, SYNC_KEY_ENV
 from lorarl.api.tenancy import engine_key_secret_name
-from lorarl.api.workloads import JOB_UID_ENV, SYNC_KEY_ENV
 from lorarl.plan.addressing import CLUSTER_PORTS
 from lorarl.plan.build import CONFIG_FILE
 from lorarl.plan.engines import ENGINE_API_KEY_ENV
 from lorarl.plan.model import ContainerPlan, JobPlan, ReplicaPlan, RolePlan, VolumePlan
-from lorarl.rewards.auth import REWARD_API_KEY_ENV, REWARD_KEY_CONTAINERS
+from lorarl.rewards.service.auth import REWARD_API_KEY_ENV, REWARD_KEY_CONTAINERS
 from lorarl.sync.protocol import SYNC_KEY_CONTAINERS
 
 Obj = dict[str, Any]

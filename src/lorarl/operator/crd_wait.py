@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from lorarl.api.job import GROUP, PLURAL, VERSION
+from lorarl.api.resource import GROUP, PLURAL, VERSION
 from lorarl.operator.kube import Kube, KubeError, load_credentials
 from lorarl.operator.metrics import health_route, serve
 

@@ -11,9 +11,9 @@ import datetime as dt
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from lorarl.api.job import LoRARLJob
-from lorarl.api.progress import Progress
-from lorarl.api.status import LoRARLJobStatus
+from lorarl.api.reports.progress import Progress
+from lorarl.api.reports.status import LoRARLJobStatus
+from lorarl.api.resource import LoRARLJob
 from lorarl.operator.builders import rollout_selector
 from lorarl.operator.status import (
     PodView,

@@ -21,7 +21,7 @@ from urllib.parse import quote
 import aiohttp
 from yarl import URL
 
-from lorarl.api.job import GROUP, PLURAL, VERSION
+from lorarl.api.resource import GROUP, PLURAL, VERSION
 
 MERGE_PATCH = "application/merge-patch+json"
 

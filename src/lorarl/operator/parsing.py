@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from lorarl.api.job import LoRARLJob
+from lorarl.api.resource import LoRARLJob
 from lorarl.api.safe_yaml import InputLimitError, check_tree
 from lorarl.api.validation import ManifestError, Problem, parse_job
 from lorarl.operator import builders

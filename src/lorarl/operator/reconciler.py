@@ -21,9 +21,9 @@ import aiohttp
 import kopf
 from pydantic import ValidationError
 
-from lorarl.api.job import LoRARLJob
-from lorarl.api.progress import Progress
-from lorarl.api.status import LoRARLJobStatus
+from lorarl.api.reports.progress import Progress
+from lorarl.api.reports.status import LoRARLJobStatus
+from lorarl.api.resource import LoRARLJob
 from lorarl.api.validation import ManifestError
 from lorarl.bounded_fetch import MAX_PROGRESS_BYTES, FetchError
 from lorarl.operator import builders, progress_fetch

@@ -11,8 +11,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from lorarl.api.progress import Progress
-from lorarl.api.status import Condition, LoRARLJobStatus, StepMetrics
+from lorarl.api.reports.progress import Progress
+from lorarl.api.reports.status import Condition, LoRARLJobStatus, StepMetrics
 from lorarl.operator.builders import ATTEMPT_LABEL, INDEX_LABEL, JOB_LABEL, ROLE_LABEL
 
 _REASON = re.compile(r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Literal
 
-from lorarl.api.job import LoRARLJob, rendered_config
-from lorarl.api.k8s import ResourceRequirements, VolumeClaim
-from lorarl.api.placement import colocated
-from lorarl.api.spec import RESERVED_ENV, LoRARLJobSpec
-from lorarl.api.tracking import tracking_env
+from lorarl.api.resource import LoRARLJob, rendered_config
+from lorarl.api.spec.job import RESERVED_ENV, LoRARLJobSpec
+from lorarl.api.spec.k8s import ResourceRequirements, VolumeClaim
+from lorarl.api.spec.placement import colocated
+from lorarl.api.spec.tracking import tracking_env
 from lorarl.plan.addressing import Addressing, ClusterAddressing
 from lorarl.plan.engines import engine_command, engine_env
 from lorarl.plan.model import (
@@ -22,7 +22,7 @@ from lorarl.plan.model import (
     VolumePlan,
 )
 from lorarl.plan.preemptible import rollout_labels, rollout_tolerations
-from lorarl.rewards.auth import REWARD_API_KEY_ENV
+from lorarl.rewards.service.auth import REWARD_API_KEY_ENV
 
 CONFIG_DIR = "/etc/lorarl"
 CONFIG_FILE = "job.yaml"
@@ -30,7 +30,7 @@ SHM_DIR = "/dev/shm"
 IMAGE_REGISTRY = "ghcr.io/lorarl"
 IMAGE_TAG = "0.1.0"
 # One image per thing a pod runs; a rollout image holds exactly one engine (plus the sidecar).
-# `make images` builds each of these (tests/unit/test_images.py checks the Makefile agrees).
+# `make images` builds each of these (tests/unit/plan/test_images.py checks the Makefile agrees).
 DEFAULT_IMAGES = {
     name: f"{IMAGE_REGISTRY}/{name}:{IMAGE_TAG}"
     for name in ("trainer", "rollout-sglang", "rollout-vllm", "reward")
@@ -304,7 +304,7 @@ def _reward_role(job, addressing, common):
         command=[
             "python",
             "-m",
-            "lorarl.rewards.serve",
+            "lorarl.rewards.service.serve",
             "--config",
             common["LORARL_CONFIG"],
             "--port",

@@ -5,15 +5,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from lorarl.api.engine_flags import overriding_arg
-from lorarl.api.environment import completion_tokens
-from lorarl.api.placement import (
+from lorarl.api.spec.engine_flags import overriding_arg
+from lorarl.api.spec.environment import completion_tokens
+from lorarl.api.spec.job import LoRARLJobSpec
+from lorarl.api.spec.placement import (
     COLOCATED_MEMORY_FRACTION,
     colocated,
     releases_engine_memory,
 )
-from lorarl.api.spec import LoRARLJobSpec
-from lorarl.api.workloads import DEFAULT_MEMORY_FRACTION, ENGINE_API_KEY_ENV
+from lorarl.api.spec.workloads import DEFAULT_MEMORY_FRACTION, ENGINE_API_KEY_ENV
 
 SERVED_MODEL_NAME = "base"
 # Importable wherever the engine runs (rollout image, `.venv-engine`); see rollout/vllm_worker_ext.
@@ -46,7 +46,8 @@ def vllm_rpc_base(tmp_dir: str) -> str:
 
 
 SGLANG_ORIGINAL_LOGPROB_ENV = "SGLANG_RETURN_ORIGINAL_LOGPROB"
-# A colocated GPU engine gives its memory to each update (lorarl.trainer.engine_memory). SGLang
+# A colocated GPU engine gives its memory to each update (lorarl.trainer.fleet.engine_memory).
+# SGLang
 # drops released weights unless backed up on CPU, and they must come back as they were: a merged
 # sync rewrites only the LoRA target layers, an adapter sync none of the base (vLLM's level-1
 # sleep always keeps them on CPU).

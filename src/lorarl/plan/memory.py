@@ -1,7 +1,8 @@
 """The memory plan: per trainer GPU and per engine GPU, what a job holds, from the model's
 config.json alone (no weight is read) and the job spec.
 
-Trainer (per rank; FSDP2 shards every parameter over all trainer ranks, `trainer/parallel.py`):
+Trainer (per rank; FSDP2 shards every parameter over all trainer ranks,
+`trainer/model/parallel.py`):
 - base weights: the frozen base in `model.dtype`, sharded over the FSDP world;
 - gathered units: the unsharded parameters FSDP2 holds at once in the compute dtype: the root
   unit (embeddings, final norm, LM head) for the whole forward plus two decoder layers (the one
@@ -27,9 +28,9 @@ pinned host memory; the GPU keeps the gathered units, activations and logits.
 
 Engine (per GPU): the weights over tensor-parallel ranks and the KV cache that fits in
 `rollout.memoryFraction` of the GPU (vLLM's gpu_memory_utilization, SGLang's mem_fraction_static);
-a vLLM CPU engine's cache is `kvCacheGib` of host memory. Colocated GPU engines sleep during the
-update (`trainer/engine_memory.py`), so the trainer's update peak must fit the whole GPU and its
-resident state must fit beside the awake engine's fraction.
+a vLLM CPU engine's cache is `kvCacheGib` of host memory. Colocated GPU engines sleep during
+the update (`trainer/fleet/engine_memory.py`), so the trainer's update peak must fit the whole
+GPU and its resident state must fit beside the awake engine's fraction.
 
 The estimate is checked against measured peaks in bench/memory_plan.py (docs/memory.md).
 """
@@ -42,12 +43,13 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from lorarl.api.job import LoRARLJob
+from lorarl.api.resource import LoRARLJob
 
 GIB = 1024**3
 MIB = 1024**2
 DEFAULT_GPU_MEMORY = 80 * GIB
-# `trainer/logprobs.py` CHUNK_ROWS (kept here without importing torch); a test pins them equal.
+# `trainer/model/logprobs.py` CHUNK_ROWS (kept here without importing torch); a test pins them
+# equal.
 CHUNK_ROWS = 256
 # Full-vocabulary fp32 temporaries per chunk in the logprob backward: the upcast logits, p and
 # the gradient chunk.
@@ -303,7 +305,7 @@ def _hint(s: Settings) -> str:
 
 
 def settings_of(job: LoRARLJob) -> Settings:
-    from lorarl.api.placement import colocated
+    from lorarl.api.spec.placement import colocated
     from lorarl.plan.engines import engine_memory_fraction
 
     spec = job.spec
@@ -355,7 +357,7 @@ def model_shape(config: dict[str, Any], lora: Any, critic_rank: int | None = Non
     from peft import get_peft_model
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from lorarl.trainer.parallel import decoder_layers
+    from lorarl.trainer.model.parallel import decoder_layers
 
     cfg = dict(config)
     cfg = AutoConfig.for_model(cfg.pop("model_type"), **cfg)

@@ -7,7 +7,7 @@ from typing import Literal
 from pydantic import Field
 
 from lorarl.api.base import ApiModel
-from lorarl.api.k8s import EnvVar, ResourceRequirements, Toleration
+from lorarl.api.spec.k8s import EnvVar, ResourceRequirements, Toleration
 
 Role = Literal["trainer", "rollout", "reward"]
 

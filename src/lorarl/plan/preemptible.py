@@ -8,8 +8,8 @@ rollout.nodeSelector picks the pool (docs/spec-fields.md lists one selector per 
 
 from __future__ import annotations
 
-from lorarl.api.k8s import Toleration
-from lorarl.api.workloads import RolloutSpec
+from lorarl.api.spec.k8s import Toleration
+from lorarl.api.spec.workloads import RolloutSpec
 
 PREEMPTIBLE_LABEL = "lorarl.dev/preemptible"
 

@@ -428,4 +428,4 @@ def score_batch(
 
 def _load_builtins() -> None:
     # Imported lazily so registry.py has no import cycle with the modules that register into it.
-    from lorarl.rewards import builtin, code_reward, combine, math_answer, reward_model  # noqa: F401
+    from lorarl.rewards.functions import builtin, code, combine, math_answer, reward_model  # noqa: F401

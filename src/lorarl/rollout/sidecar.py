@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lorarl.api.job import LoRARLJob
+from lorarl.api.resource import LoRARLJob
 from lorarl.jsonhttp import JsonHttpServer
 from lorarl.plan.engines import ENGINE_API_KEY_ENV
 from lorarl.rollout.applier import UpdateApplier

@@ -18,8 +18,8 @@ from fastapi.responses import FileResponse, JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from fastapi.staticfiles import StaticFiles
 
-from lorarl.api.job import GROUP, PLURAL
-from lorarl.api.k8s import DNS1123_LABEL, DNS1123_SUBDOMAIN
+from lorarl.api.resource import GROUP, PLURAL
+from lorarl.api.spec.k8s import DNS1123_LABEL, DNS1123_SUBDOMAIN
 from lorarl.server.auth import ALL_NAMESPACES, Authorizer, AuthUnavailable, Unauthenticated, User
 from lorarl.server.models import (
     ErrorDetail,

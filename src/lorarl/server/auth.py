@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from lorarl.api.job import GROUP, PLURAL
+from lorarl.api.resource import GROUP, PLURAL
 from lorarl.server.kube_api import KubeApi, KubeApiError
 
 TOKEN_REVIEWS = "/apis/authentication.k8s.io/v1/tokenreviews"

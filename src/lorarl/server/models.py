@@ -7,9 +7,9 @@ from typing import Literal
 from pydantic import Field
 
 from lorarl.api.base import ApiModel, ReportModel
-from lorarl.api.progress import StepRecord
-from lorarl.api.samples import SampleRecord
-from lorarl.api.status import Condition, LoRARLJobStatus
+from lorarl.api.reports.progress import StepRecord
+from lorarl.api.reports.samples import SampleRecord
+from lorarl.api.reports.status import Condition, LoRARLJobStatus
 
 Source = Literal["kubernetes", "local"]
 

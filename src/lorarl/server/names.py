@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-from lorarl.api.k8s import DNS1123_LABEL, DNS1123_SUBDOMAIN
+from lorarl.api.spec.k8s import DNS1123_LABEL, DNS1123_SUBDOMAIN
 
 NAMESPACE_MAX = 63
 NAME_MAX = 253

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
-from lorarl.api.job import LoRARLJob
-from lorarl.api.progress import Progress, StepRecord
-from lorarl.api.status import Condition, LoRARLJobStatus, StepMetrics
+from lorarl.api.reports.progress import Progress, StepRecord
+from lorarl.api.reports.status import Condition, LoRARLJobStatus, StepMetrics
+from lorarl.api.resource import LoRARLJob
 from lorarl.server.models import JobSummary, SpecSummary
 
 _METRIC_FIELDS = tuple(StepMetrics.model_fields)

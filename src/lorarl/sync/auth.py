@@ -25,7 +25,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from lorarl.api.workloads import SYNC_KEY_ENV
+from lorarl.api.spec.workloads import SYNC_KEY_ENV
 from lorarl.sync.errors import SyncKeyMissing
 
 MAC_BYTES = 32

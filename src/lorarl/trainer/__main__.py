@@ -10,9 +10,9 @@ import sys
 
 from lorarl.sync.auth import key_from_env
 from lorarl.sync.errors import SyncKeyMissing
-from lorarl.trainer.checkpoint import CheckpointError
-from lorarl.trainer.data import DataError
-from lorarl.trainer.model import AdapterError, ModelLoadError
+from lorarl.trainer.checkpoint.manager import CheckpointError
+from lorarl.trainer.data.prompts import DataError
+from lorarl.trainer.model.loading import AdapterError, ModelLoadError
 from lorarl.trainer.settings import ConfigError, Endpoints, load_job
 
 # Errors that mean "the job is wrong", reported as one line instead of a traceback.
@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
         print("lorarl-trainer: error: --config (or LORARL_CONFIG) is required", file=sys.stderr)
         return 2
     from lorarl.trainer.loop import Trainer
-    from lorarl.trainer.parallel import init_distributed, shutdown_distributed
+    from lorarl.trainer.model.parallel import init_distributed, shutdown_distributed
 
     try:
         job = load_job(args.config)

@@ -16,49 +16,51 @@ import httpx
 import torch.distributed as dist
 from transformers import AutoTokenizer
 
-from lorarl.api.job import LoRARLJob
-from lorarl.api.progress import StepRecord
-from lorarl.api.status import EvalRecord, SyncStatus
+from lorarl.api.reports.progress import StepRecord
+from lorarl.api.reports.status import EvalRecord, SyncStatus
+from lorarl.api.resource import LoRARLJob
 from lorarl.plan.engines import SERVED_MODEL_NAME
 from lorarl.rewards import get_reward, score_batch
-from lorarl.rewards.client import RewardServiceClient
+from lorarl.rewards.service.client import RewardServiceClient
 from lorarl.sync.adapter_files import adapter_fingerprint
 from lorarl.sync.protocol import adapter_name
-from lorarl.trainer.agents import build_agent_runner
-from lorarl.trainer.batch import collate, replica_index, shard_for_rank
-from lorarl.trainer.checkpoint import CheckpointManager, job_uid_from_env
-from lorarl.trainer.cpu_util import read_cpu_times, utilisation
-from lorarl.trainer.critic import (
-    critic_state_dict,
-)
-from lorarl.trainer.data import (
+from lorarl.trainer.checkpoint.export import export_final
+from lorarl.trainer.checkpoint.manager import CheckpointManager, job_uid_from_env
+from lorarl.trainer.data.epochs import resolve_total_steps
+from lorarl.trainer.data.prompts import (
     DataPosition,
     PromptDataset,
     PromptSampler,
     drop_long_prompts,
     encode_prompts,
 )
-from lorarl.trainer.engine_memory import EngineMemory
-from lorarl.trainer.episodes import build_episode_runner, episode_prompt_lengths
-from lorarl.trainer.epochs import resolve_total_steps
-from lorarl.trainer.eval import Evaluator, build_evaluator
-from lorarl.trainer.export import export_final
-from lorarl.trainer.fleet import Fleet
-from lorarl.trainer.model import load_base_model
-from lorarl.trainer.overlong import OverlongConfig
-from lorarl.trainer.parallel import DistContext, compute_dtype
-from lorarl.trainer.policy_setup import build_policy
-from lorarl.trainer.progress import ProgressServer, ProgressTracker
-from lorarl.trainer.reward_wiring import (
+from lorarl.trainer.episodes.agents import build_agent_runner
+from lorarl.trainer.episodes.environment import build_episode_runner, episode_prompt_lengths
+from lorarl.trainer.fleet.engine_memory import EngineMemory
+from lorarl.trainer.fleet.membership import Fleet
+from lorarl.trainer.fleet.publish import WeightPublisher, gather_adapter
+from lorarl.trainer.fleet.sync_check import (
+    DEFAULT_TOLERANCE,
+    SyncCheck,
+    expected_logprobs,
+    probe_ids,
+)
+from lorarl.trainer.generation.client import RolloutClient
+from lorarl.trainer.generation.eval import Evaluator, build_evaluator
+from lorarl.trainer.generation.rewards import (
     REWARD_READY_TIMEOUT_S,
     _score_remote,
     wait_for_reward_service,
 )
-from lorarl.trainer.rollout_client import RolloutClient
-from lorarl.trainer.rollouts import Collected, RolloutWorker
-from lorarl.trainer.samples import due as due_samples
-from lorarl.trainer.samples import sample_rows
-from lorarl.trainer.sampling import train_sampling
+from lorarl.trainer.generation.rollouts import Collected, RolloutWorker
+from lorarl.trainer.generation.sampling import train_sampling
+from lorarl.trainer.model.critic import (
+    critic_state_dict,
+)
+from lorarl.trainer.model.loading import load_base_model
+from lorarl.trainer.model.parallel import DistContext, compute_dtype
+from lorarl.trainer.model.policy import build_policy
+from lorarl.trainer.rl.overlong import OverlongConfig
 from lorarl.trainer.settings import (
     ConfigError,
     Endpoints,
@@ -67,17 +69,15 @@ from lorarl.trainer.settings import (
     output_dirs,
     reward_service_client,
 )
-from lorarl.trainer.step_record import step_record
-from lorarl.trainer.step_state import StepState, lr_at
-from lorarl.trainer.sync_check import (
-    DEFAULT_TOLERANCE,
-    SyncCheck,
-    expected_logprobs,
-    probe_ids,
-)
-from lorarl.trainer.tracking import build_fanout
-from lorarl.trainer.update import update_policy
-from lorarl.trainer.weight_sync import WeightPublisher, gather_adapter
+from lorarl.trainer.telemetry.cpu_util import read_cpu_times, utilisation
+from lorarl.trainer.telemetry.progress import ProgressServer, ProgressTracker
+from lorarl.trainer.telemetry.samples import due as due_samples
+from lorarl.trainer.telemetry.samples import sample_rows
+from lorarl.trainer.telemetry.step_record import step_record
+from lorarl.trainer.telemetry.tracking import build_fanout
+from lorarl.trainer.update.actor import update_policy
+from lorarl.trainer.update.batch import collate, replica_index, shard_for_rank
+from lorarl.trainer.update.state import StepState, lr_at
 
 log = logging.getLogger(__name__)
 # A replica whose samples' logprob gap is this many times the other replicas' (and above the

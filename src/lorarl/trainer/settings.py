@@ -7,13 +7,13 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from lorarl.api.critic import CriticSpec
-from lorarl.api.job import LoRARLJob
+from lorarl.api.resource import LoRARLJob
+from lorarl.api.spec.critic import CriticSpec
 from lorarl.api.validation import ManifestError, load_job_file
 from lorarl.plan.engines import ENGINE_API_KEY_ENV
-from lorarl.rewards.client import RewardServiceClient
-from lorarl.trainer.losses import LossConfig
-from lorarl.trainer.model import LoraSettings
+from lorarl.rewards.service.client import RewardServiceClient
+from lorarl.trainer.model.loading import LoraSettings
+from lorarl.trainer.rl.losses import LossConfig
 
 log = logging.getLogger(__name__)
 

@@ -156,7 +156,7 @@ def environment(
 
 
 def _image_cmd(image: Image) -> list[str]:
-    from tests.unit.test_images import stages
+    from tests.unit.plan.test_images import stages
 
     final = stages(image.dockerfile.read_text())[-1].instructions
     entrypoint = [json.loads(a) for k, a in final if k == "ENTRYPOINT"]

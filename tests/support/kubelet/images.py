@@ -17,7 +17,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.unit.test_images import stages
+from tests.unit.plan.test_images import stages
 
 ROOT = Path(__file__).resolve().parents[3]
 BASE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"

@@ -7,7 +7,7 @@ from typing import Any
 
 import kopf
 
-from lorarl.api.job import GROUP, PLURAL, VERSION
+from lorarl.api.resource import GROUP, PLURAL, VERSION
 from lorarl.operator.builders import JOB_LABEL, MANAGED_BY
 from lorarl.operator.config import OperatorConfig
 from lorarl.operator.kube import KubeError

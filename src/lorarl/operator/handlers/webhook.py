@@ -10,7 +10,7 @@ from typing import Any
 
 import kopf
 
-from lorarl.api.job import GROUP, PLURAL, VERSION
+from lorarl.api.resource import GROUP, PLURAL, VERSION
 from lorarl.api.safe_yaml import InputLimitError, check_tree
 from lorarl.operator.admission import (
     manifest_problems,

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 from pydantic import ValidationError
 
-from lorarl.api.job import GROUP, PLURAL, VERSION, LoRARLJob
-from lorarl.api.status import LoRARLJobStatus
+from lorarl.api.reports.status import LoRARLJobStatus
+from lorarl.api.resource import GROUP, PLURAL, VERSION, LoRARLJob
 from lorarl.server import views
 from lorarl.server.kube_api import KubeApi, KubeApiError, segment
 from lorarl.server.models import JobDetail, JobMetrics, JobSamples, JobSummary, SpecSummary

@@ -13,11 +13,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from lorarl.api import run_files
-from lorarl.api.job import LoRARLJob
-from lorarl.api.progress import Progress, StepRecord
-from lorarl.api.samples import read_samples
-from lorarl.api.status import LoRARLJobStatus
+from lorarl.api.reports import run_files
+from lorarl.api.reports.progress import Progress, StepRecord
+from lorarl.api.reports.samples import read_samples
+from lorarl.api.reports.status import LoRARLJobStatus
+from lorarl.api.resource import LoRARLJob
 from lorarl.server import views
 from lorarl.server.models import JobDetail, JobMetrics, JobSamples, JobSummary
 from lorarl.server.stores.base import JobNotFound

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from pydantic import TypeAdapter, ValidationError
 
-from lorarl.api.progress import Progress, StepRecord
-from lorarl.api.samples import SampleRecord
+from lorarl.api.reports.progress import Progress, StepRecord
+from lorarl.api.reports.samples import SampleRecord
 from lorarl.bounded_fetch import (
     DEADLINE_S,
     MAX_HISTORY_BYTES,

@@ -1,0 +1,1 @@
+"""What running jobs report: status, progress, samples and the local run record."""

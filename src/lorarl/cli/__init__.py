@@ -1,0 +1,1 @@
+"""The `lorarl` command line."""

@@ -1,0 +1,5 @@
+"""`python -m lorarl.cli`: the `lorarl` command."""
+
+from lorarl.cli.main import main
+
+main()

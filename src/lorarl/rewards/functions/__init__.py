@@ -1,0 +1,1 @@
+"""The built-in reward functions: text, math, code, assert tests, reward models, weighted sums."""

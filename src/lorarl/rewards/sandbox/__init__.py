@@ -1,0 +1,1 @@
+"""Untrusted code (model completions) behind an OS boundary with hard resource caps."""

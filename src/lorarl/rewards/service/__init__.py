@@ -1,0 +1,1 @@
+"""The reward service (Ray Serve) and its client: auth, cancellation, retries."""

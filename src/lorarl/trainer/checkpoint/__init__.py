@@ -1,0 +1,1 @@
+"""Checkpoints and exports: atomic, self-verifying, written by one rank."""

@@ -1,0 +1,1 @@
+"""Prompt datasets: files in the formats users have, prompts, epochs."""

@@ -1,0 +1,1 @@
+"""Multi-turn episodes: environments, agents through an OpenAI-compatible endpoint, turn tokens."""

@@ -1,0 +1,299 @@
+"""The OpenAI-compatible endpoint agent episodes call (`spec.agent`,
+docs/environments.md#agents-through-an-openai-compatible-endpoint).
+
+Served on trainer rank 0's loopback for the length of a step's episodes. Each episode has its own
+key (`Authorization: Bearer <key>`); a request renders the conversation with the tokenizer's chat
+template (tools through its `tools=` argument), sends the token ids to the engines through the
+job's `RolloutClient` (the step's sampling params, versioned adapter and stale-policy guard), and
+records the call: prompt ids, the completion ids as the engine produced them, its logprobs and the
+weight version. The reply's content is the decoded completion; Hermes/Qwen `<tool_call>` blocks
+become OpenAI `tool_calls` when the request declared tools.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import secrets
+import socket
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from lorarl.environments.tool_calling import parse_tool_calls
+from lorarl.trainer.generation.client import RolloutClient
+from lorarl.trainer.generation.types import Sample, SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class EpisodeCalls:
+    """One episode's session: what its calls sample with, and every call recorded so far."""
+
+    params: SamplingParams
+    model: str
+    version: int
+    max_calls: int
+    seed_base: int | None  # the episode's block of seeds: call i gets seed_base + i
+    calls: list[Sample] = field(default_factory=list)
+    requested: int = 0
+
+
+class _ApiError(Exception):
+    def __init__(self, status: int, message: str, kind: str, code: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.kind, self.code = status, message, kind, code
+
+
+class AgentEndpoint:
+    """`/v1/chat/completions` and `/v1/models` over the job's engines, per-episode keys."""
+
+    def __init__(
+        self,
+        client: RolloutClient,
+        tokenizer: Any,
+        *,
+        max_prompt_tokens: int,
+        max_response_tokens: int,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+        served_name: str = "policy",
+    ) -> None:
+        from starlette.applications import Starlette
+        from starlette.routing import Route
+
+        self.client, self.tokenizer = client, tokenizer
+        self.max_prompt_tokens, self.max_response_tokens = max_prompt_tokens, max_response_tokens
+        self.kwargs = dict(chat_template_kwargs or {})
+        self.served_name = served_name
+        self.episodes: dict[str, EpisodeCalls] = {}
+        # The first generation failure (engines down after retries, a stale policy, a bad
+        # answer): raised by the runner once the step's episodes end, as any rollout's would be.
+        self.engine_error: Exception | None = None
+        self.app = Starlette(
+            routes=[
+                Route("/v1/chat/completions", self._chat, methods=["POST"]),
+                Route("/v1/models", self._models, methods=["GET"]),
+            ]
+        )
+
+    def open(self, calls: EpisodeCalls) -> str:
+        """A new episode's key; its calls are recorded into `calls`."""
+        key = "lorarl-ep-" + secrets.token_urlsafe(24)
+        self.episodes[key] = calls
+        return key
+
+    def close(self, key: str) -> EpisodeCalls | None:
+        """Stop serving the key (a call still in flight finishes; later ones get 401)."""
+        return self.episodes.pop(key, None)
+
+    # ------------------------------------------------------------------ handlers
+
+    async def _models(self, request: Any) -> Any:
+        from starlette.responses import JSONResponse
+
+        try:
+            self._episode(request)
+        except _ApiError as exc:
+            return _error(exc)
+        model = {"id": self.served_name, "object": "model", "created": 0, "owned_by": "lorarl"}
+        return JSONResponse({"object": "list", "data": [model]})
+
+    async def _chat(self, request: Any) -> Any:
+        from starlette.responses import JSONResponse
+
+        try:
+            episode = self._episode(request)
+            try:
+                body = await request.json()
+            except ValueError as exc:
+                raise _ApiError(
+                    400, f"the body is not JSON: {exc}", "invalid_request_error"
+                ) from exc
+            return JSONResponse(await self.chat(episode, body))
+        except _ApiError as exc:
+            return _error(exc)
+
+    def _episode(self, request: Any) -> EpisodeCalls:
+        auth = request.headers.get("authorization", "")
+        key = auth[len("Bearer ") :].strip() if auth.startswith("Bearer ") else ""
+        episode = self.episodes.get(key)
+        if episode is None:
+            raise _ApiError(
+                401, "unknown or finished episode key", "invalid_request_error", "invalid_api_key"
+            )
+        return episode
+
+    async def chat(self, episode: EpisodeCalls, body: Any) -> dict[str, Any]:
+        """One chat completion for `episode` (the body as the OpenAI API takes it)."""
+        if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
+            raise _ApiError(400, "messages must be a list", "invalid_request_error")
+        if body.get("stream"):
+            raise _ApiError(
+                400, "stream is not supported; call without it", "invalid_request_error"
+            )
+        if body.get("n", 1) not in (1, None):
+            raise _ApiError(400, "n must be 1 (one call, one sample)", "invalid_request_error")
+        tools = body.get("tools") or None
+        if tools is not None and not isinstance(tools, list):
+            raise _ApiError(400, "tools must be a list", "invalid_request_error")
+        if episode.requested >= episode.max_calls:
+            raise _ApiError(
+                429, f"this episode made its {episode.max_calls} calls (agent.maxCalls)",
+                "rate_limit_error",
+            )  # fmt: skip
+        index = episode.requested
+        episode.requested += 1
+        prompt_ids = self.render(body["messages"], tools)
+        if len(prompt_ids) > self.max_prompt_tokens:
+            raise _ApiError(
+                400, f"the conversation is {len(prompt_ids)} tokens, over data.maxPromptTokens="
+                f"{self.max_prompt_tokens}", "invalid_request_error", "context_length_exceeded",
+            )  # fmt: skip
+        asked = body.get("max_completion_tokens") or body.get("max_tokens")
+        max_tokens = self.max_response_tokens
+        if isinstance(asked, int) and not isinstance(asked, bool) and asked >= 1:
+            max_tokens = min(max_tokens, asked)
+        seed = None if episode.seed_base is None else episode.seed_base + index
+        params = replace(episode.params, max_tokens=max_tokens, seed=seed)
+        try:
+            [[sample]] = await self.client.agenerate(
+                [prompt_ids], 1, params, model=episode.model, expected_version=episode.version
+            )
+        except Exception as exc:  # the engines' failure, not the agent's: the step fails
+            self.engine_error = self.engine_error or exc
+            raise _ApiError(503, f"the engines failed: {exc}", "server_error") from exc
+        episode.calls.append(sample)
+        text = self.tokenizer.decode(sample.completion_ids, skip_special_tokens=True)
+        message: dict[str, Any] = {"role": "assistant", "content": text}
+        finish = sample.finish_reason
+        if tools is not None and "<tool_call>" in text:
+            calls = [c for c in parse_tool_calls(text) if c.error is None]
+            if calls:
+                message["content"] = text[: text.index("<tool_call>")].strip() or None
+                message["tool_calls"] = [
+                    {
+                        "id": f"call_{index}_{i}",
+                        "type": "function",
+                        "function": {"name": c.name, "arguments": json.dumps(c.arguments)},
+                    }
+                    for i, c in enumerate(calls)
+                ]
+                finish = "tool_calls"
+        n_prompt, n_out = len(prompt_ids), len(sample.completion_ids)
+        return {
+            "id": f"chatcmpl-{secrets.token_hex(12)}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": body.get("model") or self.served_name,
+            "choices": [
+                {"index": 0, "message": message, "finish_reason": finish, "logprobs": None}
+            ],
+            "usage": {
+                "prompt_tokens": n_prompt,
+                "completion_tokens": n_out,
+                "total_tokens": n_prompt + n_out,
+            },
+        }
+
+    def render(self, messages: Sequence[Any], tools: list[Any] | None) -> list[int]:
+        """The prompt's token ids: the chat template's rendering (generation prompt on)."""
+        try:
+            normal = [_message(m) for m in messages]
+            kwargs = dict(self.kwargs)
+            if tools is not None:
+                kwargs["tools"] = tools
+            text = self.tokenizer.apply_chat_template(
+                normal, tokenize=False, add_generation_prompt=True, **kwargs
+            )
+        except _ApiError:
+            raise
+        except Exception as exc:  # the template refused the conversation
+            raise _ApiError(
+                400, f"cannot render the messages: {exc}", "invalid_request_error"
+            ) from exc
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def _message(m: Any) -> dict[str, Any]:
+    """An OpenAI message as chat templates take it: text content, tool-call arguments as dicts."""
+    if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+        raise _ApiError(400, f"a message must have a role, got {m!r:.80}", "invalid_request_error")
+    out = dict(m)
+    content = m.get("content")
+    if isinstance(content, list):  # content parts: the text ones
+        out["content"] = "".join(
+            p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text"
+        )
+    elif content is None:
+        out["content"] = ""
+    if m.get("tool_calls"):
+        calls = []
+        for call in m["tool_calls"]:
+            fn = dict(call.get("function") or {})
+            args = fn.get("arguments")
+            if isinstance(args, str):
+                with contextlib.suppress(ValueError):
+                    fn["arguments"] = json.loads(args)
+            calls.append({**call, "function": fn})
+        out["tool_calls"] = calls
+    return out
+
+
+def _bad(message: str) -> _ApiError:
+    return _ApiError(400, message, "invalid_request_error")
+
+
+def _error(exc: _ApiError) -> Any:
+    from starlette.responses import JSONResponse
+
+    body = {"error": {"message": exc.message, "type": exc.kind, "param": None, "code": exc.code}}
+    return JSONResponse(body, status_code=exc.status)
+
+
+class _Server:
+    """uvicorn on a loopback socket, inside the running event loop, without signal handlers (the
+    trainer's stay in charge)."""
+
+    def __init__(self, app: Any, host: str = "127.0.0.1") -> None:
+        import uvicorn
+
+        class Quiet(uvicorn.Server):
+            @contextlib.contextmanager
+            def capture_signals(self):  # type: ignore[override]
+                yield
+
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind((host, 0))
+        self.host, self.port = host, self.sock.getsockname()[1]
+        config = uvicorn.Config(app, log_level="warning", lifespan="off", access_log=False)
+        self.server = Quiet(config)
+        self.task: asyncio.Task | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}/v1"
+
+    async def __aenter__(self) -> _Server:
+        self.task = asyncio.create_task(self.server.serve(sockets=[self.sock]))
+        while not self.server.started:
+            if self.task.done():
+                self.task.result()  # raises why it stopped
+                raise RuntimeError("the agent endpoint stopped while starting")
+            await asyncio.sleep(0.01)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        if self.task is not None:
+            await self.task
+        self.sock.close()
+
+
+def serve(app: Any) -> _Server:
+    """`async with serve(app) as s:` the app at `s.base_url` while the block runs."""
+    return _Server(app)

@@ -1,0 +1,1 @@
+"""The policy on this rank: base model + LoRA (PEFT), FSDP2, critic, logprobs, precision, memory."""

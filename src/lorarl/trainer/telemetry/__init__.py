@@ -1,0 +1,1 @@
+"""What a run reports: progress, Prometheus metrics, trackers, samples, step records."""

@@ -1,0 +1,1 @@
+"""bench/: results files, renderers and figures."""

@@ -1,0 +1,1 @@
+"""The Helm chart and kustomize overlays."""

@@ -1,0 +1,1 @@
+"""The README and docs: their manifests and code blocks run."""
