@@ -48,7 +48,17 @@ TEST_ENV = LORARL_ENGINE_PYTHON=$(abspath $(ENGINE_VENV))/bin/python \
 test-system-packages:
 	bash scripts/install_test_system_packages.sh
 
-test: setup engine-venv sglang-venv verl-site test-system-packages controlplane kueue
+# The test prerequisites are independent of each other (separate venvs and folders, apt, Go's
+# concurrency-safe caches), so they install side by side: a fresh clone waits for the slowest one,
+# not for their sum. --output-sync keeps each one's log in one piece.
+TEST_PREREQS := engine-venv sglang-venv verl-site test-system-packages controlplane kueue
+TEST_PREREQ_JOBS ?= 4
+
+.PHONY: test-prereqs
+test-prereqs: setup
+	$(MAKE) --no-print-directory --output-sync=target -j$(TEST_PREREQ_JOBS) $(TEST_PREREQS)
+
+test: setup test-prereqs
 	$(TEST_ENV) $(PY) -m pytest $(PYTEST_ARGS)
 
 # The real Kubernetes control plane the cluster tests run on (kube-apiserver, controller-manager,
@@ -94,8 +104,8 @@ test-fast: setup
 	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
 
 lint: setup
-	$(VENV)/bin/ruff check src tests bench
-	$(VENV)/bin/ruff format --check src tests bench
+	$(VENV)/bin/ruff check src tests bench harness
+	$(VENV)/bin/ruff format --check src tests bench harness
 	$(VENV)/bin/lint-imports
 	$(VENV)/bin/mypy
 

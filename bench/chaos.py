@@ -5,7 +5,7 @@ at seeded random steps into one tiny job per fault (the quickstart on claims, ch
 
     python -m bench.chaos [--faults engine_kill scale ...] [--injections 10]
 
-Faults (tests/support/chaos_run.py FAULTS): engine_kill, rollout_delete (every other one a grace-0
+Faults (harness/chaos/run.py FAULTS): engine_kill, rollout_delete (every other one a grace-0
 preemption), sidecar_kill, trainer_rank_kill, operator_kill (its pod killed mid-reconcile), scale (2
 -> 3 -> 1 -> 2), reward_kill, apiserver_restart, etcd_restart. Per fault: runs (injections),
 succeeded, steps_lost_max, trainer_restarts, checkpoints_bad, duplicate_children, engines_on_latest,
@@ -26,10 +26,10 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import machine, write_results
-from tests.support.chaos_figures import acceptance
-from tests.support.chaos_run import FAULTS, run_fault
-from tests.support.cluster import cluster
-from tests.support.cluster_jobs import prepare_assets, provision
+from harness.chaos.figures import acceptance
+from harness.chaos.run import FAULTS, run_fault
+from harness.cluster.cluster import cluster
+from harness.cluster.jobs import prepare_assets, provision
 
 RESULTS = Path(__file__).resolve().parent / "results" / "chaos.json"
 CHECKPOINT_INTERVAL = 3

@@ -1,5 +1,5 @@
 """The cluster path end to end: seconds from `kubectl apply` to `Succeeded` for the quickstart job
-reshaped for a cluster, every pod run by the process kubelet (tests/support/kubelet/).
+reshaped for a cluster, every pod run by the process kubelet (harness/kubelet/).
 
     python -m bench.cluster_e2e [--steps 30] [--cases merged adapter]
 
@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import machine, write_results
-from tests.support.cluster import cluster
-from tests.support.cluster_jobs import cluster_job, history, prepare_assets, provision, run_job
+from harness.cluster.cluster import cluster
+from harness.cluster.jobs import cluster_job, history, prepare_assets, provision, run_job
 
 RESULTS = Path(__file__).resolve().parent / "results" / "cluster_e2e.json"
 

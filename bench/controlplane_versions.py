@@ -60,7 +60,7 @@ def run_suite(bin_dir: Path) -> dict[str, Any]:
 
 
 def main() -> None:
-    from tests.support.controlplane import GO_MOD, pinned_version
+    from harness.cluster.controlplane import GO_MOD, pinned_version
 
     pinned = ROOT / ".cache" / "controlplane" / pinned_version()
     newest_mod = ROOT / "tests" / "cluster" / "controlplane-newest"

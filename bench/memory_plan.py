@@ -54,8 +54,9 @@ def measure(model_dir: Path, rows: int, seq: int, checkpointing: bool) -> dict[s
     from lorarl.trainer.model.loading import LoraSettings, apply_lora, load_base_model
     from lorarl.trainer.model.memory import checkpoint_layers
     from lorarl.trainer.rl.losses import LossConfig
+    from lorarl.trainer.rl.samples import TrainSample
     from lorarl.trainer.update.actor import UpdateConfig, update_policy
-    from lorarl.trainer.update.batch import TrainSample, collate
+    from lorarl.trainer.update.batch import collate
 
     torch.manual_seed(0)
     trim_heap()
@@ -92,7 +93,8 @@ def measure(model_dir: Path, rows: int, seq: int, checkpointing: bool) -> dict[s
 
 def estimate(model_dir: Path, rows: int, seq: int, checkpointing: bool) -> dict[str, float]:
     """The plan's figures (MiB) for the same configuration: one fp32 CPU rank."""
-    from lorarl.plan.memory import MIB, Settings, model_shape, read_config, trainer_memory
+    from lorarl.model_checks import model_shape
+    from lorarl.plan.memory import MIB, Settings, read_config, trainer_memory
     from lorarl.trainer.model.loading import LoraSettings
 
     shape = model_shape(read_config(model_dir), LoraSettings(rank=RANK, alpha=2.0 * RANK))

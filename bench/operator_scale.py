@@ -4,7 +4,7 @@
     python -m bench.operator_scale --profile /tmp/operator.prof --out /tmp/scale.json  # cProfile
 
 Runs the real operator (`python -m lorarl.operator`, a subprocess) against a real kube-apiserver,
-etcd and kube-controller-manager (tests/support/controlplane.py; the scheduler is off: nothing
+etcd and kube-controller-manager (harness/cluster/controlplane.py; the scheduler is off: nothing
 runs the pods), creates every job as fast as the API takes them, and records for each job the
 seconds from its create to the moment all of its children exist (Service, ConfigMap, Secret,
 NetworkPolicy, 1 trainer + 2 rollout pods), as seen by watches on the API server. Writes
@@ -31,7 +31,7 @@ import httpx
 import yaml
 
 from bench.common import cpu_seconds, machine, rss_mb, running_operator, write_results
-from tests.support.controlplane import ControlPlane, control_plane
+from harness.cluster.controlplane import ControlPlane, control_plane
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results" / "operator_scale.json"

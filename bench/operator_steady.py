@@ -34,9 +34,9 @@ import yaml
 
 from bench.common import cpu_seconds, machine, rss_mb, running_operator, write_results
 from bench.operator_scale import COMPONENTS, LRJ, PODS
+from harness.cluster.controlplane import control_plane
+from harness.cluster.kube_client import KubeClient
 from lorarl.local.ports import free_port
-from tests.support.controlplane import control_plane
-from tests.support.kube_client import KubeClient
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results" / "operator_steady.json"
@@ -46,7 +46,7 @@ TARGET_CORES = 0.25  # operator CPU at 1,000 running jobs, on average
 def _serve_progress(port: int, step_seconds: float, hits: Any) -> None:
     """Every job's trainer: `GET /<namespace>/<name>/progress` -> a Progress whose step moves on
     every `step_seconds` (the same wire format the trainer serves)."""
-    from tests.support.fake_trainer import make_record
+    from harness.engines.fake_trainer import make_record
 
     t0 = time.time()
 

@@ -10,11 +10,18 @@ a full-weights sync ships them (embeddings and norms included, a tied head once)
 the sidecar's cost for the adapter path in merged mode: W_base + s·B@A for every module, from the
 pristine base, cast to bf16. Seconds are wall time of one `send()` (pack, broadcast, every ack),
 median of `--reps` after one warm-up. Writes bench/results/sync.json and prints a table.
+
+    python -m bench.sync --engine-push [--reps 8]
+
+measures instead the merged push into a real vLLM CPU server on SmolLM2 (needs .venv-engine or
+LORARL_ENGINE_PYTHON): the sidecar merge + full-weight file vs the adapter handed to the engine's
+workers, which merge themselves (issue 36 #3); it updates only the `engine_push` entry.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import multiprocessing as mp
 import os
 import statistics
@@ -27,12 +34,12 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 from bench.common import machine, write_results
+from harness.workloads.tiny_models import tiny_config
 from lorarl.sync.buckets import SyncHeader
 from lorarl.sync.errors import SyncClosed
 from lorarl.sync.merge import BaseWeights, lora_scaling, merge_adapter
 from lorarl.sync.names import group_lora_pairs
 from lorarl.sync.transport import DEFAULT_BUCKET_BYTES, SyncReceiver, SyncSender
-from tests.support.tiny_models import tiny_config
 
 RESULTS = Path(__file__).resolve().parent / "results" / "sync.json"
 HOST = "127.0.0.1"
@@ -168,6 +175,170 @@ class Bench:
         }
 
 
+# ---------------------------------------------------------------- merged push into a real vLLM
+
+
+def _random_lora(shapes: dict, targets: list[str], rank: int, seed: int) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    lora: dict[str, torch.Tensor] = {}
+    for name in targets:
+        module, (out_f, in_f) = name.removesuffix(".weight"), shapes[name]
+        lora[f"base_model.model.{module}.lora_A.weight"] = (
+            torch.randn(rank, in_f, generator=g) * 0.02
+        )
+        lora[f"base_model.model.{module}.lora_B.weight"] = (
+            torch.randn(out_f, rank, generator=g) * 0.02
+        )
+    return lora
+
+
+def _sidecar_rss(url: str, model: str, where: str, dtype: str, rank: int, shm: str, q) -> None:
+    """A fresh process as a sidecar: RSS before any update and after three merged pushes."""
+    from bench.common import rss_mb
+    from lorarl.rollout.applier import UpdateApplier
+    from lorarl.rollout.vllm_engine import VLLMEngine, checkpoint_weight_shapes
+    from lorarl.sync.buckets import pack
+
+    shapes = checkpoint_weight_shapes(model)
+    targets = [n for n in shapes if n.endswith(".weight") and n.split(".")[-2] in ALL_LINEAR]
+    engine = VLLMEngine(url, shm_dir=Path(shm) / where, known_shapes=shapes, timeout=600)
+    applier = UpdateApplier(engine, model, "merged", rank, dtype, Path(shm) / where, where)
+    before = rss_mb(os.getpid())
+    for version in range(1, 4):
+        lora = _random_lora(shapes, targets, rank, version)
+        header = SyncHeader(
+            version=version, mode="merged", rank=rank, alpha=2.0 * rank,
+            scaling=lora_scaling(2.0 * rank, rank),
+            target_modules=tuple(sorted(group_lora_pairs(lora))),
+        ).with_buckets(pack(lora, DEFAULT_BUCKET_BYTES))  # fmt: skip
+        applier.apply(header, lora)
+    engine.close()
+    q.put({"before_MB": before["VmRSS"], **{f"after_3_pushes_{k}_MB": v
+           for k, v in rss_mb(os.getpid()).items()}})  # fmt: skip
+
+
+def engine_push(reps: int, dtype: str = "bfloat16", rank: int = 8) -> dict[str, Any]:
+    """Per-step merged push into a real vLLM CPU server on SmolLM2-135M-Instruct, both ways.
+
+    `sidecar`: the sidecar merges W0 + s·B@A from its host base copy and pushes every targeted
+    weight as a safetensors file on /dev/shm for vLLM's `reload_weights`; `engine`: the sidecar
+    hands the A/B tensors only and each vLLM worker merges from its own pristine copy
+    (`lorarl_merge_adapter`). Both run through `UpdateApplier.apply` on the same server,
+    alternating per step, median/min of `reps` after one warm-up each; `bytes_to_engine` is what
+    the sidecar wrote for the engine to read. The last step's weights are read back through the
+    worker extension and compared bit for bit between the two paths.
+    """
+    import shutil
+    import subprocess
+
+    from safetensors.torch import load_file
+
+    from harness.engines.vllm_serve import stop_server_group
+    from lorarl.local.ports import free_port
+    from lorarl.rollout.applier import UpdateApplier
+    from lorarl.rollout.vllm_engine import (
+        VLLMEngine,
+        checkpoint_weight_shapes,
+        vllm_launch_command,
+    )
+    from lorarl.sync.buckets import pack
+
+    root = Path(__file__).resolve().parents[1]
+    model = root / ".cache" / "lorarl" / "models" / "SmolLM2-135M-Instruct"
+    if not (model / "config.json").is_file():
+        from lorarl.local.models import prepare_smollm2
+
+        prepare_smollm2(model.parent)
+    python = os.environ.get("LORARL_ENGINE_PYTHON", str(root / ".venv-engine" / "bin" / "python"))
+    run_dir = Path(f"/tmp/lorarl-bench-sync-{os.getpid()}")
+    shm = Path(f"/dev/shm/lorarl-bench-sync-{os.getpid()}")
+    port = free_port()
+    argv, env = vllm_launch_command(model, port, served_model_name="m", run_dir=run_dir,
+                                    dtype=dtype, max_model_len=512, python=python)  # fmt: skip
+    Path(env["TMPDIR"]).mkdir(parents=True)
+    shapes = checkpoint_weight_shapes(model)
+    targets = [n for n in shapes if n.endswith(".weight") and n.split(".")[-2] in ALL_LINEAR]
+    probe = [targets[0], targets[len(targets) // 2], targets[-1]]
+    with open(run_dir / "vllm.log", "w") as log:
+        proc = subprocess.Popen(argv, env={**os.environ, **env}, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+        engine = VLLMEngine(f"http://127.0.0.1:{port}", shm_dir=shm / "merged",
+                            known_shapes=shapes, timeout=600)  # fmt: skip
+        try:
+            engine.wait_ready(600)
+            appliers = {
+                where: UpdateApplier(engine, model, "merged", rank, dtype, shm / "adapters", where)
+                for where in ("sidecar", "engine")
+            }
+            samples: dict[str, list[dict[str, float]]] = {where: [] for where in appliers}
+            served: dict[str, dict[str, torch.Tensor]] = {}
+            version = 0
+            for step in range(reps + 1):
+                lora = _random_lora(shapes, targets, rank, 100 + step)
+                modules = tuple(sorted(group_lora_pairs(lora)))
+                for where, applier in appliers.items():
+                    version += 1
+                    header = SyncHeader(
+                        version=version, mode="merged", rank=rank, alpha=2.0 * rank,
+                        scaling=lora_scaling(2.0 * rank, rank), target_modules=modules,
+                    ).with_buckets(pack(lora, DEFAULT_BUCKET_BYTES))  # fmt: skip
+                    start = time.perf_counter()
+                    applied = applier.apply(header, lora)
+                    total = time.perf_counter() - start
+                    if step > 0:
+                        samples[where].append({"total_s": total, **applied.seconds,
+                                               "bytes": engine.last_push_bytes})  # fmt: skip
+                    if step == reps:
+                        out = run_dir / f"readback-{where}.safetensors"
+                        engine.collective_rpc("lorarl_read_weights", names=probe,
+                                              out_path=str(out))  # fmt: skip
+                        served[where] = load_file(str(out))
+            worker = engine.last_worker_report[0] if engine.last_worker_report else {}
+            base_copy = appliers["sidecar"]._base
+            rss = {}
+            ctx = mp.get_context("spawn")
+            for where in appliers:
+                q = ctx.Queue()
+                url = f"http://127.0.0.1:{port}"
+                args = (url, str(model), where, dtype, rank, str(shm), q)
+                child = ctx.Process(target=_sidecar_rss, args=args)
+                child.start()
+                rss[where] = q.get(timeout=600)
+                child.join(timeout=60)
+        finally:
+            engine.close()
+            stop_server_group(proc)
+            shutil.rmtree(shm, ignore_errors=True)
+    shutil.rmtree(run_dir, ignore_errors=True)  # the server's log and temp dirs
+
+    def stats(where: str) -> dict[str, Any]:
+        rows = samples[where]
+        med = {k: round(statistics.median(r[k] for r in rows), 4) for k in rows[0] if k != "bytes"}
+        return {"median_s": med, "min_total_s": round(min(r["total_s"] for r in rows), 4),
+                "bytes_to_engine": int(rows[-1]["bytes"])}  # fmt: skip
+
+    return {
+        "model": "SmolLM2-135M-Instruct (real checkpoint, fp32 on disk)",
+        "engine": f"vLLM CPU, {dtype}, TP=1",
+        "rank": rank,
+        "targets": "all-linear",
+        "modules": len(targets),
+        "lora_dtype": "float32",
+        "sidecar": stats("sidecar"),
+        "engine_merge": stats("engine"),
+        "bitwise_equal": all(torch.equal(served["engine"][n], served["sidecar"][n]) for n in probe),
+        "sidecar_base_copy_bytes": {
+            "sidecar": sum(t.numel() * t.element_size() for t in (base_copy or {}).values()),
+            "engine_merge": 0,
+        },
+        "engine_pristine_copy_bytes": int(worker.get("pristine_bytes", 0)),
+        "sidecar_rss": {"sidecar": rss["sidecar"], "engine_merge": rss["engine"]},
+        "worker_last_step_s": {
+            k: round(float(v), 4) for k, v in worker.items() if k.endswith("_s")
+        },
+    }
+
+
 def table(records: list[dict]) -> str:
     lines = ["| model | r | adapter dtype | adapter MB | full MB | adapter/full | adapter s | "
              "full s | time x | merge s |", "|---" * 10 + "|"]  # fmt: skip
@@ -185,7 +356,23 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--ranks", type=int, nargs="+", default=[8, 32, 64])
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument(
+        "--engine-push",
+        action="store_true",
+        help="only the merged push into a real vLLM (sidecar vs engine merge); "
+        "updates the `engine_push` entry of --out and keeps its records",
+    )
     args = parser.parse_args()
+    if args.engine_push:
+        host = machine(engine="vLLM CPU server, same machine")
+        result = {**engine_push(args.reps), "reps": args.reps}
+        host["load_avg_1m_at_end"] = round(os.getloadavg()[0], 2)
+        result["machine"] = host
+        report = json.loads(args.out.read_text()) if args.out.is_file() else {"benchmark": "sync"}
+        report["engine_push"] = result
+        write_results(args.out, report)
+        print(json.dumps(result, indent=1))
+        return
 
     host = machine(transport="gloo, loopback, 1 receiver process",
                    bucket_bytes=DEFAULT_BUCKET_BYTES)  # fmt: skip
@@ -198,7 +385,7 @@ def main() -> None:
     records = []
     try:
         tiny = base_weights(tiny_config("llama"))
-        records.append(bench.record("tiny-llama", "random (tests.support tiny_config)", tiny, 8))
+        records.append(bench.record("tiny-llama", "random (harness tiny_config)", tiny, 8))
         smol = base_weights(smollm2_config())
         for rank in args.ranks:
             for dtype in WIRE_DTYPES:

@@ -8,7 +8,7 @@ Configurations (each in its own child process, fp32 on CPU, one thread):
 - `checkpointing`: the same with trainer.activationCheckpointing (every decoder layer recomputed
   in the backward, `trainer/model/memory.py`);
 - `token_budget`: the same batch with training.maxTokensPerMicroBatch = `--max-tokens`
-  (`trainer/update/micro_batches.py`);
+  (`trainer/model/micro_batches.py`);
 - `both`: checkpointing and the token budget.
 
 The child loads the model, wraps it with LoRA (r=16, all-linear), takes one warm-up update on a
@@ -56,8 +56,9 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     from lorarl.trainer.model.loading import LoraSettings, apply_lora, load_base_model
     from lorarl.trainer.model.memory import checkpoint_layers
     from lorarl.trainer.rl.losses import LossConfig
+    from lorarl.trainer.rl.samples import TrainSample
     from lorarl.trainer.update.actor import UpdateConfig, update_policy
-    from lorarl.trainer.update.batch import TrainSample, collate
+    from lorarl.trainer.update.batch import collate
 
     torch.set_num_threads(args.threads)
     checkpointing, budget = CONFIGS[args.child]

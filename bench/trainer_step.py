@@ -28,8 +28,9 @@ from transformers import AutoModelForCausalLM, Qwen2Config
 from bench.common import machine, write_results
 from lorarl.trainer.model import logprobs
 from lorarl.trainer.rl.losses import LossConfig
+from lorarl.trainer.rl.samples import TrainSample
 from lorarl.trainer.update.actor import UpdateConfig, update_policy
-from lorarl.trainer.update.batch import TrainSample, collate
+from lorarl.trainer.update.batch import collate
 
 RESULTS = Path(__file__).parent / "results" / "trainer_step.json"
 H100_BF16_DENSE_FLOPS = 989e12
@@ -108,8 +109,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--gpu", action="store_true", help="also run the bf16 ~0.5B model on CUDA")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
-    from tests.support.models import smollm2
-    from tests.support.tiny_models import tiny_config
+    from harness.workloads.pretrained import smollm2
+    from harness.workloads.tiny_models import tiny_config
 
     cpu = torch.device("cpu")
     torch.manual_seed(0)

@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
-    from tests.support.models import smollm2
+    from harness.workloads.pretrained import smollm2
 
     model_dir = smollm2()
     records = [

@@ -24,8 +24,8 @@ if str(ROOT) not in sys.path:
 
 
 if TYPE_CHECKING:
-    from tests.support.controlplane import ControlPlane
-    from tests.support.crd_server import CrdServer
+    from harness.cluster.controlplane import ControlPlane
+    from harness.cluster.crd_server import CrdServer
 
 DEFAULT_ENGINE_PYTHON = ROOT / ".venv-engine" / "bin" / "python"
 
@@ -72,7 +72,7 @@ def engine_python() -> str:
     pytest.skip(f"{DEFAULT_ENGINE_PYTHON} is incomplete ({problem}); re-run `make engine-venv`")
 
 
-# --- the real control plane (tests/support/controlplane.py) --------------------------------------
+# --- the real control plane (harness/cluster/controlplane.py) ------------------------------------
 CRD_PATH = ROOT / "crds" / "lorarljobs.lorarl.dev.yaml"
 _namespaces = itertools.count()
 
@@ -82,7 +82,7 @@ def cp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
     """One real control plane (etcd, kube-apiserver, controller-manager, scheduler) for the
     session: a few seconds to start, so tests share it and isolate themselves by namespace.
     (Imported here: machines that run no cluster test, the GPU one, lack its dependencies.)"""
-    from tests.support.controlplane import control_plane
+    from harness.cluster.controlplane import control_plane
 
     with control_plane(tmp_path_factory.mktemp("controlplane")) as plane:
         yield plane
@@ -98,7 +98,7 @@ def cp_with_crd(cp: ControlPlane) -> ControlPlane:
 @pytest.fixture(scope="session")
 def crd_server(cp_with_crd: ControlPlane) -> Iterator[CrdServer]:
     """The CRD's verdicts from the real API server (server-side dry-run creates)."""
-    from tests.support.crd_server import CrdServer
+    from harness.cluster.crd_server import CrdServer
 
     server = CrdServer(cp_with_crd)
     yield server

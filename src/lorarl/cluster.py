@@ -9,6 +9,8 @@ that refuses the object (e.g. no CRD installed).
 
 from __future__ import annotations
 
+import builtins
+
 from lorarl.api.resource import GROUP, PLURAL, VERSION, LoRARLJob
 from lorarl.errors import UserError
 
@@ -178,7 +180,7 @@ class Cluster:
             GROUP, VERSION, self.namespace, PLURAL, name=name,
         )  # fmt: skip
 
-    def log_pods(self, name: str, role: str) -> tuple[list[str], str]:
+    def log_pods(self, name: str, role: str) -> tuple[builtins.list[str], str]:  # list: the method
         """The job's pods of a role (by label) and the container to read."""
         self.get(name)
         pod_role, container = ROLE_PODS[role]

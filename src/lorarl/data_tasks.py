@@ -14,7 +14,7 @@ import json
 import os
 import random
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -151,7 +151,7 @@ def gsm8k_final_answer(solution: str) -> str | None:
     return match.group(1).replace(",", "") if match else None
 
 
-def gsm8k_verl_rows(rows: list[tuple[str, dict]], split: str) -> list[dict]:
+def gsm8k_verl_rows(rows: Sequence[tuple[str, Mapping[str, Any]]], split: str) -> list[dict]:
     """GSM8K records {question, answer} as verl's preprocessing writes them: a one-message chat
     prompt with the step-by-step instruction, and the final number as
     reward_model.ground_truth. `rows` pairs each record with its location for errors."""

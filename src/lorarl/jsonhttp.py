@@ -116,11 +116,13 @@ class JsonHttpServer:
             def do_GET(self) -> None:
                 route = routes.get(self.path.split("?", 1)[0])
                 code, body = route() if route else (404, {"detail": "unknown path"})
-                raw = isinstance(body, RawBody)
-                data = body.data if raw else json.dumps(body).encode()
+                if isinstance(body, RawBody):
+                    data, content_type = body.data, body.content_type
+                else:
+                    data, content_type = json.dumps(body).encode(), "application/json"
                 self.connection.settimeout(request_timeout)  # total, for the whole sendall
                 self.send_response(code)
-                self.send_header("Content-Type", body.content_type if raw else "application/json")
+                self.send_header("Content-Type", content_type)
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)

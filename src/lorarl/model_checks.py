@@ -20,6 +20,14 @@ from pathlib import Path
 from typing import Any
 
 from lorarl.api.resource import LoRARLJob
+from lorarl.plan.memory import (
+    DEFAULT_GPU_MEMORY,
+    MemoryPlan,
+    ModelShape,
+    estimate,
+    read_config,
+    settings_of,
+)
 
 # Prompts measured per data source: an evenly spaced sample beyond this (tokenizing a whole
 # large dataset would take minutes; the trainer measures every prompt at start).
@@ -112,20 +120,22 @@ def lora_problems(job: LoRARLJob, model: Any) -> list[str]:
         ALL_LINEAR,
         AdapterError,
         check_adapter_matches,
+        lora_settings,
         read_adapter_config,
         resolve_targets,
     )
-    from lorarl.trainer.settings import lora_settings
 
     modules = [name for name, _ in model.named_modules() if name]
     linear = resolve_targets(model, LoraConfig(target_modules=ALL_LINEAR))
     kinds = dict(model.named_modules())
     problems = []
-    sections = [("spec.lora", job.spec.lora)]
-    if job.spec.critic is not None:
-        sections.append(("spec.critic.lora", job.spec.critic.lora))
-    for where, lora in sections:
-        for name in lora.target_modules:
+    actor = job.spec.lora
+    sections = [("spec.lora", actor.target_modules, actor.exclude_modules)]
+    if job.spec.critic is not None:  # its unset lists are the actor's, checked already
+        own = job.spec.critic.lora
+        sections.append(("spec.critic.lora", own.target_modules or [], own.exclude_modules or []))
+    for where, targets, excludes in sections:
+        for name in targets:
             if name == ALL_LINEAR:
                 continue
             found = _matches(name, modules)
@@ -140,7 +150,7 @@ def lora_problems(job: LoRARLJob, model: Any) -> list[str]:
                     f"{where}.targetModules: {name} names {kind} modules, not linear layers "
                     f"(LoRA adapts linear layers: {_suffixes(sorted(linear))})"
                 )
-        for name in lora.exclude_modules:
+        for name in excludes:
             if not _matches(name, modules):
                 problems.append(
                     f"{where}.excludeModules: {name} names no module of the model (its linear "
@@ -191,3 +201,71 @@ def data_problems(job: LoRARLJob, tokenizer: Any | None) -> list[str]:
             of = f" (measured {len(sample)} of {len(loaded)})" if stride > 1 else ""
             problems.append(f"spec.data.maxPromptTokens: {exc}{of}")
     return problems
+
+
+def model_shape(config: dict[str, Any], lora: Any, critic_rank: int | None = None) -> ModelShape:
+    """Sizes from the config; parameter counts from the model and its adapter built on the meta
+    device with the trainer's LoRA settings (`trainer.settings.LoraSettings`: PEFT resolves the
+    targets as the trainer's does). `critic_rank`: ppo's critic adapter and value head (counted
+    with the actor's targets)."""
+    import warnings
+    from dataclasses import replace
+
+    import torch
+    from peft import get_peft_model
+    from peft.tuners.lora import LoraLayer
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from lorarl.trainer.model.parallel import decoder_layers
+
+    fields = dict(config)
+    cfg = AutoConfig.for_model(fields.pop("model_type"), **fields)
+    text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    with torch.device("meta"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        base = AutoModelForCausalLM.from_config(cfg)
+        params = sum(p.numel() for p in base.parameters())
+        peft = get_peft_model(base, replace(lora, adapter_path=None).to_peft_config())
+    layer = decoder_layers(peft)[0]
+    layer_params = sum(p.numel() for n, p in layer.named_parameters() if "lora_" not in n)
+    adapter = sum(p.numel() for n, p in peft.named_parameters() if "lora_" in n)
+    ranks = sum(m.r["default"] for m in layer.modules() if isinstance(m, LoraLayer))
+    critic = 0
+    if critic_rank is not None:
+        critic = adapter * critic_rank // lora.rank + text.hidden_size + 1
+    heads = text.num_attention_heads
+    return ModelShape(
+        hidden=text.hidden_size,
+        intermediate=text.intermediate_size,
+        layers=text.num_hidden_layers,
+        heads=heads,
+        kv_heads=getattr(text, "num_key_value_heads", None) or heads,
+        head_dim=getattr(text, "head_dim", None) or text.hidden_size // heads,
+        vocab=text.vocab_size,
+        params=params,
+        layer_params=layer_params,
+        lora_params=adapter,
+        lora_ranks_per_layer=ranks,
+        critic_params=critic,
+    )
+
+
+def plan_memory(
+    job: LoRARLJob,
+    config: str | Path | dict[str, Any] | None = None,
+    gpu_memory: int = DEFAULT_GPU_MEMORY,
+) -> MemoryPlan:
+    """The job's memory plan (`plan.memory`); `config`: the model's config.json (default:
+    spec.model.path's). Here, not in `plan`, because the shape is counted with the trainer's
+    own code, and `plan` sits below the trainer (docs/architecture.md, Layers)."""
+    from lorarl.trainer.model.loading import lora_settings
+
+    source = job.spec.model.path if config is None else config
+    try:
+        data = read_config(source)
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"cannot read the model's config.json from {source}: {exc}") from exc
+    critic = job.spec.critic
+    critic_rank = None if critic is None else (critic.lora.rank or job.spec.lora.rank)
+    shape = model_shape(data, lora_settings(job), critic_rank)
+    return estimate(shape, settings_of(job), gpu_memory)

@@ -13,14 +13,14 @@ from typing import Any
 import pytest
 import yaml
 
+from harness.cluster.controlplane import ControlPlane
+from harness.cluster.crd_cases import CASES, _docs
+from harness.cluster.crd_server import CrdServer
 from lorarl.api import safe_yaml
 from lorarl.api.crd import crd
 from lorarl.api.rules import CRD_ONLY
 from lorarl.api.validation import check_manifest, validate_manifest
 from tests.cluster.conftest import ROOT
-from tests.support.controlplane import ControlPlane
-from tests.support.crd_cases import CASES, _docs
-from tests.support.crd_server import CrdServer
 
 # Optional integrations whose CRDs the test cluster does not install (kubectl cannot map them).
 UNSERVED_GROUPS = ("cert-manager.io", "monitoring.coreos.com")

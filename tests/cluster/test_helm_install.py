@@ -14,9 +14,9 @@ import helm_python as helm
 import pytest
 import yaml
 
+from harness.cluster.cluster import NS, RELEASE, Cluster, cluster
+from harness.cluster.controlplane import wait_until
 from tests.integration.test_operator_harness import quickstart
-from tests.support.cluster import NS, RELEASE, Cluster, cluster
-from tests.support.controlplane import wait_until
 from tests.unit.deploy.test_helm_chart import CHART
 
 JOBS_NS = "default"

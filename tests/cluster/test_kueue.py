@@ -11,9 +11,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from harness.cluster.controlplane import control_plane
+from harness.cluster.kueue import kueue
 from tests.integration.test_operator_harness import Cluster, cluster, quickstart, wait_for
-from tests.support.controlplane import control_plane
-from tests.support.kueue import kueue
 
 NS = "team-a"
 GATE = "kueue.x-k8s.io/admission"

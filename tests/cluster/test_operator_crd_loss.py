@@ -7,9 +7,9 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from harness.cluster.controlplane import control_plane
 from tests.conftest import CRD_PATH
 from tests.integration.test_operator_harness import cluster, quickstart, wait_for
-from tests.support.controlplane import control_plane
 
 
 def test_the_operator_survives_its_crd_deleted_and_recreated(tmp_path: Path) -> None:

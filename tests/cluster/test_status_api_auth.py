@@ -13,12 +13,8 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from lorarl.server import KubeApi, KubeAuth, KubeStore, create_app
-from lorarl.server.auth import Unauthenticated
-from lorarl.server.stores import StoreUnavailable
-from tests.support.controlplane import wait_until
-from tests.support.fake_trainer import FakeTrainer
-from tests.support.status_auth import (
+from harness.cluster.controlplane import wait_until
+from harness.cluster.status_auth import (
     LRJ,
     PEOPLE,
     SERVER,
@@ -29,7 +25,11 @@ from tests.support.status_auth import (
     jobs_rule,
     rbac,
 )
-from tests.support.status_auth import world as status_world
+from harness.cluster.status_auth import world as status_world
+from harness.engines.fake_trainer import FakeTrainer
+from lorarl.server import KubeApi, KubeAuth, KubeStore, create_app
+from lorarl.server.auth import Unauthenticated
+from lorarl.server.stores import StoreUnavailable
 
 
 @pytest.fixture(scope="module")

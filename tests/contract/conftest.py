@@ -69,7 +69,7 @@ def sglang(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Harness]:
             f"SGLang contract env not found at {python}: build it with `make sglang-venv` "
             "(scripts/install_sglang_contract_env.sh) or set LORARL_SGLANG_PYTHON"
         )
-    from tests.support.tiny_models import make_tiny_model
+    from harness.workloads.tiny_models import make_tiny_model
 
     work = tmp_path_factory.mktemp("sglang-contract")
     model = work / "model"

@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from harness.workloads.letter_relay import LetterRelay
 from lorarl.api import LoRARLJob
 from lorarl.environments.base import EpisodeItem, item_messages
 from lorarl.local.tiny import make_tiny_model, make_tokenizer
@@ -31,7 +32,6 @@ from lorarl.trainer.episodes.turn_tokens import TurnTokens
 from lorarl.trainer.generation.client import RolloutClient
 from lorarl.trainer.generation.types import SamplingParams
 from tests.contract.conftest import Harness
-from tests.support.letter_relay import LetterRelay
 
 VERSION = 4
 ITEMS = [PromptItem(f"after {c}", answer=chr(ord(c) + 1)) for c in "abc"]

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from harness.workloads.local_jobs import LETTERS, hf_engine, letter_job, read_history
+from harness.workloads.tiny_models import make_tiny_model
 from lorarl.local import LocalRun
 from lorarl.local.tiny import teach_letter_neighbourhood
-from tests.support.local_jobs import LETTERS, hf_engine, letter_job, read_history
-from tests.support.tiny_models import make_tiny_model
 
 pytestmark = pytest.mark.slow
 
@@ -26,7 +26,7 @@ def test_an_openai_sdk_agent_trains_token_exact(tmp_path: Path):
     teach_letter_neighbourhood(model, LETTERS)
     training = {"totalSteps": STEPS, "promptsPerStep": 4, "microBatchSize": 16,
                 "checkpointInterval": 10, "samplesInterval": 2}  # fmt: skip
-    agent = {"entrypoint": "tests.support.letter_agent:run", "maxConcurrency": 8,
+    agent = {"entrypoint": "harness.workloads.letter_agent:run", "maxConcurrency": 8,
              "timeoutSeconds": 60}  # fmt: skip
     job = letter_job(tmp_path, training=training, agent=agent, reward=None)
     engine = functools.partial(hf_engine, model=job.spec.model.path)

@@ -20,8 +20,8 @@ import time
 import pytest
 import yaml
 
-from tests.support import chaos
-from tests.support.chaos_run import (
+from harness.chaos import faults as chaos
+from harness.chaos.run import (
     FAULTS,
     Injection,
     engine_served_steps,
@@ -29,8 +29,8 @@ from tests.support.chaos_run import (
     step_in_progress,
     wait_recovered,
 )
-from tests.support.cluster import cluster, wait_phase
-from tests.support.cluster_jobs import prepare_assets, provision
+from harness.cluster.cluster import cluster, wait_phase
+from harness.cluster.jobs import prepare_assets, provision
 
 pytestmark = pytest.mark.slow
 NAME, INTERVAL = "chaos-short", 3

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.cluster import Cluster, cluster
-from tests.support.cluster_jobs import (
+from harness.cluster.cluster import Cluster, cluster
+from harness.cluster.jobs import (
     check_adapter,
     cluster_job,
     history,

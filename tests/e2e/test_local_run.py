@@ -19,12 +19,8 @@ from fastapi.testclient import TestClient
 from peft import PeftModel
 from transformers import AutoModelForCausalLM
 
-from lorarl.api.reports import run_files
-from lorarl.api.validation import load_job_file
-from lorarl.local import LocalRun
-from lorarl.server.app import create_app
-from lorarl.server.stores.local import LocalStore
-from tests.support.browser import (
+from harness.cluster.jobs import prepare_assets
+from harness.services.browser import (
     ARGS,
     CHROMIUM,
     REFRESH_README_PICTURE,
@@ -32,8 +28,12 @@ from tests.support.browser import (
     point_steps,
     wait_for_step,
 )
-from tests.support.cluster_jobs import prepare_assets
-from tests.support.server_live import live_server
+from harness.services.server_live import live_server
+from lorarl.api.reports import run_files
+from lorarl.api.validation import load_job_file
+from lorarl.local import LocalRun
+from lorarl.server.app import create_app
+from lorarl.server.stores.local import LocalStore
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from harness.cluster.jobs import prepare_assets
 from lorarl.api.reports import run_files
 from tests.e2e.test_local_run import processes_of
-from tests.support.cluster_jobs import prepare_assets
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
@@ -34,6 +34,10 @@ def test_stop_and_resume_a_local_run(tmp_path: Path, engine_python: str):
     prepare_assets()
     doc = yaml.safe_load(QUICKSTART.read_text())
     doc["spec"]["training"].update(totalSteps=6, checkpointInterval=2)
+    # One engine and one trainer rank: the commands are under test here, not the fleet (the
+    # quickstart's two of each are run by test_local_run and test_readme).
+    doc["spec"]["rollout"]["replicas"] = 1
+    doc["spec"]["trainer"]["processesPerReplica"] = 1
     job_file = tmp_path / "quickstart.yaml"
     job_file.write_text(yaml.safe_dump(doc))
     runs_dir = tmp_path / "runs"

@@ -1,5 +1,5 @@
 """Multi-turn end to end: the tiny model learns a two-turn task whose reward depends on what the
-environment says (tests/support/letter_relay.py), through the whole loop (2 gloo trainer ranks,
+environment says (harness/workloads/letter_relay.py), through the whole loop (2 gloo trainer ranks,
 2 engines behind sync sidecars, merged sync every step), with the trainer's logprobs of every
 model token matching the engine's on every step."""
 
@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from harness.workloads.local_jobs import LETTERS, hf_engine, letter_job, read_history
+from harness.workloads.tiny_models import make_tiny_model
 from lorarl.local import LocalRun
 from lorarl.local.tiny import teach_letter_neighbourhood
-from tests.support.local_jobs import LETTERS, hf_engine, letter_job, read_history
-from tests.support.tiny_models import make_tiny_model
 
 pytestmark = pytest.mark.slow
 
@@ -33,7 +33,7 @@ def test_tiny_model_learns_to_answer_what_the_environment_asks(tmp_path: Path):
     training = {"totalSteps": STEPS, "promptsPerStep": 8, "microBatchSize": 16,
                 "checkpointInterval": 10, "samplesInterval": 5}  # fmt: skip
     environment = {
-        "entrypoint": "tests.support.letter_relay:LetterRelay",
+        "entrypoint": "harness.workloads.letter_relay:LetterRelay",
         "maxTurns": 2,
         "maxTotalTokens": 48,
         "finalReward": False,

@@ -27,6 +27,9 @@ from peft import PeftModel
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
+from harness.engines.hf_engine_server import create_app, serve_in_thread
+from harness.workloads.local_jobs import hf_engine, letter_job, read_history
+from harness.workloads.pretrained import smollm2
 from lorarl.api import LoRARLJob
 from lorarl.data_tasks import write_task_jsonl
 from lorarl.local import LocalRun
@@ -35,9 +38,6 @@ from lorarl.trainer.loop import Trainer
 from lorarl.trainer.model.critic import read_critic_dir
 from lorarl.trainer.model.parallel import init_distributed
 from lorarl.trainer.settings import Endpoints
-from tests.support.hf_engine_server import create_app, serve_in_thread
-from tests.support.local_jobs import hf_engine, letter_job, read_history
-from tests.support.models import smollm2
 
 pytestmark = pytest.mark.slow
 

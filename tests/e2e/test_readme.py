@@ -4,9 +4,9 @@ One test per block, in README order, in one clean copy of the repository (tracke
 built venvs symlinked in), each in a fresh bash with only `.venv` activated: no LORARL_ENGINE_PYTHON
 or anything else the Makefile exports. A block marked `skip` in the README source is reported as a
 skip with its reason; `cluster` blocks run, in README order, against one cluster of the
-`readme_cluster` fixture. How blocks are marked: tests/support/readme.py.
+`readme_cluster` fixture. How blocks are marked: harness/readme/blocks.py.
 
-The cluster blocks run against a real cluster (tests/support/readme_cluster.py): the control
+The cluster blocks run against a real cluster (harness/readme/cluster.py): the control
 plane built from Kubernetes' source, the process kubelet as its Node. Every `kubectl` command is
 the real kubectl (apply, wait, get, describe, `rollout status` on what the Deployment controller
 writes, `create token`); `helm install` is Helm's own install action through its SDK (no Helm
@@ -31,7 +31,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.readme import Block, ClusterShell, clean_copy, parse_blocks, run_block
+from harness.readme.blocks import Block, ClusterShell, clean_copy, parse_blocks, run_block
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
@@ -49,7 +49,7 @@ def checkout(tmp_path_factory) -> Path:
 def readme_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterShell]:
     """An empty cluster (control plane, process kubelet, the example's PVCs) that the README's own
     `helm install` installs the chart into; torn down after the module."""
-    from tests.support.readme_cluster import readme_cluster as harness
+    from harness.readme.cluster import readme_cluster as harness
 
     with harness(tmp_path_factory.mktemp("readme-cluster")) as shell:
         yield shell

@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 
+from harness.workloads.local_jobs import hf_engine, letter_job, read_history
 from lorarl.local import LocalRun, RunFailed
 from lorarl.local.ports import free_port
 from lorarl.local.runner import ray_temp_fits
 from lorarl.rewards.service.client import RewardServiceClient, RewardServiceError, ScoreSample
-from lorarl.trainer.loop import _score_remote, wait_for_reward_service
-from tests.support.local_jobs import hf_engine, letter_job, read_history
+from lorarl.trainer.generation.rewards import score_remote, wait_for_reward_service
 
 SERVICE = {"function": "regex_match", "params": {"metadata_key": "pattern"}}
 
@@ -126,7 +126,7 @@ def test_a_dead_reward_service_fails_scoring_instead_of_scoring_zero(unused_port
         # it does not come back the step fails: it never scores zero.
         start = time.monotonic()
         with pytest.raises(RewardServiceError, match=rf"{url} was not healthy .* within 0.3 s"):
-            _score_remote(
+            score_remote(
                 client, ["after a"], ["b"], [None], [{"pattern": "b"}], outage_timeout_s=0.3
             )
         assert 0.3 <= time.monotonic() - start < 5

@@ -1,7 +1,7 @@
 """The stale-policy guard against an engine that silently keeps old weights, with real vLLM.
 
 `lorarl run --local` on the quickstart (two vLLM engines, sidecars, two trainer ranks), where the
-sidecar of rollout-1 acknowledges every update without pushing it (`tests/support/lazy_sidecar`:
+sidecar of rollout-1 acknowledges every update without pushing it (`harness/chaos/lazy_sidecar`:
 its `/healthz` says it serves the latest version, its engine keeps the start weights). Without
 the guard the trainer generates from rollout-1 at every step and trains on samples of the start
 policy labelled with the current version. With it: the first version whose update is visible on
@@ -21,13 +21,13 @@ from pathlib import Path
 import pytest
 import yaml
 
+from harness.cluster.jobs import prepare_assets
 from lorarl.api.reports import run_files
-from tests.support.cluster_jobs import prepare_assets
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = ROOT / "examples" / "quickstart.yaml"
-LAZY = ROOT / "tests" / "support" / "lazy_sidecar"
+LAZY = ROOT / "harness" / "chaos" / "lazy_sidecar"
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -12,8 +12,8 @@ import pytest
 from peft import PeftModel
 from transformers import AutoModelForCausalLM
 
+from harness.workloads.local_jobs import hf_engine, letter_job, read_history
 from lorarl.local import LocalRun
-from tests.support.local_jobs import hf_engine, letter_job, read_history
 
 pytestmark = pytest.mark.slow
 

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
+from harness.workloads.local_jobs import hf_engine, letter_job, read_history
 from lorarl.local import LocalRun
 from lorarl.sync.adapter_files import adapter_fingerprint
-from tests.support.local_jobs import hf_engine, letter_job, read_history
 
 pytestmark = pytest.mark.slow
 

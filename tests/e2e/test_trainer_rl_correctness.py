@@ -25,18 +25,18 @@ from pathlib import Path
 
 import pytest
 
-from lorarl.api import LoRARLJob
-from lorarl.data_tasks import write_task_jsonl
-from lorarl.local import LocalRun
-from tests.support.done_when import (
+from harness.services.done_when import (
     check_dashboard_shows_eval,
     check_evals_served,
     check_merged_export_in_vllm,
     check_trackers,
 )
-from tests.support.local_jobs import read_history
-from tests.support.mlflow_server import MlflowServer, mlflow_server_process
-from tests.support.models import smollm2
+from harness.services.mlflow_server import MlflowServer, mlflow_server_process
+from harness.workloads.local_jobs import read_history
+from harness.workloads.pretrained import smollm2
+from lorarl.api import LoRARLJob
+from lorarl.data_tasks import write_task_jsonl
+from lorarl.local import LocalRun
 
 pytestmark = pytest.mark.slow
 

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from tests.support.models import smollm2
+from harness.workloads.pretrained import smollm2
 
 pytestmark = pytest.mark.slow
 

@@ -17,9 +17,9 @@ import torch
 from peft import PeftModel
 from transformers import AutoModelForCausalLM
 
+from harness.workloads.local_jobs import LETTERS, hf_engine, letter_job, read_history
+from harness.workloads.verl_data import write_verl_gsm8k
 from lorarl.local import LocalRun
-from tests.support.local_jobs import LETTERS, hf_engine, letter_job, read_history
-from tests.support.verl_data import write_verl_gsm8k
 
 pytestmark = pytest.mark.slow
 STEPS = 3

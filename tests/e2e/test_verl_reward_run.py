@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from harness.workloads.local_jobs import hf_engine, letter_job, read_history
+from harness.workloads.verl_data import write_verl_gsm8k
 from lorarl.local import LocalRun
 from tests.e2e.test_verl_data_run import verl_letter_rows
-from tests.support.local_jobs import hf_engine, letter_job, read_history
-from tests.support.verl_data import write_verl_gsm8k
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]

@@ -34,6 +34,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from harness.engines.vllm_serve import stop_server_group
+from harness.workloads.letter_relay import LetterRelay
 from lorarl.environments.base import item_messages
 from lorarl.local.ports import free_port
 from lorarl.local.tiny import make_tiny_model, teach_letter_neighbourhood
@@ -48,8 +50,6 @@ from lorarl.trainer.generation.rollouts import _train_sample
 from lorarl.trainer.generation.types import SamplingParams
 from lorarl.trainer.model.logprobs import sequence_logprobs
 from lorarl.trainer.update.batch import collate
-from tests.support.letter_relay import LetterRelay
-from tests.support.vllm_serve import stop_server_group
 
 API_KEY = "engine-key-for-tests"
 AUTH = {"Authorization": f"Bearer {API_KEY}"}

@@ -41,6 +41,8 @@ import yaml
 from peft import PeftModel
 from safetensors.torch import load_file
 
+from harness.engines.vllm_serve import VLLM_CPU_DEFAULT_BUDGET, seeded_prompts, seeded_step
+from harness.workloads.tiny_models import make_tiny_model, make_tokenizer
 from lorarl.api.resource import LoRARLJob
 from lorarl.local.env_refs import with_engine_key
 from lorarl.local.ports import free_port_block
@@ -59,8 +61,6 @@ from lorarl.trainer.model.loading import (
     lora_state_dict,
     set_lora_state_dict,
 )
-from tests.support.tiny_models import make_tiny_model, make_tokenizer
-from tests.support.vllm_serve import VLLM_CPU_DEFAULT_BUDGET, seeded_prompts, seeded_step
 
 RANK, ALPHA = 8, 12.0  # s = 1.5: not a power of two, so the scaling's rounding is exercised
 SCALING = ALPHA / RANK

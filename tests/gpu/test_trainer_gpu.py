@@ -46,10 +46,11 @@ from lorarl.trainer.model.parallel import (
     init_distributed,
     shutdown_distributed,
 )
-from lorarl.trainer.model.policy import Policy, build_policy
 from lorarl.trainer.model.precision import cpu_lora_autocast_dtype
+from lorarl.trainer.rl.samples import TrainSample
 from lorarl.trainer.update.actor import all_reduce_sum, update_policy
-from lorarl.trainer.update.batch import TensorBatch, TrainSample, collate
+from lorarl.trainer.update.batch import TensorBatch, collate
+from lorarl.trainer.update.policy import Policy, build_policy
 from tests.gpu.conftest import torchrun_env
 
 RANK = 8

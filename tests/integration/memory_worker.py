@@ -20,8 +20,9 @@ from lorarl.trainer.model.loading import LoraSettings, apply_lora, load_base_mod
 from lorarl.trainer.model.memory import checkpoint_layers, checkpointing_summary
 from lorarl.trainer.model.parallel import init_distributed, shard_model
 from lorarl.trainer.rl.losses import LossConfig
+from lorarl.trainer.rl.samples import TrainSample
 from lorarl.trainer.update.actor import UpdateConfig, update_policy
-from lorarl.trainer.update.batch import TrainSample, collate
+from lorarl.trainer.update.batch import collate
 
 LORA = LoraSettings(rank=4, alpha=8.0, target_modules="all-linear")
 INIT_SEED = 99

@@ -22,11 +22,12 @@ from lorarl.trainer.model.critic import (
 )
 from lorarl.trainer.model.loading import LoraSettings, apply_lora, load_base_model, lora_state_dict
 from lorarl.trainer.model.parallel import init_distributed, shard_model, shutdown_distributed
+from lorarl.trainer.rl.config import KLRewardSettings
 from lorarl.trainer.rl.losses import LossConfig
-from lorarl.trainer.settings import CriticSettings, KLRewardSettings
+from lorarl.trainer.rl.samples import TrainSample
 from lorarl.trainer.update.actor import UpdateConfig
-from lorarl.trainer.update.batch import TrainSample, collate, shard_for_rank
-from lorarl.trainer.update.ppo import PPOConfig, PPOUpdate
+from lorarl.trainer.update.batch import collate, shard_for_rank
+from lorarl.trainer.update.ppo import CriticSettings, PPOConfig, PPOUpdate
 
 LORA = LoraSettings(rank=4, alpha=8.0)
 CRITIC = CriticSettings(

@@ -15,7 +15,8 @@ import lorarl.trainer.update.actor as update_module
 from lorarl.trainer.model.loading import LoraSettings, apply_lora, load_base_model, lora_state_dict
 from lorarl.trainer.model.parallel import init_distributed, shard_model
 from lorarl.trainer.rl.losses import LossConfig
-from lorarl.trainer.update.batch import TrainSample, collate
+from lorarl.trainer.rl.samples import TrainSample
+from lorarl.trainer.update.batch import collate
 
 ADVANTAGES = {  # rank -> per-sample advantages: rank 0 trains 2 samples, rank 1 all 6
     0: [0.0, 0.0, 1.0, 0.0, -1.0, 0.0],

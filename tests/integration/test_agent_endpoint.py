@@ -12,6 +12,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from harness.engines.hf_engine_server import create_app, serve_in_thread
+from harness.workloads import letter_agent
+from harness.workloads.tiny_models import make_tiny_model
 from lorarl.local.tiny import teach_letter_neighbourhood
 from lorarl.trainer.data.prompts import PromptItem
 from lorarl.trainer.episodes.agents import AgentRunner
@@ -21,9 +24,6 @@ from lorarl.trainer.generation.rollouts import _train_sample
 from lorarl.trainer.generation.types import Sample, SamplingParams
 from lorarl.trainer.model.logprobs import sequence_logprobs
 from lorarl.trainer.update.batch import collate
-from tests.support import letter_agent
-from tests.support.hf_engine_server import create_app, serve_in_thread
-from tests.support.tiny_models import make_tiny_model
 
 ITEMS = [PromptItem(f"after {c}", answer=chr(ord(c) + 1)) for c in "abcd"]
 PARAMS = SamplingParams(max_tokens=4, temperature=1.0, seed=3)

@@ -18,13 +18,13 @@ from typing import Any
 import pytest
 import yaml
 
+from harness.cluster.controlplane import control_plane
+from harness.cluster.kube_client import KubeClient
+from harness.kubelet import Kubelet
 from lorarl.api.resource import LoRARLJob
 from lorarl.operator import builders
 from lorarl.plan import plan
 from lorarl.plan.addressing import CLUSTER_PORTS
-from tests.support.controlplane import control_plane
-from tests.support.kube_client import KubeClient
-from tests.support.kubelet import Kubelet
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = yaml.safe_load((ROOT / "examples" / "quickstart.yaml").read_text())

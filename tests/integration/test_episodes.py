@@ -13,6 +13,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from harness.engines.hf_engine_server import create_app, serve_in_thread
+from harness.workloads.letter_relay import LetterRelay
+from harness.workloads.tiny_models import make_tiny_model
 from lorarl.environments.base import EnvStep, item_messages
 from lorarl.local.tiny import teach_letter_neighbourhood
 from lorarl.trainer.data.prompts import PromptItem
@@ -28,9 +31,6 @@ from lorarl.trainer.generation.rollouts import _train_sample
 from lorarl.trainer.generation.types import SamplingParams
 from lorarl.trainer.model.logprobs import sequence_logprobs
 from lorarl.trainer.update.batch import collate
-from tests.support.hf_engine_server import create_app, serve_in_thread
-from tests.support.letter_relay import LetterRelay
-from tests.support.tiny_models import make_tiny_model
 
 ITEMS = [PromptItem(f"after {c}", answer=chr(ord(c) + 1)) for c in "abcd"]
 
@@ -208,7 +208,7 @@ def test_busy_seconds_counts_overlaps_once():
 def test_turn_tokens_match_the_template_on_smollm2():
     """On ChatML the appended tokens are exactly what rendering the whole conversation gives
     (the model's own <|im_end|> is not added twice)."""
-    from tests.support.models import smollm2
+    from harness.workloads.pretrained import smollm2
 
     tok = AutoTokenizer.from_pretrained(smollm2())
     tt = TurnTokens(tok)
@@ -229,8 +229,8 @@ def test_turn_tokens_match_the_template_on_smollm2():
 
 
 def test_turn_tokens_need_a_chat_template(tmp_path: Path):
+    from harness.workloads.tiny_models import make_tokenizer
     from lorarl.trainer.data.prompts import DataError
-    from tests.support.tiny_models import make_tokenizer
 
     tok = make_tokenizer()
     tok.chat_template = None

@@ -17,10 +17,10 @@ import torch
 from safetensors import safe_open
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from harness.workloads.tiny_models import make_tiny_model
 from lorarl.api.resource import LoRARLJob
 from lorarl.trainer.checkpoint.export import export_final, merge_lora
 from lorarl.trainer.model.loading import LoraSettings, apply_lora, load_base_model, lora_parameters
-from tests.support.tiny_models import make_tiny_model
 
 RANK, ALPHA = 8, 12.0
 PROMPT = [20, 21, 22, 30, 31, 40, 50, 60, 70, 33]

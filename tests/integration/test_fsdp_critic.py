@@ -13,12 +13,12 @@ import torch
 from peft import PeftModel
 from safetensors.torch import load_file
 
+from harness.workloads.tiny_models import make_tiny_model
 from lorarl.local.ports import free_port
 from lorarl.trainer.model.critic import critic_parameters, sequence_values
 from lorarl.trainer.model.loading import load_base_model
 from lorarl.trainer.model.logprobs import sequence_logprobs
 from tests.integration import fsdp_critic_worker as W
-from tests.support.tiny_models import make_tiny_model
 
 pytestmark = pytest.mark.slow  # one torchrun launch of two ranks, ~20-40 s on 2 shared cores
 

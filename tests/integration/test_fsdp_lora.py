@@ -18,11 +18,11 @@ import torch
 from peft import PeftModel
 from safetensors.torch import load_file
 
+from harness.workloads.tiny_models import make_tiny_model
 from lorarl.local.ports import free_port
 from lorarl.trainer.model.loading import apply_lora, load_base_model, lora_state_dict
 from lorarl.trainer.model.logprobs import sequence_logprobs
 from tests.integration import fsdp_worker as W
-from tests.support.tiny_models import make_tiny_model
 
 pytestmark = pytest.mark.slow  # two torchrun launches, ~30-45 s on 2 shared cores
 

@@ -13,13 +13,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from harness.workloads.tiny_models import make_tiny_model
 from lorarl.local.ports import free_port
 from lorarl.trainer.model.loading import lora_parameters
+from lorarl.trainer.model.micro_batches import pack_by_tokens
 from lorarl.trainer.update.actor import update_policy
 from lorarl.trainer.update.batch import collate
-from lorarl.trainer.update.micro_batches import pack_by_tokens
 from tests.integration import memory_worker as W
-from tests.support.tiny_models import make_tiny_model
 
 pytestmark = pytest.mark.slow  # one torchrun launch, ~15-25 s on 2 shared cores
 

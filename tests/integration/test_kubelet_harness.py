@@ -1,10 +1,10 @@
-"""The process kubelet (tests/support/kubelet/) does what a kubelet does, or the cluster tests
+"""The process kubelet (harness/kubelet/) does what a kubelet does, or the cluster tests
 built on it would prove nothing: a Node the scheduler binds pods to, a read-only root, volumes
 (claims bound by the provisioner, projected ServiceAccount tokens), env and secret references,
 pod DNS names, Services, NetworkPolicy enforcement, status and exit codes, graceful deletion,
 the Node authorizer's limits, cleanup.
 
-The cluster is the real one (tests/support/controlplane.py): API server, controller-manager and
+The cluster is the real one (harness/cluster/controlplane.py): API server, controller-manager and
 scheduler. Each test uses its own namespace, so policies and names never cross tests.
 """
 
@@ -23,10 +23,10 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.support.controlplane import ControlPlane, control_plane
-from tests.support.kube_client import KubeClient
-from tests.support.kubelet import Kubelet, NamespacesUnavailable, leftovers
-from tests.support.kubelet import network as kubelet_network
+from harness.cluster.controlplane import ControlPlane, control_plane
+from harness.cluster.kube_client import KubeClient
+from harness.kubelet import Kubelet, NamespacesUnavailable, leftovers
+from harness.kubelet import network as kubelet_network
 
 ROOT = Path(__file__).resolve().parents[2]
 TRAINER = "ghcr.io/lorarl/trainer:0.1.0"
@@ -206,7 +206,7 @@ def test_a_checkout_under_tmp_stays_visible(
     tmp_path.chmod(0o755)
     (checkout / "marker").write_text("here")
     (checkout / "marker").chmod(0o644)
-    from tests.support.kubelet import containers
+    from harness.kubelet import containers
 
     monkeypatch.setattr(containers, "HOST_PATHS", [*containers.HOST_PATHS, checkout])
     script = f"""
@@ -720,9 +720,9 @@ KILLED_RUN = """
 import json, sys, time
 from pathlib import Path
 from tests.integration.test_kubelet_harness import SLEEPER, create, pids_of, pod, running
-from tests.support.controlplane import control_plane
-from tests.support.kube_client import KubeClient
-from tests.support.kubelet import Kubelet
+from harness.cluster.controlplane import control_plane
+from harness.cluster.kube_client import KubeClient
+from harness.kubelet import Kubelet
 with control_plane(Path(sys.argv[1])) as cp:
     kube = KubeClient(cp)
     kubelet = Kubelet(cp).start()

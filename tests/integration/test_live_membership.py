@@ -20,6 +20,7 @@ import torch
 from peft import LoraConfig, PeftModel, get_peft_model, set_peft_model_state_dict
 from transformers import AutoModelForCausalLM
 
+from harness.workloads.tiny_models import make_tiny_model
 from lorarl.trainer.fleet.membership import Fleet
 from lorarl.trainer.fleet.publish import WeightPublisher
 from lorarl.trainer.model.loading import lora_state_dict
@@ -37,7 +38,6 @@ from tests.integration.test_sidecar import (
     wait_for,
     write_job,
 )
-from tests.support.tiny_models import make_tiny_model
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 

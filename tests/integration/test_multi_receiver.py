@@ -15,6 +15,7 @@ import torch
 from peft import LoraConfig, PeftModel, get_peft_model, set_peft_model_state_dict
 from transformers import AutoModelForCausalLM
 
+from harness.workloads.tiny_models import make_tiny_model
 from lorarl.sync.errors import SyncTransportError
 from lorarl.trainer.fleet.publish import SyncFailed, WeightPublisher
 from lorarl.trainer.model.loading import lora_state_dict
@@ -33,7 +34,6 @@ from tests.integration.test_sidecar import (
     wait_ready,
     write_job,
 )
-from tests.support.tiny_models import make_tiny_model
 
 REPLICAS = 3
 

@@ -7,6 +7,8 @@ import threading
 import time
 from pathlib import Path
 
+from harness.cluster.admission import admission_webhook, allow, deny
+from harness.cluster.controlplane import ControlPlane
 from tests.integration.test_operator_harness import (
     LRJ,
     Cluster,
@@ -16,8 +18,6 @@ from tests.integration.test_operator_harness import (
     shared,
     wait_for,
 )
-from tests.support.admission import admission_webhook, allow, deny
-from tests.support.controlplane import ControlPlane
 
 __all__ = ["shared"]
 

@@ -1,8 +1,8 @@
-"""Harness for the operator's integration tests on the real control plane (tests/support/
-controlplane.py): the real operator (`python -m lorarl.operator` in a subprocess, so it can be
-killed) with its validating webhook registered with the API server over TLS, and a fake trainer
-progress endpoint. No kubelet runs here: tests write pod phases through `pods/status`, as a
-kubelet would. The tests at the bottom check the harness's own endpoints."""
+"""Harness for the operator's integration tests on the real control plane
+(harness/cluster/controlplane.py): the real operator (`python -m lorarl.operator` in a subprocess,
+so it can be killed) with its validating webhook registered with the API server over TLS, and a
+fake trainer progress endpoint. No kubelet runs here: tests write pod phases through
+`pods/status`, as a kubelet would. The tests at the bottom check the harness's own endpoints."""
 
 from __future__ import annotations
 
@@ -26,10 +26,10 @@ import httpx
 import pytest
 import yaml
 
+from harness.cluster.controlplane import ControlPlane, wait_for
+from harness.cluster.kube_client import KubeClient
+from harness.engines.fake_trainer import FakeTrainer
 from lorarl.local.ports import free_port
-from tests.support.controlplane import ControlPlane, wait_for
-from tests.support.fake_trainer import FakeTrainer
-from tests.support.kube_client import KubeClient
 
 ROOT = Path(__file__).resolve().parents[2]
 LRJ = "lorarl.dev/v1alpha1/lorarljobs"

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from harness.workloads.tiny_models import make_tiny_model
 from lorarl.local.ports import free_port
 from tests.integration import ppo_worker as W
-from tests.support.tiny_models import make_tiny_model
 
 pytestmark = pytest.mark.slow  # one torchrun launch + one in-process run, ~20 s
 

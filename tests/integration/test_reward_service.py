@@ -236,7 +236,7 @@ def test_healthz_reports_each_reward(api):
 def classifier_dir(tmp_path_factory):
     from transformers import LlamaForSequenceClassification
 
-    from tests.support.tiny_models import make_tokenizer, tiny_config
+    from harness.workloads.tiny_models import make_tokenizer, tiny_config
 
     path = tmp_path_factory.mktemp("rm")
     config = tiny_config("llama", layers=1, hidden=64)

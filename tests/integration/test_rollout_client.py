@@ -11,10 +11,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from harness.engines.hf_engine_server import Controls, create_app, serve_in_thread
+from harness.workloads.tiny_models import make_tiny_model
 from lorarl.local.ports import free_port
 from lorarl.trainer.generation.client import RolloutClient, RolloutError, Sample, SamplingParams
-from tests.support.hf_engine_server import Controls, create_app, serve_in_thread
-from tests.support.tiny_models import make_tiny_model
 
 PATHS = {"vllm": "/v1/completions", "sglang": "/generate"}
 STOPS = tuple(range(40, 80))  # ~a third of the vocabulary, so many samples stop early

@@ -12,14 +12,14 @@ from urllib.parse import urlparse
 
 import pytest
 
+from harness.cluster.status_auth import world as status_world
+from harness.engines.fake_trainer import FakeTrainer
+from harness.services.browser import ARGS, CHROMIUM, point_steps, wait_for_step
+from harness.services.server_live import live_server
 from lorarl.api.reports import run_files
 from lorarl.api.reports.samples import append_samples
 from lorarl.api.reports.status import EvalRecord
 from lorarl.server import KubeAuth, KubeStore, LocalStore, create_app
-from tests.support.browser import ARGS, CHROMIUM, point_steps, wait_for_step
-from tests.support.fake_trainer import FakeTrainer
-from tests.support.server_live import live_server
-from tests.support.status_auth import world as status_world
 from tests.unit.server.test_server_local import make_job, write_run
 
 STEPS = 12

@@ -15,8 +15,8 @@ import schemathesis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from harness.engines.fake_trainer import FakeTrainer
 from lorarl.server import LocalStore, create_app
-from tests.support.fake_trainer import FakeTrainer
 from tests.unit.server.test_server_local import make_job, write_run
 
 OPERATIONS = [

@@ -21,6 +21,7 @@ import yaml
 from peft import LoraConfig, get_peft_model, set_peft_model_state_dict
 from transformers import AutoModelForCausalLM
 
+from harness.workloads.tiny_models import LINEAR_PARENTS, linear_modules, make_tiny_model
 from lorarl.api.validation import load_job_file
 from lorarl.local.env_refs import with_job_keys
 from lorarl.local.ports import free_port_block
@@ -29,7 +30,6 @@ from lorarl.plan import JobPlan, LocalAddressing, plan
 from lorarl.sync import transport
 from lorarl.sync.buckets import Bucket, SyncHeader, pack
 from lorarl.sync.transport import SyncResult, SyncSender
-from tests.support.tiny_models import LINEAR_PARENTS, linear_modules, make_tiny_model
 
 ROOT = Path(__file__).resolve().parents[2]
 HOST = "127.0.0.1"
@@ -177,7 +177,7 @@ def start_rollout(
             "LORARL_ADAPTER_DIR": str(run_dir / "adapters" / replica.name),
         }
         port = engine.ports["engine"]
-        test_engine = [sys.executable, "-m", "tests.support.hf_engine_server"]
+        test_engine = [sys.executable, "-m", "harness.engines.hf_engine_server"]
         test_engine += ["--model", str(model_dir), "--port", str(port)]
         test_engine += ["--served-model-name", "base"]
         engines.append(

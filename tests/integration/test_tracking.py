@@ -15,6 +15,8 @@ from typing import Any
 import pytest
 import yaml
 
+from harness.services.mlflow_server import MlflowServer, mlflow_server_process
+from harness.services.wandb_files import wandb_history
 from lorarl.api.reports.progress import StepRecord
 from lorarl.api.reports.run_files import read_history
 from lorarl.api.reports.samples import SAMPLES_FILE, read_sample_rows
@@ -23,8 +25,6 @@ from lorarl.api.validation import parse_job
 from lorarl.local.ports import free_port
 from lorarl.trainer.telemetry.progress import ProgressTracker
 from lorarl.trainer.telemetry.tracking import IDS_FILE, Fanout, build_fanout
-from tests.support.mlflow_server import MlflowServer, mlflow_server_process
-from tests.support.wandb_files import wandb_history
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = yaml.safe_load((ROOT / "examples" / "quickstart.yaml").read_text())

@@ -13,7 +13,7 @@ import yaml
 from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM
 
-from tests.support.local_jobs import letter_job
+from harness.workloads.local_jobs import letter_job
 
 ROOT = Path(__file__).resolve().parents[2]
 

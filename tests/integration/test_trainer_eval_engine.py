@@ -11,14 +11,14 @@ from pathlib import Path
 
 import pytest
 
+from harness.engines.hf_engine_server import Controls, create_app, serve_in_thread
+from harness.workloads.tiny_models import make_tiny_model, make_tokenizer
 from lorarl.api.validation import parse_job
 from lorarl.rewards import get_reward, score_batch
 from lorarl.trainer.data.prompts import PromptDataset
 from lorarl.trainer.generation.client import RolloutClient
 from lorarl.trainer.generation.eval import build_evaluator
 from lorarl.trainer.generation.types import SamplingParams
-from tests.support.hf_engine_server import Controls, create_app, serve_in_thread
-from tests.support.tiny_models import make_tiny_model, make_tokenizer
 
 ALWAYS, NEVER = ".*", "^NEVER$"
 

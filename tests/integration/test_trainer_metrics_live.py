@@ -12,11 +12,11 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from harness.engines.hf_engine_server import Controls, create_app, serve_in_thread
+from harness.workloads.tiny_models import make_tiny_model
 from lorarl.api.reports.progress import StepRecord
 from lorarl.trainer.generation.client import RolloutClient, SamplingParams
 from lorarl.trainer.telemetry.progress import ProgressServer, ProgressTracker
-from tests.support.hf_engine_server import Controls, create_app, serve_in_thread
-from tests.support.tiny_models import make_tiny_model
 
 PROMPTS = 8  # 4 per engine, all in flight at once (the client allows 16 per engine)
 DELAY_S = 1.0

@@ -8,8 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from harness.workloads.tiny_models import make_tiny_model
 from lorarl.local.ports import free_port
-from tests.support.tiny_models import make_tiny_model
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -17,6 +17,7 @@ import httpx
 import pytest
 import torch
 
+from harness.engines.vllm_serve import stop_server_group
 from lorarl.local.ports import free_port
 from lorarl.rollout.engine import EngineError, missing_fused_siblings, validate_merged_update
 from lorarl.rollout.vllm_engine import (
@@ -25,7 +26,6 @@ from lorarl.rollout.vllm_engine import (
     checkpoint_weight_shapes,
     vllm_launch_command,
 )
-from tests.support.vllm_serve import stop_server_group
 
 MODEL_NAME = "tiny"
 API_KEY = "engine-key-for-tests"
@@ -105,7 +105,7 @@ def test_fused_group_rule() -> None:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory, engine_python: str):
-    from tests.support.tiny_models import make_tiny_model
+    from harness.workloads.tiny_models import make_tiny_model
 
     root = tmp_path_factory.mktemp("vllm")
     model_dir = make_tiny_model(root / "model", arch="llama")
@@ -376,9 +376,9 @@ def test_sampled_logprobs_are_those_of_the_temperature_scaled_distribution(serve
 def test_stop_strings_min_p_and_repetition_penalty_through_the_client(server) -> None:
     """Issue 14 #6: our request builder's stop / min_p / repetition_penalty reach vLLM's own
     validation and sampler, and the samples keep ids and logprobs aligned."""
+    from harness.workloads.tiny_models import make_tokenizer
     from lorarl.trainer.generation.client import RolloutClient
     from lorarl.trainer.generation.types import SamplingParams
-    from tests.support.tiny_models import make_tokenizer
 
     client = RolloutClient([server["url"]], "vllm", model_name=MODEL_NAME, api_key=API_KEY)
     tok = make_tokenizer()

@@ -26,6 +26,7 @@ import torch
 import yaml
 from click.testing import CliRunner
 
+from harness.workloads.tiny_models import make_tiny_model
 from lorarl.api import LoRARLJob
 from lorarl.api.validation import ManifestError
 from lorarl.cli.main import main
@@ -37,7 +38,6 @@ from lorarl.operator.reconciler import Reconciler
 from lorarl.plan import plan
 from lorarl.trainer.checkpoint.manager import CheckpointError, CheckpointManager
 from lorarl.trainer.model.loading import LoraSettings, apply_lora, load_base_model, lora_parameters
-from tests.support.tiny_models import make_tiny_model
 
 ROOT = Path(__file__).resolve().parents[2]
 JOB: dict[str, Any] = yaml.safe_load((ROOT / "examples" / "quickstart.yaml").read_text())

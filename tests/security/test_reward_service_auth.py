@@ -45,8 +45,8 @@ from lorarl.plan import LocalAddressing, plan
 from lorarl.rewards import get_reward
 from lorarl.rewards.functions import code as code_reward
 from lorarl.rewards.sandbox import run as sandbox
+from lorarl.rewards.sandbox.cancel import CancelScope, ScoringCancelled
 from lorarl.rewards.service.auth import REWARD_API_KEY_ENV, authorization_header
-from lorarl.rewards.service.cancel import CancelScope, ScoringCancelled
 from lorarl.rewards.service.client import RewardServiceClient, RewardServiceError, ScoreSample
 from lorarl.rewards.service.serve import ApiLimits, make_api, score_requests
 

@@ -29,15 +29,15 @@ from collections.abc import Iterator
 import pytest
 from fastapi.testclient import TestClient
 
+from harness.cluster.status_auth import World, account
+from harness.cluster.status_auth import world as status_world
+from harness.engines.fake_trainer import make_record
 from lorarl.jsonhttp import REQUEST_TIMEOUT_S, JsonHttpServer
 from lorarl.operator.config import OperatorConfig
 from lorarl.operator.reconciler import Reconciler
 from lorarl.server import KubeAuth, KubeStore, LocalStore, create_app
 from lorarl.server.serve import serve_in_thread
 from lorarl.server.stores import JobNotFound
-from tests.support.fake_trainer import make_record
-from tests.support.status_auth import World, account
-from tests.support.status_auth import world as status_world
 from tests.unit.server.test_server_local import make_job
 
 HUGE_MIB = 150
@@ -52,7 +52,7 @@ def bearer(token: str) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def kube(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
-    """A real API server with callers and jobs (tests/support/status_auth.py): what the server
+    """A real API server with callers and jobs (harness/cluster/status_auth.py): what the server
     asked is read back from its audit log."""
     with status_world(tmp_path_factory.mktemp("attacks-cp")) as world:
         yield world

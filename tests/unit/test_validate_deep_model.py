@@ -149,3 +149,19 @@ def test_validate_deep_prints_each_problem_and_fails(model_dir, data_file, tmp_p
     r = CliRunner().invoke(main, ["validate", "--deep", "--local", str(f)])
     assert r.exit_code == 1
     assert f"{f}: spec.lora.targetModules: qkv_proj names no module of the model" in r.output
+
+
+def test_a_ppo_critic_that_keeps_the_actors_targets_is_checked_once(
+    model_dir: Path, data_file: Path
+):
+    """An unset critic list is the actor's (once crashed with a TypeError); a set one is
+    checked on its own."""
+    doc = job_doc(model_dir, data_file, lora={"targetModules": ["q_proj", "v_proj"]})
+    doc["spec"]["algorithm"] = {"name": "ppo", "groupSize": 4}
+    doc["spec"]["critic"] = {"lora": {"rank": 4}}
+    assert deep(doc) == []
+    doc["spec"]["critic"] = {"lora": {"targetModules": ["q_prj"]}}
+    assert deep(doc) == [
+        f"spec.critic.lora.targetModules: q_prj names no module of the model (its linear "
+        f"layers: {LINEAR})"
+    ]

@@ -13,6 +13,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from lorarl.api import safe_yaml
+from lorarl.api.base import ApiModel
 from lorarl.api.resource import GROUP, KIND, PLURAL, SHORT_NAMES, SINGULAR, VERSION, LoRARLJob
 
 CRD_NAME = f"{PLURAL}.{GROUP}"
@@ -157,7 +158,7 @@ def _add_defaults(model: type[BaseModel], schema: dict[str, Any]) -> None:
         value = field.get_default(call_default_factory=True)
         if value is None:
             continue
-        if isinstance(value, BaseModel):
+        if isinstance(value, ApiModel):
             # Written out in full: the API server validates a default as written, without
             # applying the nested defaults first, so `default: {}` fails every rule that reads a
             # field of the object (and `kubectl explain` shows what a job really gets).

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 import threading
 from collections import OrderedDict
-from typing import Literal
+from typing import Final, Literal
 
 from pydantic import ConfigDict, Field, ValidationInfo, model_validator
 from pydantic_core import PydanticCustomError
@@ -19,8 +19,9 @@ from lorarl.api.tenancy import foreign_job_secret, foreign_secret_message
 
 GROUP = "lorarl.dev"
 VERSION = "v1alpha1"
-API_VERSION = f"{GROUP}/{VERSION}"
-KIND = "LoRARLJob"
+# f"{GROUP}/{VERSION}", spelled out so that its type is the literal the model's field takes
+API_VERSION: Final = "lorarl.dev/v1alpha1"
+KIND: Final = "LoRARLJob"
 PLURAL = "lorarljobs"
 SINGULAR = "lorarljob"
 SHORT_NAMES = ["lrj"]

@@ -46,6 +46,8 @@ class Rule:
     cluster: bool = False  # enforced only for jobs that run as pods (see the module docstring)
 
     def to_crd(self) -> dict[str, str]:
+        if self.cel is None:
+            raise ValueError(f"rule {self.message!r} has no CEL: the CRD cannot carry it")
         out = {"rule": self.cel, "message": self.message}
         # fieldPath must name a field declared in the schema; metadata's fields are not.
         if self.field and not self.field.startswith("metadata."):

@@ -90,12 +90,12 @@ class _Loader(_Parser):  # type: ignore[misc, valid-type]
     """SafeLoader that refuses a key repeated in one mapping (merge keys `<<` may override) and
     an integer longer than `MAX_INT_CHARS`, before `int()` sees it."""
 
-    def construct_yaml_int(self, node):
+    def construct_yaml_int(self, node: yaml.ScalarNode) -> int:
         if _long_int(node):
             raise _long_int_error(node)
         return super().construct_yaml_int(node)
 
-    def construct_mapping(self, node, deep=False):
+    def construct_mapping(self, node: yaml.Node, deep: bool = False) -> dict[Any, Any]:
         if isinstance(node, yaml.MappingNode):
             seen: set[Any] = set()
             for key_node, value_node in node.value:
@@ -154,8 +154,9 @@ def _count(
     if isinstance(event, yaml.CollectionStartEvent):
         depth += 1
         if depth > MAX_DEPTH:
-            line = event.start_mark.line + 1
-            raise InputLimitError(f"nesting deeper than {MAX_DEPTH} levels (line {line})")
+            mark = event.start_mark  # the parser sets it; the stubs allow None
+            where = f" (line {mark.line + 1})" if mark is not None else ""
+            raise InputLimitError(f"nesting deeper than {MAX_DEPTH} levels{where}")
         sizes.append(1)
         anchors.append(event.anchor)
     elif isinstance(event, yaml.CollectionEndEvent):
@@ -169,7 +170,7 @@ def _count(
         if event.anchor:
             anchored[event.anchor] = 1
     elif isinstance(event, yaml.AliasEvent):
-        sizes[-1] += anchored.get(event.anchor, 1)
+        sizes[-1] += anchored.get(event.anchor, 1) if event.anchor else 1
     if sum(sizes) > MAX_NODES:
         raise InputLimitError(
             f"more than {MAX_NODES} values once YAML aliases are expanded (a job spec has "

@@ -198,7 +198,9 @@ def output_location(doc: Mapping[str, Any]) -> tuple[str, str] | None:
         return None
     claim, mount = volume.get("claimName"), volume.get("mountPath")
     out = training.get("outputDir", TrainingSpec.model_fields["output_dir"].default)
-    if not all(isinstance(v, str) and v for v in (claim, mount, out)):
+    if not (isinstance(claim, str) and isinstance(mount, str) and isinstance(out, str)):
+        return None
+    if not (claim and mount and out):
         return None
     rel = posixpath.relpath(posixpath.normpath(out), posixpath.normpath(mount))
     if rel == ".":
@@ -237,7 +239,7 @@ def output_conflicts(doc: Mapping[str, Any], others: Iterable[Mapping[str, Any]]
             clashes.append(other_name)
     if not clashes:
         return []
-    shown = ", ".join(excerpt(n) for n in sorted(clashes)[:5])
+    shown = ", ".join(excerpt(n) for n in sorted(clashes, key=str)[:5])  # read raw: typed Any
     return [
         (
             "spec.training.outputDir",

@@ -12,6 +12,7 @@ from typing import Any
 
 import yaml
 from pydantic import ValidationError
+from pydantic_core import ErrorDetails
 
 from lorarl.api.hints import as_served, quoted_value_hint, unknown_field_hint
 from lorarl.api.resource import LoRARLJob
@@ -181,7 +182,7 @@ _MESSAGES = {
 }
 
 
-def _problem(err: dict[str, Any]) -> Problem:
+def _problem(err: ErrorDetails) -> Problem:
     loc = [str(p) for p in err["loc"]]
     ctx = err.get("ctx") or {}
     kind = err["type"]

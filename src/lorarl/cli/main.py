@@ -139,38 +139,40 @@ def validate(
     failed = False
     for file in files:
         for result in validate_file(file, cluster=not local):
-            if result.ok and policy is not None:
-                refused = admin_problems(result.job, policy)
+            if not result.ok:
+                failed = True
+                for problem in result.problems:
+                    click.echo(f"{result.source}: {problem}", err=True)
+                continue
+            job = result.job
+            assert job is not None  # no problems: the manifest parsed
+            if policy is not None:
+                refused = admin_problems(job, policy)
                 for problem in refused:
                     click.echo(f"{result.source}: {problem}", err=True)
                 if refused:
                     failed = True
                     continue
-            if result.ok and deep:
+            if deep:
                 from lorarl.deep_checks import deep_problems
 
-                problems = deep_problems(result.job, cluster=not local)
-                for problem in problems:
-                    click.echo(f"{result.source}: {problem}", err=True)
+                problems = deep_problems(job, cluster=not local)
+                for line in problems:
+                    click.echo(f"{result.source}: {line}", err=True)
                 failed = failed or bool(problems)
                 if problems:
                     continue
-            if result.ok and (deep or gpu_memory is not None):
-                warnings, refusals = _memory_problems(result.job, gpu_memory)
-                for problem in warnings:
-                    click.echo(f"{result.source}: warning: memory: {problem}", err=True)
-                for problem in refusals:
-                    click.echo(f"{result.source}: memory: {problem}", err=True)
+            if deep or gpu_memory is not None:
+                warnings, refusals = _memory_problems(job, gpu_memory)
+                for line in warnings:
+                    click.echo(f"{result.source}: warning: memory: {line}", err=True)
+                for line in refusals:
+                    click.echo(f"{result.source}: memory: {line}", err=True)
                 if refusals:
                     failed = True
                     continue
-            if result.ok:
-                if not quiet:
-                    click.echo(f"{result.source}: ok ({result.job.name})")
-                continue
-            failed = True
-            for problem in result.problems:
-                click.echo(f"{result.source}: {problem}", err=True)
+            if not quiet:
+                click.echo(f"{result.source}: ok ({job.name})")
     sys.exit(1 if failed else 0)
 
 
@@ -404,7 +406,7 @@ def _gpu_bytes(gpu_memory: str) -> int:
 
 
 def _memory_plan_or_die(file: str, job, gpu_memory: str, model_config: str | None):
-    from lorarl.plan.memory import plan_memory
+    from lorarl.model_checks import plan_memory
 
     gpu = _gpu_bytes(gpu_memory)
     try:
@@ -416,7 +418,8 @@ def _memory_plan_or_die(file: str, job, gpu_memory: str, model_config: str | Non
 def _memory_problems(job, gpu_memory: str | None) -> tuple[list[str], list[str]]:
     """(warnings, refusals) of the job's memory plan; none when its model's config.json is not
     on this machine (a cluster job's model usually lives on a volume)."""
-    from lorarl.plan.memory import DEFAULT_GPU_MEMORY, plan_memory
+    from lorarl.model_checks import plan_memory
+    from lorarl.plan.memory import DEFAULT_GPU_MEMORY
 
     if not (Path(job.spec.model.path) / "config.json").is_file():
         return [], []

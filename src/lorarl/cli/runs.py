@@ -107,7 +107,7 @@ def _progress_line(name: str, phase: str | None, st: LoRARLJobStatus) -> str:
             parts.append(f"kl {m.kl:.4f}")
         if m.tokens_per_second:
             parts.append(f"{m.tokens_per_second:.0f} tok/s")
-    if st.last_sync is not None:
+    if st.last_sync is not None and st.last_sync.seconds is not None:
         parts.append(f"sync {st.last_sync.seconds * 1000:.0f} ms")
     return " · ".join(parts)
 

@@ -173,8 +173,9 @@ def _eval(node: ast.AST) -> int | float:
 def _check_power(base: int | float, exponent: int | float) -> None:
     if abs(exponent) > _MAX_EXPONENT:
         raise ToolError(f"calculator: exponent {exponent} is too large")
-    exact = isinstance(base, int) and isinstance(exponent, int) and exponent > 0
-    if exact and abs(base) > 1 and (abs(base).bit_length() - 1) * exponent > _MAX_POW_BITS:
+    if not (isinstance(base, int) and isinstance(exponent, int)) or exponent <= 0:
+        return  # a float power overflows cheaply (OverflowError); only an int one runs long
+    if abs(base) > 1 and (abs(base).bit_length() - 1) * exponent > _MAX_POW_BITS:
         raise ToolError("calculator: result too large")
 
 

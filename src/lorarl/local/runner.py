@@ -31,8 +31,9 @@ from lorarl.api.spec.workloads import JOB_UID_ENV, SYNC_KEY_ENV
 from lorarl.local.env_refs import api_key_from_env, expand, with_job_keys
 from lorarl.local.ports import free_port_block
 from lorarl.local.processes import Child
-from lorarl.plan import ContainerPlan, JobPlan, LocalAddressing, ReplicaPlan, plan
+from lorarl.plan import ContainerPlan, JobPlan, LocalAddressing, ReplicaPlan, RolePlan, plan
 from lorarl.plan.engines import ENGINE_API_KEY_ENV, VLLM_RPC_BASE_ENV, vllm_rpc_base
+from lorarl.plan.model import Role
 from lorarl.rewards.service.auth import REWARD_API_KEY_ENV, REWARD_KEY_CONTAINERS
 from lorarl.sync.protocol import SYNC_KEY_CONTAINERS
 
@@ -174,8 +175,8 @@ class LocalRun:
         if container.name == "engine":
             argv = api_key_from_env(argv)  # SGLang's `--api-key`: the key off the command line
         if argv and argv[0] == "python":
-            engine = container.name == "engine" and self.engine_python
-            argv[0] = self.engine_python if engine else sys.executable
+            engine_python = self.engine_python if container.name == "engine" else None
+            argv[0] = engine_python or sys.executable
         tmp = self.run_dir / "tmp"
         tmp.mkdir(exist_ok=True)
         env = {
@@ -193,7 +194,7 @@ class LocalRun:
                 container.env,
                 self.engine_api_key,
                 self.sync_key,
-                self.reward_api_key if self.plan.role("reward") is not None else None,
+                self.reward_api_key if self._plan().role("reward") is not None else None,
             ),
             **({JOB_UID_ENV: self.job_uid} if self.job_uid else {}),
             **self._user_env(container),
@@ -219,8 +220,18 @@ class LocalRun:
     def _no_gpus(self, replica: ReplicaPlan) -> bool:
         """Trainer and rollout replicas with gpusPerReplica 0 (the reward service sizes its own
         resources, so it keeps what this machine has)."""
-        role = self.plan.role(replica.role)
+        role = self._role(replica.role)
         return replica.role in ("trainer", "rollout") and role.gpus_per_replica == 0
+
+    def _plan(self) -> JobPlan:
+        assert self.plan is not None, "start() makes the plan"
+        return self.plan
+
+    def _role(self, name: Role) -> RolePlan:
+        """A role the plan has (the trainer always; a replica's own role)."""
+        role = self._plan().role(name)
+        assert role is not None, f"the plan has no {name} role"
+        return role
 
     def _threads(self, container: ContainerPlan) -> dict[str, str]:
         """Threads per process, so that no core idles and none is oversubscribed.
@@ -236,11 +247,11 @@ class LocalRun:
             return {}
         cores = os.cpu_count() or 1
         trainer = next(
-            c for c in self.plan.role("trainer").replicas[0].containers if c.name == "trainer"
+            c for c in self._role("trainer").replicas[0].containers if c.name == "trainer"
         )
         ranks = int(trainer.env.get("NPROC_PER_NODE", "1"))
         engines = sum(
-            c.name == "engine" for r in self.plan.roles for x in r.replicas for c in x.containers
+            c.name == "engine" for r in self._plan().roles for x in r.replicas for c in x.containers
         )
         if self.job.spec.training.off_policy_steps:
             share = ranks + engines
@@ -256,11 +267,14 @@ class LocalRun:
                 out[var.name] = var.value
             elif var.name in os.environ:  # a secretKeyRef locally: take it from the environment
                 out[var.name] = os.environ[var.name]
-            elif not (var.value_from and var.value_from.secret_key_ref.optional):
-                raise RunFailed(
-                    f"{var.name} comes from Secret {var.value_from.secret_key_ref.name!r} in a "
-                    f"cluster; export {var.name} to run locally"
-                )
+            else:
+                assert var.value_from is not None  # the spec allows exactly one of the two
+                ref = var.value_from.secret_key_ref
+                if not ref.optional:
+                    raise RunFailed(
+                        f"{var.name} comes from Secret {ref.name!r} in a cluster; "
+                        f"export {var.name} to run locally"
+                    )
         return out
 
     # ------------------------------------------------------------------ supervision
@@ -271,7 +285,7 @@ class LocalRun:
 
     @property
     def progress_url(self) -> str:
-        env = self.plan.role("trainer").replicas[0].containers[0].env
+        env = self._role("trainer").replicas[0].containers[0].env
         return f"http://127.0.0.1:{env['LORARL_PROGRESS_PORT']}"
 
     def progress(self) -> Progress | None:

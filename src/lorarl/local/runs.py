@@ -111,7 +111,7 @@ def load_manifest(run_dir: Path) -> LoRARLJob:
     try:
         return parse_job(load_documents(str(path))[0][1], cluster=False)
     except ManifestError as exc:
-        raise UserError(f"{path}: {'; '.join(exc.problems)}") from exc
+        raise UserError(f"{path}: {'; '.join(str(p) for p in exc.problems)}") from exc
 
 
 # ------------------------------------------------------------------ finding runs
@@ -217,7 +217,7 @@ def run_info(run_dir: Path) -> RunInfo:
         status = LoRARLJobStatus(phase="Pending")
         with contextlib.suppress(UserError):
             status.total_steps = load_manifest(run_dir).spec.training.steps
-    phase = status.phase or "Pending"
+    phase: str = status.phase or "Pending"  # a local run may also be "Stopped"
     if pid is None and phase not in ("Succeeded", "Failed"):
         # progress.json says the run goes on, but its process is gone: how it ended
         code = (state or {}).get("exitCode")

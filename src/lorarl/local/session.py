@@ -35,11 +35,11 @@ def run_local(
     console = console or Console()
     check_inputs(job)
     engine_python = find_engine_python(engine_python, module=job.spec.rollout.engine)
-    run_dir = Path(run_dir or Path("runs") / job.name)
-    note = prepare_run_dir(run_dir, existing, job.spec.training.resume)
+    folder = Path(run_dir or Path("runs") / job.name)
+    note = prepare_run_dir(folder, existing, job.spec.training.resume)
     if note:
         console.print(note, highlight=False)
-    run = LocalRun(job, run_dir, engine_python=engine_python)
+    run = LocalRun(job, folder, engine_python=engine_python)
     stop_status = None
     code = 1
     # SIGTERM (e.g. from a CI timeout, or `lorarl stop`) takes the same path as Ctrl-C: stop

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import string
 from pathlib import Path
+from typing import Any
 
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
@@ -46,7 +47,7 @@ def make_tokenizer() -> PreTrainedTokenizerFast:
 
 
 def tiny_config(arch: str = "llama", layers: int = 2, hidden: int = 128, init_std: float = 0.02):
-    common = dict(
+    common: dict[str, Any] = dict(
         initializer_range=init_std,
         vocab_size=VOCAB_SIZE,
         hidden_size=hidden,

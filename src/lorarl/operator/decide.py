@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from lorarl.api.reports.progress import Progress
-from lorarl.api.reports.status import LoRARLJobStatus
+from lorarl.api.reports.status import LoRARLJobStatus, Phase
 from lorarl.api.resource import LoRARLJob
 from lorarl.operator.builders import rollout_selector
 from lorarl.operator.status import (
@@ -116,7 +116,7 @@ class _Pass:
     def kept(self) -> list[PodView]:
         return [p for p in self.live if p.name not in self.d.delete]
 
-    def set_phase(self, phase: str, message: str, warning: bool = False) -> None:
+    def set_phase(self, phase: Phase, message: str, warning: bool = False) -> None:
         if self.st.phase != phase:
             self.event("Warning" if warning else "Normal", phase, message)
         self.st.phase = phase
@@ -147,7 +147,9 @@ class _Pass:
             self.st.active_seconds = int(self.active_seconds())
             self.st.active_since = None
 
-    def finish(self, phase: str, reason: str, message: str, *, stop_running: bool = False) -> None:
+    def finish(
+        self, phase: Phase, reason: str, message: str, *, stop_running: bool = False
+    ) -> None:
         self.clock(False)
         self.st.completion_time = self.st.completion_time or self.now
         self.cond(phase, True, reason, message)

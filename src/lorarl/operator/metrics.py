@@ -11,12 +11,14 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 PHASES = ("Pending", "Starting", "Running", "Restarting", "Suspended", "Succeeded", "Failed")
+# The operator's view of its jobs: (namespace, name) -> phase (`Reconciler.phases`).
+Phases = Callable[[], Mapping[tuple[str, str], str | None]]
 
 
 class _JobsByPhase:
     """Counted at scrape time from the operator's view, so deleted jobs never linger."""
 
-    def __init__(self, phases: Callable[[], Mapping[object, str | None]]) -> None:
+    def __init__(self, phases: Phases) -> None:
         self._phases = phases
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
@@ -31,7 +33,7 @@ class _JobsByPhase:
 
 
 class OperatorMetrics:
-    def __init__(self, phases: Callable[[], Mapping[object, str | None]]) -> None:
+    def __init__(self, phases: Phases) -> None:
         self.registry = CollectorRegistry()
         self.reconcile_seconds = Histogram(
             "lorarl_reconcile_seconds",

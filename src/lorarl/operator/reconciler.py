@@ -15,7 +15,7 @@ import secrets
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import aiohttp
 import kopf
@@ -241,7 +241,7 @@ class Reconciler:
             state.lost.pop(uid, None)
             state.own_deletes[uid] = now
         for ev in decision.events:
-            kopf.event(body, type=ev.type, reason=ev.reason, message=ev.message)
+            kopf.event(_kopf_body(body), type=ev.type, reason=ev.reason, message=ev.message)
         if decision.restarted and self.metrics:
             self.metrics.restarts.labels(job.namespace).inc()
         if decision.delete_job:
@@ -275,9 +275,9 @@ class Reconciler:
         ]
         group = builders.pod_group(job_plan, job)
         if group is not None:
-            kopf.adopt([group], owner=state.body)
+            kopf.adopt([group], owner=_kopf_body(state.body))
             await self._create_pod_group(group)
-        kopf.adopt(children, owner=state.body)
+        kopf.adopt(children, owner=_kopf_body(state.body))
         # A Secret that exists (a restarted operator) is left as it is: the chart's RBAC lets
         # the operator create Secrets, never read or change them.
         results = await asyncio.gather(*(self.kube.create(child) for child in children))
@@ -333,7 +333,7 @@ class Reconciler:
             pods_to_make.append(
                 builders.pod(job_plan, job, role, index, attempt=attempt, job_uid=state.uid)
             )
-        kopf.adopt(pods_to_make, owner=state.body)
+        kopf.adopt(pods_to_make, owner=_kopf_body(state.body))
         made = []
         for created in await asyncio.gather(*(self.kube.create(p) for p in pods_to_make)):
             if created is None:
@@ -344,7 +344,7 @@ class Reconciler:
                 state.created[view.name] = (view, time.monotonic())
         if made:
             kopf.event(
-                state.body,
+                _kopf_body(state.body),
                 type="Normal",
                 reason="CreatedPods",
                 message=f"created {', '.join(made)}",
@@ -413,7 +413,7 @@ class Reconciler:
             }
         )
         await self._write_status(state, status)
-        kopf.event(state.body, type="Warning", reason=reason, message=problem)
+        kopf.event(_kopf_body(state.body), type="Warning", reason=reason, message=problem)
 
     async def _poll(self, job: LoRARLJob) -> Progress | None:
         url = f"{self.config.progress_base(job.namespace, job.name)}/progress"
@@ -428,6 +428,13 @@ class Reconciler:
         except (FetchError, ValueError) as exc:  # not up yet, restarting, gone, or junk
             log.debug("no progress from %s: %s", url, exc)
             return None
+
+
+def _kopf_body(body: dict[str, Any]) -> kopf.Body:
+    """The plain copy of a job's body this process keeps, for kopf.event and kopf.adopt: they
+    read only its apiVersion, kind and metadata (with `.get`), but are annotated with kopf's
+    live `Body` view, which a plain dict is not."""
+    return cast("kopf.Body", body)
 
 
 def _stored_status(body: Mapping[str, Any]) -> LoRARLJobStatus:

@@ -9,10 +9,10 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from lorarl.api.reports.progress import Progress
-from lorarl.api.reports.status import Condition, LoRARLJobStatus, StepMetrics
+from lorarl.api.reports.status import Condition, LoRARLJobStatus, Phase, StepMetrics
 from lorarl.operator.builders import ATTEMPT_LABEL, INDEX_LABEL, JOB_LABEL, ROLE_LABEL
 
 _REASON = re.compile(r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")
@@ -131,7 +131,7 @@ def set_condition(
     now: str,
     generation: int | None,
 ) -> list[Condition]:
-    value = "True" if status else "False"
+    value: Literal["True", "False"] = "True" if status else "False"
     out, seen = [], False
     for cond in conditions:
         if cond.type != type_:
@@ -203,7 +203,7 @@ def phase_of(
     rollout_ready: bool,
     any_running: bool,
     restarting: bool,
-) -> str:
+) -> Phase:
     if restarting and not trainer_ready:
         return "Restarting"
     if trainer_ready and rollout_ready:

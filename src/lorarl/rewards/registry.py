@@ -411,7 +411,7 @@ def score_batch(
     }
     if len(set(lengths.values())) != 1:
         raise ValueError(f"score_batch needs equal lengths, got {lengths}")
-    name = getattr(fn, "name", None) or getattr(fn, "__name__", "reward")
+    name = str(getattr(fn, "name", None) or getattr(fn, "__name__", "reward"))
     results = []
     for i, (p, c, t, m) in enumerate(zip(prompts, completions, truths, metadatas, strict=True)):
         try:

@@ -3,6 +3,9 @@
 The update is validated against the base model before anything reaches the engine; merged
 weights are computed from a pristine base copy (never accumulated into the running weights, so
 there is no drift); the last good update is kept so a restarted engine can be brought back to it.
+In merged mode an engine that can merge itself (vLLM, through the worker extension) is handed only
+the adapter and merges from its own pristine copy (`merge_in="engine"`); otherwise the sidecar
+merges and pushes every targeted weight (`merge_in="sidecar"`).
 """
 
 from __future__ import annotations
@@ -11,8 +14,10 @@ import logging
 import math
 import shutil
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol, runtime_checkable
 
 import torch
 from peft import LoraConfig
@@ -22,12 +27,31 @@ from lorarl.rollout.engine import RolloutEngine
 from lorarl.sync.adapter_files import write_adapter_dir
 from lorarl.sync.buckets import SyncHeader, validate_update
 from lorarl.sync.merge import BaseWeights, merge_adapter, weight_files
-from lorarl.sync.names import group_lora_pairs, modules_to_send
+from lorarl.sync.names import LoraPair, group_lora_pairs, modules_to_send, peft_lora_name
 from lorarl.sync.protocol import adapter_name
 
 log = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# Where merged mode computes W0 + s·B@A: "engine" hands only the adapter to engines that can merge
+# in their own workers (vLLM's worker extension), "sidecar" merges here and pushes full weights.
+MERGE_IN = ("engine", "sidecar")
+DEFAULT_MERGE_IN = "engine"  # bit-identical, fewer bytes, faster on SmolLM2 (bench/sync.py)
+
+
+@runtime_checkable
+class EdgeMergingEngine(Protocol):
+    """An engine whose workers merge a LoRA adapter into the weights they hold."""
+
+    def push_adapter_merge(
+        self,
+        lora_tensors: Mapping[str, torch.Tensor],
+        scaling: float,
+        base_dir: str | Path,
+        version: int,
+    ) -> float:
+        """Push; returns the seconds the engine spent merging (the slowest worker's)."""
+        ...
 
 
 def model_shapes(model_dir: str | Path) -> dict[str, tuple[int, int]]:
@@ -57,7 +81,7 @@ def served_adapter_config(header: SyncHeader, model_dir: str | Path) -> LoraConf
     alpha = header.alpha * math.sqrt(header.rank) if header.use_rslora else header.alpha
     return LoraConfig(
         r=header.rank,
-        lora_alpha=alpha,
+        lora_alpha=alpha,  # type: ignore[arg-type]  # PEFT annotates int; it scales by any number
         use_rslora=False,
         target_modules=sorted({m.rsplit(".", 1)[-1] for m in header.target_modules}),
         base_model_name_or_path=str(model_dir),
@@ -80,8 +104,13 @@ class UpdateApplier:
         expected_rank: int,
         engine_dtype: str,
         adapter_root: str | Path,
+        merge_in: str = DEFAULT_MERGE_IN,
     ):
+        if merge_in not in MERGE_IN:
+            raise ValueError(f"merge_in: {merge_in!r} is not one of {MERGE_IN}")
         self.engine = engine
+        # An engine that cannot merge itself (SGLang today) keeps the sidecar merge.
+        self.merge_in = merge_in if isinstance(engine, EdgeMergingEngine) else "sidecar"
         self.model_dir = Path(model_dir)
         self.mode = mode
         self.expected_rank = expected_rank
@@ -127,6 +156,8 @@ class UpdateApplier:
         return self.apply(self.current.header, self.current.tensors)
 
     def _push_merged(self, header: SyncHeader, pairs) -> dict[str, float]:
+        if self.merge_in == "engine":
+            return self._push_adapter_merge(header, pairs)
         t0 = time.perf_counter()
         send = modules_to_send(list(pairs), known_modules=self.shapes)
         base = self._base_for(send)
@@ -137,6 +168,21 @@ class UpdateApplier:
         t1 = time.perf_counter()
         self.engine.push_merged_weights(named, header.version)
         return {"merge": t1 - t0, "push": time.perf_counter() - t1}
+
+    def _push_adapter_merge(
+        self, header: SyncHeader, pairs: Mapping[str, LoraPair[torch.Tensor]]
+    ) -> dict[str, float]:
+        """Merged mode without a sidecar merge: only A/B go to the engine, which merges them."""
+        assert isinstance(self.engine, EdgeMergingEngine)  # merge_in == "engine" promised it
+        lora: dict[str, torch.Tensor] = {}
+        for module, pair in pairs.items():
+            lora[peft_lora_name(module, "A")] = pair.A
+            lora[peft_lora_name(module, "B")] = pair.B
+        t0 = time.perf_counter()
+        merge_s = self.engine.push_adapter_merge(
+            lora, header.scaling, self.model_dir, header.version
+        )
+        return {"merge": merge_s, "push": time.perf_counter() - t0 - merge_s}
 
     def _base_for(self, modules: list[str]) -> BaseWeights:
         if self._base is None or any(f"{m}.weight" not in self._base for m in modules):

@@ -28,13 +28,16 @@ import uuid
 from collections.abc import Iterable, Sequence
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import httpx
 import torch
 from torch import Tensor
 
 from lorarl.rollout.engine import EngineError, RolloutEngine, collect_update, validate_merged_update
+
+if TYPE_CHECKING:  # a NewType of str in a private torch module: for the checker only
+    from torch.distributed.distributed_c10d import GroupName
 
 DEFAULT_BUCKET_BYTES = 512 * 1024 * 1024
 _ALREADY_LOADED = "already loaded"  # SGLang's LoRAManager error text for a duplicate name
@@ -136,7 +139,7 @@ def join_update_group(
     store.set_timeout(td)
     pg, _ = _new_process_group_helper(
         size, rank, [], Backend(backend), PrefixStore(group_name, store),
-        group_name=group_name, backend_options=None, timeout=td,
+        group_name=cast("GroupName", group_name), backend_options=None, timeout=td,
     )  # fmt: skip
     _world.pg_group_ranks[pg] = {i: i for i in range(size)}
     return pg
@@ -243,13 +246,13 @@ class SGLangEngine(RolloutEngine):
             return
         if self._stale_group is not None:  # engine still up may hold its half: release it
             with contextlib.suppress(EngineError):
-                body = {"group_name": self._stale_group}
-                self._post("/destroy_weights_update_group", "destroy stale group", body)
+                stale = {"group_name": self._stale_group}
+                self._post("/destroy_weights_update_group", "destroy stale group", stale)
             self._stale_group = None
         world_size = 1 + self._world_tp()
         name = f"lorarl-{uuid.uuid4().hex[:12]}"
         port = _free_port(self._group_host)
-        body = {
+        body: dict[str, Any] = {
             "master_address": self._group_host,
             "master_port": port,
             "rank_offset": 1,

@@ -207,7 +207,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", default=os.environ.get("LORARL_CONFIG"))
     parser.add_argument("--engine-timeout", type=float, default=900.0)
     args = parser.parse_args(argv)
-    faulthandler.enable(sys.__stderr__, all_threads=True)  # a native crash still names its stack
+    # A native crash still names its stack. (No __stderr__: faulthandler's default, sys.stderr.)
+    faulthandler.enable(sys.__stderr__ or sys.stderr, all_threads=True)
     logging.basicConfig(level=os.environ.get("LORARL_LOG_LEVEL", "INFO"),
                         format="%(asctime)s sidecar %(levelname)s %(message)s")  # fmt: skip
     logging.getLogger("httpx").setLevel(logging.WARNING)

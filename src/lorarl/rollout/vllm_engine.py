@@ -1,9 +1,12 @@
 """vLLM as a rollout engine: the server command line, and the sidecar's HTTP adapter to it.
 
-Weight pushes go through a *partial* safetensors folder on /dev/shm and the worker's
-`reload_weights` (via `/collective_rpc`): vLLM's RL weight-transfer backends need an accelerator
-and, when they fail on CPU, leave layers on the meta device. Writing into parameters directly does
-not work either: CPU layers are repacked after loading. See docs/architecture.md#measured-facts.
+Merged mode's default push hands only the adapter to the workers (`push_adapter_merge`: a small
+A/B safetensors file, merged in each worker by `lorarl_merge_adapter`, see vllm_worker_ext). The
+full-weight push (`push_merged_weights`) goes through a *partial* safetensors folder on /dev/shm
+and the worker's `reload_weights` (via `/collective_rpc`). Both end in vLLM's own reload: its RL
+weight-transfer backends need an accelerator and, when they fail on CPU, leave layers on the meta
+device; writing into parameters directly does not work either, CPU layers are repacked after
+loading. See docs/architecture.md#measured-facts.
 
 Side effect to know: vLLM's `reload_weights(weights_path=...)` repoints the engine's
 `model_config.model` at that folder, so a later path-less reload would read the (deleted) partial
@@ -148,6 +151,8 @@ class VLLMEngine(RolloutEngine):
         self._flush_timeout = flush_timeout
         self._version: int | None = None
         self.last_push_seconds: dict[str, float] = {}
+        self.last_push_bytes = 0  # bytes the last push wrote for the engine to read
+        self.last_worker_report: list[Any] = []
 
     @property
     def weight_version(self) -> int | None:
@@ -185,6 +190,7 @@ class VLLMEngine(RolloutEngine):
         validate_merged_update(named, self._known)
         t0 = time.perf_counter()
         folder = write_partial_checkpoint(named, self._shm_dir / f"v{version}-{uuid.uuid4().hex}")
+        self.last_push_bytes = sum(f.stat().st_size for f in folder.iterdir())
         t1 = time.perf_counter()
         try:
             self.collective_rpc("reload_weights", weights_path=str(folder))
@@ -202,6 +208,74 @@ class VLLMEngine(RolloutEngine):
             "reload": t2 - t1,
             "flush": time.perf_counter() - t2,
         }
+
+    def push_adapter_merge(
+        self, lora_tensors: Mapping[str, Tensor], scaling: float, base_dir: str | Path, version: int
+    ) -> float:
+        """Merged mode, merged at the edge: hand only the adapter to the engine's workers.
+
+        The A/B tensors go to a small safetensors file on /dev/shm; each worker merges
+        W0 + scaling·B@A from its own pristine copy of `base_dir`'s targeted weights and reloads
+        them in process (`lorarl_merge_adapter` in the worker extension). No full-weight tensor
+        leaves the engine; `last_push_bytes` is what crossed from the sidecar. Returns the
+        slowest worker's merge seconds (the rest of the time is vLLM's reload and the flush).
+        """
+        from safetensors.torch import save_file
+
+        self._check_adapter_shapes(lora_tensors)
+        t0 = time.perf_counter()
+        self._shm_dir.mkdir(parents=True, exist_ok=True)
+        path = self._shm_dir / f"adapter-v{version}-{uuid.uuid4().hex}.safetensors"
+        save_file({n: t.detach().to("cpu").contiguous() for n, t in lora_tensors.items()}, path)
+        t1 = time.perf_counter()
+        try:
+            results = self.collective_rpc(
+                "lorarl_merge_adapter",
+                adapter_path=str(path),
+                scaling=float(scaling),
+                base_dir=str(base_dir),
+            )
+            self.last_push_bytes = path.stat().st_size
+        except EngineError as e:
+            raise EngineError(
+                f"{e}; a failed reload can leave layers unloaded, restart the engine"
+            ) from e
+        finally:
+            path.unlink(missing_ok=True)
+        t2 = time.perf_counter()
+        self.flush_cache()
+        self._version = version
+        self.last_push_seconds = {
+            "write": t1 - t0,
+            "merge_reload": t2 - t1,
+            "flush": time.perf_counter() - t2,
+        }
+        self.last_worker_report = results
+        return max(
+            (float(r.get("merge_s", 0.0)) for r in results if isinstance(r, dict)), default=0.0
+        )
+
+    def _check_adapter_shapes(self, lora_tensors: Mapping[str, Tensor]) -> None:
+        """Refuse A/B that do not fit the checkpoint here: a failed reload can kill layers."""
+        if self._known is None:
+            return  # the worker checks again before it reloads anything
+        from lorarl.sync.names import group_lora_pairs
+
+        try:
+            pairs = group_lora_pairs(lora_tensors)
+        except ValueError as e:
+            raise EngineError(f"adapter refused: {e}") from e
+        for module, pair in pairs.items():
+            shape = self._known.get(f"{module}.weight")
+            if shape is None:
+                raise EngineError(f"adapter refused: {module!r} is not in the served checkpoint")
+            rank = pair.A.shape[0]
+            out_f, in_f = shape
+            if tuple(pair.A.shape) != (rank, in_f) or tuple(pair.B.shape) != (out_f, rank):
+                raise EngineError(
+                    f"adapter refused: {module}: A {tuple(pair.A.shape)} / B "
+                    f"{tuple(pair.B.shape)} do not fit the base weight {tuple(shape)}"
+                )
 
     def load_adapter(self, adapter_dir: str | Path, name: str, version: int) -> None:
         adapter_dir = Path(adapter_dir)

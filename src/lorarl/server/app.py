@@ -198,7 +198,13 @@ def create_app(
     errors: dict[int | str, dict[str, Any]] = {503: {"model": ErrorDetail}}
     if auth is not None:
         errors |= {401: {"model": ErrorDetail}, 403: {"model": ErrorDetail}}
-    metrics_errors = dict(errors)
+    metrics_responses: dict[int | str, dict[str, Any]] = {
+        200: {
+            "content": {CONTENT_TYPE: {"schema": {"type": "string"}}},
+            "description": "Prometheus text format.",
+        },
+        **errors,
+    }
     errors[422] = {"model": ErrorDetail}
     with_404 = errors | {404: {"model": ErrorDetail}}
 
@@ -299,13 +305,7 @@ def create_app(
         METRICS_PATH,
         tags=["ops"],
         response_class=Response,
-        responses={
-            200: {
-                "content": {CONTENT_TYPE: {"schema": {"type": "string"}}},
-                "description": "Prometheus text format.",
-            }
-        }
-        | metrics_errors,
+        responses=metrics_responses,
     )
     def metrics(user: Caller) -> Response:
         """Requests by route and jobs by phase. With auth, only for callers RBAC lets `get` the

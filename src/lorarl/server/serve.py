@@ -7,6 +7,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 from lorarl.server.app import create_app
 from lorarl.server.auth import Authorizer
@@ -38,7 +39,7 @@ def serve(
 
 
 def serve_in_thread(
-    app: object, host: str = "127.0.0.1", port: int = 0, start_timeout_s: float = 30.0
+    app: Callable[..., Any], host: str = "127.0.0.1", port: int = 0, start_timeout_s: float = 30.0
 ) -> tuple[str, Callable[[], None]]:
     """Serve an ASGI app from a daemon thread (port 0: any free port); returns (URL, stop)."""
     import uvicorn

@@ -21,6 +21,7 @@ import hmac
 import json
 import os
 from collections.abc import Mapping
+from dataclasses import asdict, dataclass
 from typing import Any, NamedTuple
 
 import torch
@@ -65,8 +66,10 @@ class Announcement(NamedTuple):
     members: tuple[str, ...] = ()  # "<index>:<incarnation>" in rank order (rank = position + 1)
 
 
-class Registration(NamedTuple):
-    """A receiver's entry in the store: who it is and where the trainer reaches it."""
+@dataclass(frozen=True)
+class Registration:
+    """A receiver's entry in the store: who it is and where the trainer reaches it. (Not a
+    NamedTuple: its `index` field, which is on the wire, would shadow tuple.index.)"""
 
     index: int  # the rollout replica index (pod `<job>-rollout-<index>`)
     incarnation: str  # fresh per process start: a restarted sidecar is a new member
@@ -150,7 +153,7 @@ class Signer:
     # -- registrations: {"index", "incarnation", "engine", "sidecar", "mac"} at member/<index>
 
     def registration(self, member: Registration) -> str:
-        fields = member._asdict()
+        fields = asdict(member)
         mac = self.mac(f"member:{member.index}", 0, 0, _canonical(fields)).hex()
         return json.dumps({**fields, "mac": mac})
 
@@ -164,7 +167,7 @@ class Signer:
         if not isinstance(engine, str) or not isinstance(sidecar, str):
             raise BadMessage(f"member {index}: engine and sidecar must be strings")
         member = Registration(index, incarnation, engine, sidecar)
-        self._check(value.get("mac"), f"member:{index}", 0, 0, _canonical(member._asdict()))
+        self._check(value.get("mac"), f"member:{index}", 0, 0, _canonical(asdict(member)))
         return member
 
     # -- control values (the latest seq, the latest formed generation) -----------------------
@@ -207,4 +210,4 @@ def _canonical(value: dict[str, Any]) -> bytes:
 def bucket_digest(buffer: torch.Tensor) -> str:
     """SHA-256 of a bucket's bytes (a CUDA bucket is hashed from a host copy)."""
     host = buffer.detach().reshape(-1).cpu()
-    return hashlib.sha256(memoryview(host.numpy())).hexdigest()
+    return hashlib.sha256(host.numpy().data).hexdigest()

@@ -106,8 +106,8 @@ class SyncSender:
     ):
         device_for(backend, device or "cpu")  # a bad backend or key fails before the store binds
         self._signer = Signer(resolve_key(key))
-        store = host_store(host, port, timeout)
-        self._ep = Endpoint(store, "0", backend, timeout, device, form_timeout)
+        self._store = host_store(host, port, timeout)  # the TCPStore (the Endpoint takes any Store)
+        self._ep = Endpoint(self._store, "0", backend, timeout, device, form_timeout)
         self.bucket_bytes = bucket_bytes
         self._seq = -1
         self._next_generation = 0
@@ -118,7 +118,7 @@ class SyncSender:
 
     @property
     def port(self) -> int:
-        return int(self._ep.store.port)
+        return int(self._store.port)
 
     @property
     def generation(self) -> int:

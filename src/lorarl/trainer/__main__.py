@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     # A native crash (gloo, NCCL, a CUDA kernel) kills the rank with no Python traceback: print
     # every thread's stack to the pod log, so the restart event says where it died.
-    faulthandler.enable(sys.__stderr__, all_threads=True)
+    faulthandler.enable(sys.__stderr__ or sys.stderr, all_threads=True)
     logging.basicConfig(
         level=os.environ.get("LORARL_LOG_LEVEL", "INFO"),
         format=f"%(asctime)s rank{os.environ.get('RANK', '0')} %(levelname)s %(name)s: %(message)s",

@@ -49,35 +49,26 @@ from lorarl.trainer.generation.client import RolloutClient
 from lorarl.trainer.generation.eval import Evaluator, build_evaluator
 from lorarl.trainer.generation.rewards import (
     REWARD_READY_TIMEOUT_S,
-    _score_remote,
+    score_remote,
     wait_for_reward_service,
 )
 from lorarl.trainer.generation.rollouts import Collected, RolloutWorker
 from lorarl.trainer.generation.sampling import train_sampling
-from lorarl.trainer.model.critic import (
-    critic_state_dict,
-)
 from lorarl.trainer.model.loading import load_base_model
 from lorarl.trainer.model.parallel import DistContext, compute_dtype
-from lorarl.trainer.model.policy import build_policy
+from lorarl.trainer.rl.config import advantage_estimator, algorithm_choices
 from lorarl.trainer.rl.overlong import OverlongConfig
-from lorarl.trainer.settings import (
-    ConfigError,
-    Endpoints,
-    advantage_estimator,
-    algorithm_choices,
-    output_dirs,
-    reward_service_client,
-)
+from lorarl.trainer.settings import ConfigError, Endpoints, output_dirs, reward_service_client
 from lorarl.trainer.telemetry.cpu_util import read_cpu_times, utilisation
 from lorarl.trainer.telemetry.progress import ProgressServer, ProgressTracker
 from lorarl.trainer.telemetry.samples import due as due_samples
 from lorarl.trainer.telemetry.samples import sample_rows
 from lorarl.trainer.telemetry.step_record import step_record
 from lorarl.trainer.telemetry.tracking import build_fanout
-from lorarl.trainer.update.actor import update_policy
-from lorarl.trainer.update.batch import collate, replica_index, shard_for_rank
-from lorarl.trainer.update.state import StepState, lr_at
+from lorarl.trainer.update.batch import TensorBatch, collate, replica_index, shard_for_rank
+from lorarl.trainer.update.policy import build_policy
+from lorarl.trainer.update.state import StepState
+from lorarl.trainer.update.updater import Updater, build_updater
 
 log = logging.getLogger(__name__)
 # A replica whose samples' logprob gap is this many times the other replicas' (and above the
@@ -127,13 +118,8 @@ class Trainer:
             len(self.dataset), spec.training.prompts_per_step, spec.data.seed, spec.data.shuffle
         )
         policy = build_policy(job, base, ctx)
-        self.model, self.optimizer = policy.model, policy.optimizer
-        self.update_cfg, self.kl_reference = policy.update_cfg, policy.kl_reference
-        self.ppo_cfg, self.ppo, self.critic_optimizer = (
-            policy.ppo_cfg,
-            policy.ppo,
-            policy.critic_optimizer,
-        )
+        self.model = policy.model
+        self.updater: Updater = build_updater(job, policy)  # actor-only or PPO
         self.pad_id = self.tokenizer.pad_token_id
         if self.pad_id is None:
             self.pad_id = self.tokenizer.eos_token_id or 0
@@ -172,11 +158,12 @@ class Trainer:
 
     def _setup_main(self) -> None:
         spec, ep = self.job.spec, self.endpoints
-        self.tracker = ProgressTracker(self.job.name, spec.training.total_steps, self.output_dir)
+        self.tracker = ProgressTracker(self.job.name, self.total_steps, self.output_dir)
         self.tracker.progress.dropped_prompts = self.dropped_prompts
         self.tracker.tracking = build_fanout(self.job, self.output_dir)  # spec.logging
         if ep.progress_port is not None:
-            self.server = ProgressServer(self.tracker, ep.progress_port).start()
+            self.server = ProgressServer(self.tracker, ep.progress_port)
+            self.server.start()
         if ep.sync_world_size > 1:
             if ep.sync_addr is None or ep.sync_port is None or ep.sync_backend is None:
                 raise ConfigError(
@@ -265,7 +252,7 @@ class Trainer:
         reward = self.job.spec.reward
         self.reward_client = reward_service_client(self.job, self.endpoints.reward)
         if self.reward_client is not None:
-            return partial(_score_remote, self.reward_client)
+            return partial(score_remote, self.reward_client)
         try:
             fn = get_reward(reward.function or reward.entrypoint, **reward.params)
         except ValueError as exc:
@@ -278,16 +265,14 @@ class Trainer:
         # collective: every rank resumes the same step; training.resume may refuse here
         ckpt = self.checkpoints.start_from_shared(self.job.spec.training.resume)
         if ckpt is not None:
+            updater = self.updater
             loaded = self.checkpoints.load(
-                ckpt, self.model, self.optimizer, critic_optimizer=self.critic_optimizer
+                ckpt, self.model, updater.optimizer, critic_optimizer=updater.critic_optimizer
             )
             self.state = StepState.from_dict(loaded.trainer_state)
-            if self.ppo is not None:
-                self.ppo.load_state_dict(loaded.trainer_state.get("ppo", {}))
-            fingerprint = adapter_fingerprint(gather_adapter(self.model))  # collective
-            if self.ppo is not None:  # what the exact-resume check compares with the checkpoint
-                critic = adapter_fingerprint(critic_state_dict(self.model))  # collective
-                fingerprint += f", critic {critic}, kl coef {self.ppo.kl_coef!r}"
+            updater.load_state_dict(loaded.trainer_state)
+            # collective: what the exact-resume check compares with the checkpoint
+            fingerprint = adapter_fingerprint(gather_adapter(self.model)) + updater.fingerprint()
             log.info(
                 "resumed from %s at step %d (data position %s, adapter %s)",
                 ckpt.path, self.state.step, self.state.position.to_dict(), fingerprint,
@@ -297,8 +282,15 @@ class Trainer:
                 self.tracker.set_checkpoint(self.state.step, str(ckpt.path))
         self._publish()  # engines (re)start from exactly the trainer's weights
 
-    def run(self) -> None:
+    @property
+    def total_steps(self) -> int:
         total = self.job.spec.training.total_steps
+        if total is None:  # `__init__` resolves training.epochs into it
+            raise ConfigError("training.totalSteps is unresolved")
+        return total
+
+    def run(self) -> None:
+        total = self.total_steps
         try:
             self.resume()
             if self.job.spec.training.eval_before_train and self.state.step == 0:
@@ -334,67 +326,75 @@ class Trainer:
     # ------------------------------------------------------------------ one step
 
     def train_step(self) -> StepRecord | None:
-        spec = self.job.spec
+        """One RL step: generate, score and compute advantages (rank 0, one broadcast), update,
+        publish the new weights, record (rank 0) and checkpoint when due."""
         step = self.state.step + 1
         t_start, cpu_start = time.perf_counter(), read_cpu_times()
         collected = self._collect()
-        samples = collected.samples
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr_at(step, spec.optim.lr, spec.optim.warmup_steps,
-                                spec.training.total_steps, spec.optim.scheduler)  # fmt: skip
-        if self.ppo_cfg is not None:
-            c = self.ppo_cfg.critic
-            for group in self.critic_optimizer.param_groups:
-                group["lr"] = lr_at(step, c.lr, c.warmup_steps_lr, spec.training.total_steps,
-                                    c.scheduler)  # fmt: skip
-        if spec.training.off_policy_steps and step < spec.training.total_steps:
+        self.updater.set_lr(step)
+        if self.job.spec.training.off_policy_steps and step < self.total_steps:
             self._start_prefetch(collected.position, step + 1)
         t_train = time.perf_counter()
-        mine = shard_for_rank(samples, self.ctx.rank, self.ctx.world_size)
-        endpoints = replica_index(samples)  # the whole batch's: every rank numbers them alike
-        batch = collate(mine, self.pad_id, self.ctx.device, endpoints)  # the model's device
-        if self.ppo is not None:
-            metrics = self.ppo.update(
-                batch, step, reference=self.kl_reference, replicas=len(endpoints)
-            )
-        else:
-            metrics = update_policy(
-                self.model, self.optimizer, batch, self.update_cfg, reference=self.kl_reference,
-                replicas=len(endpoints),
-            )  # fmt: skip
+        batch, endpoints = self._my_share(collected)
+        metrics = self.updater.update(batch, step, replicas=len(endpoints))
         train_s = time.perf_counter() - t_train
         self.engine_memory.after_update(self.ctx.is_main)  # the engines are back before the sync
         self.state = StepState(step, collected.position, step)
         self._finish_prefetch()  # the engines must be idle before their weights change
         sync = self._publish()
         record = None
-        if self.ctx.is_main:
+        if self.ctx.is_main and self.tracker is not None:
             record = step_record(
                 step, collected, metrics, train_s=train_s, sync=sync, t_start=t_start,
-                lr=self.optimizer.param_groups[0]["lr"],
-                cpu_util=utilisation(cpu_start, read_cpu_times()),
+                lr=self.updater.lr, cpu_util=utilisation(cpu_start, read_cpu_times()),
             )  # fmt: skip
-            record.logprob_mismatch_by_replica = self._mismatch_by_replica(metrics, endpoints)
-            if self.fleet is not None and self.fleet.guard is not None:
-                probe_s, record.sync_check_gap = self.fleet.guard.take_seconds()
-                record.sync_check_seconds, self._probe_s = self._probe_s + probe_s, 0.0
-            if self._eval_due(step):  # after _record: its time is in no step timing
-                record.eval = self._evaluate(step)
-            self.tracker.record(record, sync)
-            if due_samples(step, spec.training):
-                self.tracker.record_samples(step, sample_rows(
-                    step, collected.samples, self.tokenizer, spec.training.samples_per_step
-                ))  # fmt: skip
-        if step % spec.training.checkpoint_interval == 0 or step == spec.training.total_steps:
-            state = self.state.to_dict()
-            if self.ppo is not None:
-                state["ppo"] = self.ppo.state_dict()
-            path = self.checkpoints.save(
-                step, self.model, self.optimizer, state, critic_optimizer=self.critic_optimizer
-            )
-            if self.tracker:
-                self.tracker.set_checkpoint(step, str(path))
+            self._record(step, record, collected, metrics, endpoints, sync, self.tracker)
+        self._checkpoint_if_due(step)
         return record
+
+    def _my_share(self, collected: Collected) -> tuple[TensorBatch, list[str]]:
+        """This rank's samples as tensors on its device, and the whole step's engines (every
+        rank numbers them alike)."""
+        samples = collected.samples
+        mine = shard_for_rank(samples, self.ctx.rank, self.ctx.world_size)
+        endpoints = replica_index(samples)
+        return collate(mine, self.pad_id, self.ctx.device, endpoints), endpoints
+
+    def _record(
+        self,
+        step: int,
+        record: StepRecord,
+        collected: Collected,
+        metrics: dict[str, float],
+        endpoints: list[str],
+        sync: SyncStatus | None,
+        tracker: ProgressTracker,
+    ) -> None:
+        """Rank 0: the step record's trainer-side parts, the eval when due, the samples."""
+        spec = self.job.spec
+        record.logprob_mismatch_by_replica = self._mismatch_by_replica(metrics, endpoints)
+        if self.fleet is not None and self.fleet.guard is not None:
+            probe_s, record.sync_check_gap = self.fleet.guard.take_seconds()
+            record.sync_check_seconds, self._probe_s = self._probe_s + probe_s, 0.0
+        if self._eval_due(step):  # after the step's timings: its time is in none of them
+            record.eval = self._evaluate(step)
+        tracker.record(record, sync)
+        if due_samples(step, spec.training):
+            tracker.record_samples(step, sample_rows(
+                step, collected.samples, self.tokenizer, spec.training.samples_per_step
+            ))  # fmt: skip
+
+    def _checkpoint_if_due(self, step: int) -> None:
+        """Every checkpointInterval steps and after the last one (collective)."""
+        if step % self.job.spec.training.checkpoint_interval != 0 and step != self.total_steps:
+            return
+        updater = self.updater
+        state = {**self.state.to_dict(), **updater.state_dict()}
+        path = self.checkpoints.save(
+            step, self.model, updater.optimizer, state, critic_optimizer=updater.critic_optimizer
+        )
+        if self.tracker:
+            self.tracker.set_checkpoint(step, str(path))
 
     def _mismatch_by_replica(
         self, metrics: dict[str, float], endpoints: list[str]
@@ -465,9 +465,10 @@ class Trainer:
         names = self._engines_ready()
         mode = self.job.spec.rollout.sync_mode
         name = adapter_name(version) if mode == "adapter" else SERVED_MODEL_NAME
-        client = self.worker.client
+        worker = self._rollouts
+        client = worker.client
         before = client.requests_by_endpoint()
-        collected = self.worker.collect(position, version, name, step=step)
+        collected = worker.collect(position, version, name, step=step)
         sent = client.requests_by_endpoint()
         collected.engine_requests = {
             names.get(url, url): count - before.get(url, 0)
@@ -479,12 +480,19 @@ class Trainer:
         }
         return collected
 
+    @property
+    def _rollouts(self) -> RolloutWorker:
+        """Rank 0's rollout worker: only rank 0 generates."""
+        if self.worker is None:
+            raise RuntimeError("only rank 0 generates")
+        return self.worker
+
     def _engines_ready(self) -> dict[str, str]:
         """Route to the engines on the current weights (engine URL -> replica name); wait for
         the reward service once."""
         if self.fleet is not None:
             names = self.fleet.serving()  # brings joined replicas up to date first
-            self.worker.client.set_endpoints(list(names))
+            self._rollouts.client.set_endpoints(list(names))
         else:
             names = {url: f"rollout-{i}" for i, url in enumerate(self.endpoints.rollout)}
         if self.reward_client is not None and not self._reward_ready:
@@ -512,13 +520,13 @@ class Trainer:
         if self.endpoints.sync_world_size <= 1:
             return None
         tensors = gather_adapter(self.model)  # collective
-        expected = None
-        if self._probe_ids is not None:  # collective: what the engines must answer
+        probe, expected = self._probe_ids, None
+        if probe is not None:  # collective: what the engines must answer
             start = time.perf_counter()
-            expected = expected_logprobs(self.model, self._probe_ids, self.ctx.device)
+            expected = expected_logprobs(self.model, probe, self.ctx.device)
             self._probe_s += time.perf_counter() - start
-        if not self.ctx.is_main:
+        if not self.ctx.is_main or self.fleet is None:  # rank 0 has a fleet with sidecars
             return None
-        if expected is not None and self.fleet.guard is not None:
-            self.fleet.guard.expect(self.state.version, self._probe_ids, expected)
+        if probe is not None and expected is not None and self.fleet.guard is not None:
+            self.fleet.guard.expect(self.state.version, probe, expected)
         return self.fleet.publish(self.model, tensors, self.state.version)

@@ -103,7 +103,7 @@ def test_ppo_is_accepted_with_gae_settings_and_a_critic():
     doc["spec"]["algorithm"] = {"name": "ppo", "groupSize": 1, "gamma": 0.99, "lam": 0.9}
     assert check_manifest(doc) == []
     spec = LoRARLJob.model_validate(doc).spec
-    assert spec.critic is None  # unset: every default (trainer/settings.py critic_settings)
+    assert spec.critic is None  # unset: every default (trainer/update/ppo.py critic_settings)
     doc["spec"]["algorithm"] = {"name": "grpo", "gamma": 0.99}
     assert [p.path for p in check_manifest(doc)] == ["spec.algorithm.gamma"]
 

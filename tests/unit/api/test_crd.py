@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from harness.cluster.crd_cases import CASES
 from lorarl.api.crd import crd, crd_yaml
 from lorarl.api.validation import check_manifest
-from tests.support.crd_cases import CASES
 
 ROOT = Path(__file__).resolve().parents[3]
 CRD_PATH = ROOT / "crds" / "lorarljobs.lorarl.dev.yaml"

@@ -330,9 +330,9 @@ def test_the_trainers_reward_requests_name_the_specs_reward():
 
 def test_wandb_entity_and_project_reach_the_run(tmp_path, monkeypatch):
     """An offline W&B run (the real library, no server) records the spec's entity and project."""
+    from harness.services.wandb_files import wandb_records
     from lorarl.trainer.telemetry.sinks import WandbSink
     from lorarl.trainer.telemetry.tracking import RunIds
-    from tests.support.wandb_files import wandb_records
 
     monkeypatch.delenv("WANDB_API_KEY", raising=False)  # no key: offline
     monkeypatch.setenv("WANDB_DISABLE_GIT", "true")

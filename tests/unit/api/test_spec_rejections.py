@@ -9,10 +9,10 @@ import copy
 import pytest
 from pydantic import ValidationError
 
+from harness.cluster.crd_server import CrdServer
 from lorarl.api.crd import crd
 from lorarl.api.resource import LoRARLJob
 from lorarl.api.validation import check_manifest
-from tests.support.crd_server import CrdServer
 
 MINIMAL = {
     "apiVersion": "lorarl.dev/v1alpha1",

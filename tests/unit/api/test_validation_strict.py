@@ -3,7 +3,7 @@
 The CRD declares camelCase keys and typed values, so the API server refuses `total_steps` and
 `rank: "16"`; pydantic's lax reading would take both. These tests hold `validate`, `run`/`plan`
 (parse_job) and the webhook to the server's reading, and check the hint each refusal carries.
-(tests/cluster/test_crd.py sends the same cases to a real API server: tests/support/crd_cases.py.)
+(tests/cluster/test_crd.py sends the same cases to a real API server: harness/cluster/crd_cases.py.)
 """
 
 from __future__ import annotations

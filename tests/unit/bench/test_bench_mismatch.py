@@ -10,8 +10,8 @@ import torch
 from bench.mismatch import gap_stats, set_delta, summary, update_stats
 from transformers import AutoModelForCausalLM
 
+from harness.workloads.tiny_models import tiny_config
 from lorarl.trainer.model.loading import LoraSettings, apply_lora
-from tests.support.tiny_models import tiny_config
 
 
 @pytest.mark.parametrize("delta", [1e-3, 1e-2])

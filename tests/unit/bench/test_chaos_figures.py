@@ -7,8 +7,8 @@ import json
 from types import SimpleNamespace
 from typing import Any
 
-from tests.support.chaos_figures import acceptance, combine
-from tests.support.chaos_run import step_in_progress
+from harness.chaos.figures import acceptance, combine
+from harness.chaos.run import step_in_progress
 
 
 def _run(injections: list[dict[str, Any]], **over: Any) -> dict[str, Any]:
@@ -75,7 +75,7 @@ def test_a_reward_that_falls_across_a_fault_is_not_a_pass() -> None:
 
 
 def test_no_injection_is_made_too_close_to_the_jobs_end_to_see_it_recover() -> None:
-    from tests.support.chaos_run import FAULTS, FINAL_READ_STEPS, room_needed
+    from harness.chaos.run import FAULTS, FINAL_READ_STEPS, room_needed
 
     fault = FAULTS["engine_kill"]
     assert room_needed(fault, 0) == fault.steps_per_injection + FINAL_READ_STEPS
@@ -84,7 +84,7 @@ def test_no_injection_is_made_too_close_to_the_jobs_end_to_see_it_recover() -> N
 
 
 def test_a_job_is_sized_for_its_injections_and_the_last_ones_recovery() -> None:
-    from tests.support.chaos_run import FAULTS, MAX_JOB_STEPS, job_steps, room_needed
+    from harness.chaos.run import FAULTS, MAX_JOB_STEPS, job_steps, room_needed
 
     fault = FAULTS["sidecar_kill"]
     steps = job_steps(fault, 10, first_at=4)
@@ -105,8 +105,8 @@ def test_the_step_in_progress_comes_from_the_trainers_row_times_not_the_polled_c
 
 
 def test_a_jobs_post_mortem_keeps_its_rows_in_time_order_and_only_its_pods_logs(tmp_path) -> None:
-    from tests.support.chaos_run import Injection, _keep_history
-    from tests.support.cluster_jobs import JOB_LABEL
+    from harness.chaos.run import Injection, _keep_history
+    from harness.cluster.jobs import JOB_LABEL
 
     def pod(job: str, key: str) -> SimpleNamespace:
         folder = tmp_path / "node" / key / "engine"

@@ -10,8 +10,8 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
+from harness.cluster.controlplane import control_plane
 from lorarl.cli.main import main
-from tests.support.controlplane import control_plane
 
 ROOT = Path(__file__).resolve().parents[3]
 QUICKSTART = ROOT / "examples" / "quickstart.yaml"

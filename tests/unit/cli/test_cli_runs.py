@@ -280,8 +280,8 @@ def test_dashboard_serves_past_runs_from_their_folders(runs_dir: Path):
 def test_the_commands_on_a_cluster_act_through_its_api(tmp_path: Path):
     """list, status, stop, resume, logs and delete against a real API server (no operator: the
     test writes the status the operator would, through the status subresource)."""
+    from harness.cluster.controlplane import control_plane
     from lorarl.cluster import Cluster
-    from tests.support.controlplane import control_plane
 
     with control_plane(tmp_path / "cp", controllers=False, scheduler=False) as cp:
         cp.apply_crds(ROOT / "crds" / "lorarljobs.lorarl.dev.yaml")

@@ -1,4 +1,4 @@
-"""The README test's own machinery (tests/support/readme.py): how blocks are found and marked,
+"""The README test's own machinery (harness/readme/blocks.py): how blocks are found and marked,
 and how one runs. The blocks themselves run in tests/e2e/test_readme.py."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.readme import (
+from harness.readme.blocks import (
     Block,
     ClusterShell,
     ReadmeError,

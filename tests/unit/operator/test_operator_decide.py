@@ -8,11 +8,11 @@ from pathlib import Path
 
 import yaml
 
+from harness.engines.fake_trainer import FakeTrainer
 from lorarl.api.reports.status import Condition, LoRARLJobStatus
 from lorarl.api.validation import parse_job
 from lorarl.operator.decide import Observed, decide, rfc3339
 from lorarl.operator.status import PodView
-from tests.support.fake_trainer import FakeTrainer
 
 ROOT = Path(__file__).resolve().parents[3]
 T0 = dt.datetime(2026, 1, 1, 12, 0, 0, tzinfo=dt.timezone.utc)

@@ -90,16 +90,17 @@ def test_checkpointing_ranks_and_offload_move_memory_the_right_way():
 
 
 def test_model_shape_counts_the_model_and_its_adapter_from_the_config():
+    from lorarl.model_checks import model_shape
     from lorarl.trainer.model.loading import LoraSettings
 
-    shape = mem.model_shape(QWEN_05B, LoraSettings(rank=32, alpha=64.0))
+    shape = model_shape(QWEN_05B, LoraSettings(rank=32, alpha=64.0))
     assert shape.params == 494_032_768  # Qwen2.5-0.5B's published count (tied embeddings)
     h, kv, i, r = 896, 128, 4864, 32
     per_layer = r * (h + h) + 2 * r * (h + kv) + r * (h + h) + 2 * r * (h + i) + r * (i + h)
     assert shape.lora_params == 24 * per_layer
     assert shape.lora_ranks_per_layer == 7 * r
     assert shape.root_params == 151936 * 896 + 896  # embeddings (tied head) + final norm
-    ppo = mem.model_shape(QWEN_05B, LoraSettings(rank=32, alpha=64.0), critic_rank=16)
+    ppo = model_shape(QWEN_05B, LoraSettings(rank=32, alpha=64.0), critic_rank=16)
     assert ppo.critic_params == shape.lora_params // 2 + 896 + 1  # half-rank adapter + value head
 
 

@@ -207,7 +207,7 @@ def test_the_trainer_waits_for_a_reward_service_that_went_away(serve):
     """A reward pod restarting: the client's retries run out, the trainer's scorer waits for
     /healthz like at start-up and scores the same batch, instead of failing the step. A refusal
     (4xx) is not waited for."""
-    from lorarl.trainer.generation.rewards import _score_remote
+    from lorarl.trainer.generation.rewards import score_remote
 
     down = {"until": 3}  # answers 503 to the first 3 requests, then comes back
     svc = serve(
@@ -217,11 +217,11 @@ def test_the_trainer_waits_for_a_reward_service_that_went_away(serve):
     )
     c = client(svc.url, [], max_retries=1)
     args = (["1+1=", "2+2="], ["2", "5"], ["2", "4"], [None, None])
-    results = _score_remote(c, *args, outage_timeout_s=10)
+    results = score_remote(c, *args, outage_timeout_s=10)
     assert [r.score for r in results] == [1.0, 0.0]
     assert svc.calls == 4  # 2 failed attempts, the wait for /healthz, a 503, then the answer
 
     refused = serve(lambda n, body: (422, {"detail": "no ground truth"}, 0.0))
     with pytest.raises(RewardServiceError, match="HTTP 422"):
-        _score_remote(client(refused.url, [], max_retries=1), *args, outage_timeout_s=10)
+        score_remote(client(refused.url, [], max_retries=1), *args, outage_timeout_s=10)
     assert refused.calls == 1

@@ -17,6 +17,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
+from harness.workloads.tiny_models import make_tokenizer
 from lorarl.api.resource import LoRARLJob
 from lorarl.api.rules import CLUSTER
 from lorarl.api.validation import check_manifest, parse_job
@@ -31,7 +32,6 @@ from lorarl.trainer.generation.rollouts import RolloutWorker
 from lorarl.trainer.generation.types import Sample, SamplingParams
 from lorarl.trainer.telemetry.step_record import step_record
 from lorarl.trainer.telemetry.tracking import flatten
-from tests.support.tiny_models import make_tokenizer
 
 ROOT = Path(__file__).resolve().parents[3]
 EXAMPLE_FILE = ROOT / "examples" / "rewards" / "gsm8k_verl.py"

@@ -12,11 +12,11 @@ from peft import PeftModel, get_peft_model_state_dict
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
+from harness.workloads.tiny_models import linear_modules, make_tiny_model
 from lorarl.rollout.applier import UpdateApplier
 from lorarl.rollout.engine import EngineError, RolloutEngine
 from lorarl.sync.buckets import SyncHeader, pack, unpack_all
 from lorarl.sync.errors import UpdateValidationError
-from tests.support.tiny_models import linear_modules, make_tiny_model
 
 RANK, ALPHA = 4, 8.0
 SCALING = ALPHA / RANK

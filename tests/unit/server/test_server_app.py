@@ -6,9 +6,9 @@ import pytest
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
+from harness.engines.fake_trainer import FakeTrainer
 from lorarl.server import LocalStore, create_app
 from lorarl.server.serve import check_bind
-from tests.support.fake_trainer import FakeTrainer
 from tests.unit.server.test_server_local import make_job, write_run
 
 

@@ -6,12 +6,12 @@ import json
 
 import pytest
 
+from harness.engines.fake_trainer import FakeTrainer, make_record
 from lorarl.api.reports import run_files
 from lorarl.api.reports.progress import Progress
 from lorarl.api.reports.status import SyncStatus
 from lorarl.api.resource import LoRARLJob
 from lorarl.server.stores import JobNotFound, LocalStore
-from tests.support.fake_trainer import FakeTrainer, make_record
 
 
 def make_job(name: str = "demo", total_steps: int = 10) -> LoRARLJob:

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from harness.engines.fake_trainer import make_record
 from lorarl.api.reports.progress import Progress
 from lorarl.api.reports.status import CheckpointStatus, LoRARLJobStatus, StepMetrics, SyncStatus
 from lorarl.server import views
 from lorarl.server.models import JobMetrics, JobSummary
-from tests.support.fake_trainer import make_record
 from tests.unit.server.test_server_local import make_job
 
 

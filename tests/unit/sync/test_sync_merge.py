@@ -9,10 +9,10 @@ import torch
 from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
 from transformers import AutoModelForCausalLM
 
+from harness.workloads.tiny_models import make_tiny_model
 from lorarl.sync.errors import UpdateValidationError
 from lorarl.sync.merge import BaseWeights, lora_scaling, merge_adapter, merge_weight
 from lorarl.sync.names import LoraPair, group_lora_pairs
-from tests.support.tiny_models import make_tiny_model
 
 
 @pytest.fixture(scope="module")

@@ -9,6 +9,7 @@ import torch
 from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
 from transformers import AutoModelForCausalLM
 
+from harness.workloads.tiny_models import make_tiny_model
 from lorarl.sync.errors import LoraNameError, MissingLoraPairError, UnsupportedLoraError
 from lorarl.sync.names import (
     base_weight_name,
@@ -17,7 +18,6 @@ from lorarl.sync.names import (
     modules_to_send,
     parse_lora_name,
 )
-from tests.support.tiny_models import make_tiny_model
 
 LINEAR_LEAVES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 

@@ -57,7 +57,7 @@ def read_sample_rows(output_dir: Path) -> list[dict[str, Any]]:
 
 def read_samples(output_dir: Path, limit: int = SERVED_SAMPLES) -> list[SampleRecord]:
     """The newest `limit` valid records, oldest first."""
-    out = []
+    out: list[SampleRecord] = []
     for row in reversed(read_sample_rows(output_dir)):
         if len(out) == limit:
             break

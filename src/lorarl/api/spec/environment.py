@@ -70,6 +70,7 @@ class EnvironmentSpec(ApiModel):
             return self
         from lorarl.environments.registry import UnknownEnvironmentError, check_environment
 
+        value: Any
         try:
             check_environment(self.entrypoint, self.params)
         except UnknownEnvironmentError as exc:

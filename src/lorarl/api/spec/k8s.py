@@ -74,6 +74,8 @@ def quantity_value(q: int | str) -> Decimal:
     if isinstance(q, int):
         return Decimal(q)
     match = re.fullmatch(r"\+?([0-9]*\.?[0-9]*)(.*)", q)
+    if match is None:  # a line break: the Quantity pattern refuses it before this is called
+        raise ValueError(f"not a quantity: {q!r}")
     number, suffix = match.group(1), match.group(2)
     if suffix in _SUFFIX:
         return Decimal(number) * _SUFFIX[suffix]

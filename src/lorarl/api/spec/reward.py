@@ -198,6 +198,7 @@ class RewardSpec(ApiModel):
             return self
         from lorarl.rewards.registry import UnknownRewardError, check_reward
 
+        value: Any
         try:
             check_reward(self.function, self.params)
         except UnknownRewardError as exc:

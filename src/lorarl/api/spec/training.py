@@ -12,6 +12,12 @@ from lorarl.api.rules import Rule, enforce, rules_schema_extra
 from lorarl.api.spec.k8s import VolumeClaim
 
 DEFAULT_TOTAL_STEPS = 100
+Export = Literal["adapter", "merged"]
+
+
+def _adapter_only() -> list[Export]:
+    return ["adapter"]
+
 
 _GREEDY_ONE_SAMPLE = Rule(
     cel="self.n == 1 || self.temperature > 0",
@@ -197,8 +203,8 @@ class TrainingSpec(ApiModel):
         description="Seed for sampling and initialization (the engines seed numpy with it, which "
         "takes 32 bits).",
     )
-    export: list[Literal["adapter", "merged"]] = Field(
-        default_factory=lambda: ["adapter"],
+    export: list[Export] = Field(
+        default_factory=_adapter_only,
         min_length=1,
         max_length=2,
         description="What the run leaves in outputDir at the end: adapter (the PEFT adapter, "

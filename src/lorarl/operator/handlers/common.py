@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import kopf
 
@@ -14,8 +14,15 @@ from lorarl.operator.kube import KubeError
 from lorarl.operator.reconciler import Reconciler
 from lorarl.operator.status import PodView
 
+if TYPE_CHECKING:  # kopf's type of a label filter; kopf does not export it
+    from kopf._core.intents.filters import MetaFilter
+
 JOBS = (GROUP, VERSION, PLURAL)
-POD_LABELS = {JOB_LABEL: kopf.PRESENT, MANAGED_BY[0]: MANAGED_BY[1]}
+POD_LABELS: MetaFilter = {JOB_LABEL: kopf.PRESENT, MANAGED_BY[0]: MANAGED_BY[1]}
+# The pod index (`pods.job_pods`): (namespace, job) -> the job's pods. kopf passes every index
+# to every handler as a keyword its callback protocols do not list, so a handler that reads it
+# declares it with a default (the protocols take extra keywords only as optional ones).
+JobPods = kopf.Index[tuple[str, str], PodView]
 CONFIG = OperatorConfig.from_env()
 RETRY_SECONDS = 2.0
 
@@ -24,14 +31,14 @@ def reconciler(memo: Any) -> Reconciler:
     return memo["reconciler"]
 
 
-def pods_of(index: Any, namespace: str, name: str) -> list[PodView]:
+def pods_of(index: JobPods | None, namespace: str, name: str) -> list[PodView]:
     """The job's pods from the pod index (kopf keeps it current from the pod watch)."""
     store = index.get((namespace, name)) if index is not None else None
     return list(store) if store is not None else []
 
 
 async def run(
-    memo: Any, body: Mapping[str, Any], index: Any, trigger: str, poll: bool = False
+    memo: Any, body: Mapping[str, Any], index: JobPods | None, trigger: str, poll: bool = False
 ) -> None:
     meta = body["metadata"]
     pods = pods_of(index, meta.get("namespace") or "default", meta["name"])

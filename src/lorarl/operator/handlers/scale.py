@@ -14,14 +14,19 @@ from typing import Any
 
 import kopf
 
-from lorarl.operator.handlers.common import JOBS, run
+from lorarl.operator.handlers.common import JOBS, JobPods, run
 
 
 # On updates only: at creation the create handler materializes the job, and a field handler
 # there would cost kopf one more handling cycle (a progress patch and its watch event) per job.
 @kopf.on.update(*JOBS, id="scale", field="spec.rollout.replicas")
 async def scaled(
-    old: Any, new: Any, body: kopf.Body, memo: kopf.Memo, job_pods: Any, **_: Any
+    old: Any,
+    new: Any,
+    body: kopf.Body,
+    memo: kopf.Memo,
+    job_pods: JobPods | None = None,
+    **_: Any,
 ) -> None:
     if old is None or old == new:
         return  # the field was added: nothing was running at another size

@@ -19,7 +19,7 @@ PREFIX = "lorarl.dev"
 
 @kopf.on.startup()
 async def configure(
-    settings: kopf.OperatorSettings, memo: kopf.Memo, logger: logging.Logger, **_: Any
+    settings: kopf.OperatorSettings, memo: kopf.Memo, logger: kopf.Logger, **_: Any
 ) -> None:
     settings.peering.standalone = True  # one replica; no peering objects (RBAC has none)
     settings.peering.mandatory = False

@@ -7,14 +7,19 @@ from typing import Any
 
 import kopf
 
-from lorarl.operator.handlers.common import JOBS, run
+from lorarl.operator.handlers.common import JOBS, JobPods, run
 
 
 # On updates only: a job created suspended is held by the create handler's pass (decide reads
 # the flag), without a second handling cycle per job.
 @kopf.on.update(*JOBS, id="suspend", field="spec.runPolicy.suspend")
 async def suspend_changed(
-    old: Any, new: Any, body: kopf.Body, memo: kopf.Memo, job_pods: Any, **_: Any
+    old: Any,
+    new: Any,
+    body: kopf.Body,
+    memo: kopf.Memo,
+    job_pods: JobPods | None = None,
+    **_: Any,
 ) -> None:
     if bool(old) == bool(new):
         return

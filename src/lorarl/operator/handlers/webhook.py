@@ -23,7 +23,7 @@ from lorarl.operator.kube import KubeError, path
 from lorarl.operator.parsing import plain
 
 
-def validate_lorarljob(body: kopf.Body, old: Any, operation: str, **_: Any) -> None:
+def validate_lorarljob(body: kopf.Body, old: Any, operation: str | None, **_: Any) -> None:
     """Every rule the manifest alone (and the operator's config) decides."""
     try:
         check_tree(body)  # before anything walks it recursively
@@ -61,8 +61,14 @@ async def refuse_shared_output(body: Any, old: Any, kube: Any) -> None:
 
 
 async def admit_lorarljob(
-    body: kopf.Body, old: Any, operation: str, memo: kopf.Memo, **_: Any
+    body: kopf.Body,
+    memo: kopf.Memo,
+    old: kopf.Body | None = None,
+    operation: str | None = None,
+    **_: Any,
 ) -> None:
+    # kopf passes `old` and `operation` to every admission handler, though its WebhookFn
+    # protocol does not list them (so they are declared optional).
     # The validation is CPU work (pydantic, a YAML render): off the loop the reconciler runs on.
     await asyncio.to_thread(validate_lorarljob, body=body, old=old, operation=operation)
     await refuse_shared_output(body, old if operation == "UPDATE" else None, memo["kube"])

@@ -79,7 +79,9 @@ class RewardModelScorer:
             {"role": "user", "content": prompt},
             {"role": "assistant", "content": completion},
         ]
-        return self.tokenizer.apply_chat_template(messages, tokenize=False)
+        text = self.tokenizer.apply_chat_template(messages, tokenize=False)
+        assert isinstance(text, str)  # tokenize=False: the rendered text, not token ids
+        return text
 
     def score_texts(self, texts: Sequence[str]) -> list[float]:
         import torch

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from lorarl.rewards.sandbox.cancel import ScoringCancelled, current_scope
 from lorarl.rewards.sandbox.isolation import (
     DROP_PRIVILEGES,
     SandboxUnavailable,
@@ -45,7 +46,6 @@ from lorarl.rewards.sandbox.isolation import (
     launch,
     seccomp_filter,
 )
-from lorarl.rewards.service.cancel import ScoringCancelled, current_scope
 
 __all__ = [
     "Sandbox",
@@ -148,7 +148,7 @@ class Sandbox:
 
     `pass_fds` are the caller's descriptors the program may use (pipes to another sandbox);
     they keep their numbers and the program gets them as `sys.argv[1:]`. Started under an active
-    `CancelScope` (`lorarl.rewards.service.cancel`), it is killed when that scope is cancelled, and
+    `CancelScope` (`lorarl.rewards.sandbox.cancel`), it is killed when that scope is cancelled, and
     it
     refuses to start (`ScoringCancelled`) in one that already is.
     """

@@ -1,1 +1,1 @@
-"""The reward service (Ray Serve) and its client: auth, cancellation, retries."""
+"""The reward service (Ray Serve) and its client: auth, retries (cancellation: `sandbox.cancel`)."""

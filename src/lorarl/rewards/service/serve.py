@@ -17,7 +17,7 @@ checked before the body is read. Without the key the service does not start.
 
 A request's scoring is cancelled when its deadline (`spec.reward.service.timeoutSeconds`) passes
 or its caller goes away (the HTTP client disconnected, the ingress gave up): its sandboxes are
-SIGKILLed and its samples not yet started never start (`lorarl.rewards.service.cancel`), so a slow
+SIGKILLed and its samples not yet started never start (`lorarl.rewards.sandbox.cancel`), so a slow
 or
 hostile sample does not keep the replica's workers busy after its answer was a 504.
 
@@ -48,13 +48,13 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from lorarl.rewards.registry import BoundReward, RewardResult, get_reward, to_result
+from lorarl.rewards.sandbox.cancel import CancelScope, ScoringCancelled
 from lorarl.rewards.service.auth import (
     REWARD_API_KEY_ENV,
     BearerAuth,
     RewardKeyMissing,
     service_key,
 )
-from lorarl.rewards.service.cancel import CancelScope, ScoringCancelled
 
 __all__ = [
     "ApiLimits",
@@ -404,8 +404,9 @@ def build_app(
     limits = limits or ApiLimits()
     slots = len(targets) * ((service.max_replicas or service.replicas) if service else 1)
     options = deployment_options(service, batch, cpus_per_replica(total_cpus, slots))
-    reward_cls = serve.deployment(_reward_deployment_class())
-    ingress_cls = serve.deployment(serve.ingress()(_ingress_class()))
+    # deployment()(cls), not deployment(cls): the same Deployment, in the form Ray annotates.
+    reward_cls = serve.deployment()(_reward_deployment_class())
+    ingress_cls = serve.deployment()(serve.ingress()(_ingress_class()))
     handles = {
         name: reward_cls.options(name=_deployment_name(name), **options).bind(target, batch)
         for name, target in targets.items()
@@ -437,8 +438,9 @@ def _reward_deployment_class() -> type:
             self.pool = ThreadPoolExecutor(max_workers=batch.workers)
             self.replica = serve.get_replica_context().replica_id.unique_id
             self.calls = 0
-            self._score_batch.set_max_batch_size(batch.max_batch_size)
-            self._score_batch.set_batch_wait_timeout_s(batch.batch_wait_timeout_s)
+            # Ray documents these setters on the @serve.batch wrapper; its annotation says Callable.
+            self._score_batch.set_max_batch_size(batch.max_batch_size)  # type: ignore[attr-defined]
+            self._score_batch.set_batch_wait_timeout_s(batch.batch_wait_timeout_s)  # type: ignore[attr-defined]
 
         async def score(
             self, samples: list[dict[str, Any]], timeout_s: float | None = None
@@ -506,7 +508,7 @@ def _ingress_class() -> type:
 
         def __init__(self, handles: Mapping[str, Any], limits: ApiLimits, api_key: str) -> None:
             self.handles = dict(handles)
-            self.rewards = sorted(self.handles)
+            self.rewards: Sequence[str] = sorted(self.handles)
             self.limits = limits
             self._api_key = api_key
 
@@ -521,7 +523,7 @@ def _ingress_class() -> type:
                 return await response
             except asyncio.CancelledError:
                 # timed out here, or the HTTP client went away (Serve cancels the handler):
-                # the replica cancels the request's scoring (lorarl.rewards.service.cancel)
+                # the replica cancels the request's scoring (lorarl.rewards.sandbox.cancel)
                 response.cancel()
                 raise
 
@@ -578,6 +580,8 @@ def _load_reward_config(path: str) -> tuple[dict[str, RewardTarget], Any]:
         ) from exc
     reward = job.spec.reward
     name = reward.function or reward.entrypoint
+    if name is None:  # the spec's rules require one of them
+        raise SystemExit(f"reward service: {path}: spec.reward sets no function or entrypoint")
     return targets_from_specs({name: reward}), reward.service
 
 

@@ -55,8 +55,11 @@ class LocalStore:
         self._entries: dict[str, _Entry] = {}
         self._lock = threading.Lock()
 
-    def add(self, job: LoRARLJob, progress_url: str, run_dir: str | Path | None = None) -> None:
-        """Register a running job; `progress_url` is the trainer's base URL (or its /progress)."""
+    def add(
+        self, job: LoRARLJob, progress_url: str | None, run_dir: str | Path | None = None
+    ) -> None:
+        """Register a running job; `progress_url` is the trainer's base URL (or its /progress),
+        None to read only its `run_dir`'s files."""
         entry = _Entry(job, progress_url, Path(run_dir) if run_dir else None, self._clock())
         with self._lock:
             self._entries[job.name] = entry

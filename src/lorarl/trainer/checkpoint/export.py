@@ -22,8 +22,8 @@ from typing import Any
 from peft import LoraConfig, PeftModel, get_peft_model
 from transformers import PreTrainedModel
 
-from lorarl.trainer.checkpoint.files import write_dir_atomically
-from lorarl.trainer.checkpoint.manager import _run_on_rank0, export_adapter
+from lorarl.trainer.checkpoint.files import run_on_rank0, write_dir_atomically
+from lorarl.trainer.checkpoint.manager import export_adapter
 from lorarl.trainer.model.critic import (
     critic_config,
     critic_state_dict,
@@ -34,6 +34,7 @@ from lorarl.trainer.model.loading import (
     ADAPTER_NAME,
     DTYPES,
     load_base_model,
+    lora_config,
     lora_state_dict,
     set_lora_state_dict,
 )
@@ -62,7 +63,10 @@ def merge_lora(
     peft_model = get_peft_model(base, cfg, adapter_name=ADAPTER_NAME)
     set_lora_state_dict(peft_model, {k: v.float() for k, v in tensors.items()})
     merged = peft_model.merge_and_unload(safe_merge=True)  # safe_merge: refuse NaN/inf
-    return merged.to(DTYPES[dtype])
+    if not isinstance(merged, PreTrainedModel):  # the base model, typed as nn.Module by PEFT
+        raise TypeError(f"merging gave a {type(merged).__name__}, not a PreTrainedModel")
+    # transformers wraps `to` with @wraps(nn.Module.to), so mypy sees the unbound signature
+    return merged.to(DTYPES[dtype])  # type: ignore[arg-type]
 
 
 def export_merged(
@@ -78,7 +82,7 @@ def export_merged(
     rank calls it (the LoRA tensors are gathered), rank 0 merges and writes."""
     out_dir = Path(out_dir)
     tensors = lora_state_dict(peft_model)
-    config = peft_model.peft_config[ADAPTER_NAME]
+    config = lora_config(peft_model)
 
     def write() -> None:
         merged = merge_lora(base_path, config, tensors, dtype, trust_remote_code=trust_remote_code)
@@ -90,7 +94,7 @@ def export_merged(
         write_dir_atomically(out_dir, fill)
         log.info("wrote the merged model (%s) to %s", dtype, out_dir)
 
-    _run_on_rank0(write)
+    run_on_rank0(write)
     return out_dir
 
 
@@ -100,7 +104,7 @@ def export_critic(peft_model: PeftModel, out_dir: str | Path) -> Path:
     tensors = critic_state_dict(peft_model)
     config = critic_config(peft_model)
 
-    _run_on_rank0(write_dir_atomically, out_dir, lambda tmp: write_critic_dir(tensors, config, tmp))
+    run_on_rank0(write_dir_atomically, out_dir, lambda tmp: write_critic_dir(tensors, config, tmp))
     return out_dir
 
 

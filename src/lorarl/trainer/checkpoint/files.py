@@ -26,11 +26,11 @@ class CheckpointError(RuntimeError):
 # ---------------------------------------------------------------- distributed helpers
 
 
-def _rank() -> int:
+def rank() -> int:
     return dist.get_rank() if dist.is_initialized() else 0
 
 
-def _world() -> int:
+def world() -> int:
     return dist.get_world_size() if dist.is_initialized() else 1
 
 
@@ -43,10 +43,10 @@ def _share_from_rank0(obj: Any) -> Any:
     return box[0]
 
 
-def _run_on_rank0(fn, *args) -> Any:
+def run_on_rank0(fn, *args) -> Any:
     """Run `fn` on rank 0 only and re-raise its failure on every rank."""
     result: tuple[bool, Any] = (True, None)
-    if _rank() == 0:
+    if rank() == 0:
         try:
             result = (True, fn(*args))
         except Exception as exc:
@@ -61,7 +61,7 @@ def _run_on_rank0(fn, *args) -> Any:
 # ---------------------------------------------------------------- file helpers
 
 
-def _sha256(path: Path) -> str:
+def sha256(path: Path) -> str:
     h = hashlib.sha256()
     with path.open("rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
@@ -69,7 +69,7 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def _fsync_tree(root: Path) -> None:
+def fsync_tree(root: Path) -> None:
     for path in [*sorted(root.rglob("*")), root]:
         fd = os.open(path, os.O_RDONLY)
         try:
@@ -78,7 +78,7 @@ def _fsync_tree(root: Path) -> None:
             os.close(fd)
 
 
-def _replace_dir(tmp: Path, final: Path) -> None:
+def replace_dir(tmp: Path, final: Path) -> None:
     """Rename `tmp` onto `final`, moving an existing `final` aside first (rename can't replace a
     non-empty directory)."""
     trash = None
@@ -102,7 +102,7 @@ def write_dir_atomically(out_dir: Path, fill: Callable[[Path], None]) -> None:
     tmp = out_dir.with_name(f"{TMP_PREFIX}{out_dir.name}-{uuid.uuid4().hex[:8]}")
     try:
         fill(tmp)
-        _fsync_tree(tmp)
-        _replace_dir(tmp, out_dir)
+        fsync_tree(tmp)
+        replace_dir(tmp, out_dir)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -55,12 +55,12 @@ from lorarl.sync.adapter_files import ADAPTER_CONFIG, ADAPTER_WEIGHTS, write_ada
 from lorarl.trainer.checkpoint.files import (
     TMP_PREFIX,
     CheckpointError,
-    _fsync_tree,
-    _rank,
-    _replace_dir,
-    _run_on_rank0,
-    _sha256,
-    _world,
+    fsync_tree,
+    rank,
+    replace_dir,
+    run_on_rank0,
+    sha256,
+    world,
     write_dir_atomically,
 )
 from lorarl.trainer.model.critic import (
@@ -72,7 +72,7 @@ from lorarl.trainer.model.critic import (
     set_critic_state_dict,
     write_critic_dir,
 )
-from lorarl.trainer.model.loading import ADAPTER_NAME, lora_state_dict, set_lora_state_dict
+from lorarl.trainer.model.loading import lora_config, lora_state_dict, set_lora_state_dict
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +108,10 @@ class LoadedCheckpoint:
 
 def capture_rng_state() -> dict[str, Any]:
     """This process's RNG states in a form `torch.load(weights_only=True)` accepts."""
-    name, keys, pos, has_gauss, gauss = np.random.get_state()
+    numpy_state = np.random.get_state(legacy=True)
+    if isinstance(numpy_state, dict):  # only a non-MT19937 generator, which np.random never uses
+        raise TypeError("numpy's global RNG is not MT19937")
+    name, keys, pos, has_gauss, gauss = numpy_state
     state: dict[str, Any] = {
         "python": random.getstate(),
         "numpy": (name, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, gauss),
@@ -132,11 +135,9 @@ def export_adapter(peft_model: PeftModel, out_dir: str | Path) -> Path:
     """Write the final adapter atomically (collective: every rank calls it, rank 0 writes)."""
     out_dir = Path(out_dir)
     tensors = lora_state_dict(peft_model)
-    config = peft_model.peft_config[ADAPTER_NAME]
+    config = lora_config(peft_model)
 
-    _run_on_rank0(
-        write_dir_atomically, out_dir, lambda tmp: write_adapter_dir(tensors, config, tmp)
-    )
+    run_on_rank0(write_dir_atomically, out_dir, lambda tmp: write_adapter_dir(tensors, config, tmp))
     return out_dir
 
 
@@ -160,7 +161,7 @@ def _load_optimizer(model: PeftModel, optimizer: torch.optim.Optimizer | None, f
     if optimizer is None:
         return
     optim_state: dict[str, Any] = {}
-    if _rank() == 0:
+    if rank() == 0:
         optim_state = torch.load(file, weights_only=True)
     set_optimizer_state_dict(model, optimizer, optim_state, options=_optimizer_options(load=True))
 
@@ -203,7 +204,7 @@ class CheckpointManager:
             raise ValueError(f"checkpoint step must be >= 0, got {step}")
         state: dict[str, Any] = {
             "step": step,
-            "world_size": _world(),
+            "world_size": world(),
             "time": time.time(),
             "trainer_state": trainer_state,
         }
@@ -230,10 +231,10 @@ class CheckpointManager:
         local_rng = rng_state if rng_state is not None else capture_rng_state()
         rngs: list[Any] = [local_rng]
         if dist.is_initialized():
-            rngs = [None] * _world()
+            rngs = [None] * world()
             dist.all_gather_object(rngs, local_rng)
-        config = peft_model.peft_config[ADAPTER_NAME]
-        return _run_on_rank0(
+        config = lora_config(peft_model)
+        return run_on_rank0(
             self._write, step, adapter, config, optim_state, state_text, rngs, critic
         )
 
@@ -263,13 +264,13 @@ class CheckpointManager:
                 if critic.optim_state is not None:
                     torch.save(critic.optim_state, tmp / CRITIC_OPTIMIZER)
             manifest = {
-                str(p.relative_to(tmp)): {"size": p.stat().st_size, "sha256": _sha256(p)}
+                str(p.relative_to(tmp)): {"size": p.stat().st_size, "sha256": sha256(p)}
                 for p in sorted(tmp.rglob("*"))
                 if p.is_file()
             }
             (tmp / COMPLETE).write_text(json.dumps({"step": step, "files": manifest}, indent=2))
-            _fsync_tree(tmp)
-            _replace_dir(tmp, final)
+            fsync_tree(tmp)
+            replace_dir(tmp, final)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
         log.info("saved checkpoint %s", final)
@@ -350,7 +351,7 @@ class CheckpointManager:
                 return f"missing {rel}"
             if f.stat().st_size != meta["size"]:
                 return f"{rel} has {f.stat().st_size} bytes, manifest says {meta['size']}"
-            if _sha256(f) != meta["sha256"]:
+            if sha256(f) != meta["sha256"]:
                 return f"{rel} checksum mismatch"
         try:
             json.loads((path / "state.json").read_text())
@@ -422,12 +423,12 @@ class CheckpointManager:
 
     def start_from_shared(self, policy: str = "auto") -> Checkpoint | None:
         """Collective `start_from`: rank 0 decides for every rank, and its refusal fails all."""
-        return _run_on_rank0(self.start_from, policy)
+        return run_on_rank0(self.start_from, policy)
 
     def latest_shared(self) -> Checkpoint | None:
         """Collective: rank 0's `latest()` on every rank, so all ranks resume from the same step
         even when only rank 0 can see the checkpoint volume; a refusal there fails every rank."""
-        return _run_on_rank0(self.latest)
+        return run_on_rank0(self.latest)
 
     def prune(self) -> list[Path]:
         """Delete usable checkpoints beyond the newest `keep_last`, and stale temp dirs.
@@ -487,7 +488,7 @@ class CheckpointManager:
                 log.warning("checkpoint %s has a critic this job does not use: ignored", path)
             return tensors, state, rng, critic
 
-        tensors, state, rng, critic = _run_on_rank0(read)
+        tensors, state, rng, critic = run_on_rank0(read)
         set_lora_state_dict(peft_model, tensors)
         if critic is not None:
             set_critic_state_dict(peft_model, critic)
@@ -495,13 +496,13 @@ class CheckpointManager:
         if critic is not None:
             _load_optimizer(peft_model, critic_optimizer, path / CRITIC_OPTIMIZER)
         states = rng["states"]
-        if len(states) != _world():
+        if len(states) != world():
             log.warning(
                 "checkpoint %s has RNG for %d ranks, now %d: reusing by rank modulo",
                 path,
                 len(states),
-                _world(),
+                world(),
             )
-        mine = states[_rank() % len(states)]
+        mine = states[rank() % len(states)]
         restore_rng_state(mine)
         return LoadedCheckpoint(int(state["step"]), state["trainer_state"], mine)

@@ -16,7 +16,7 @@ import math
 from fractions import Fraction
 
 from lorarl.api.resource import LoRARLJob
-from lorarl.trainer.settings import ConfigError
+from lorarl.trainer.errors import ConfigError
 
 __all__ = ["resolve_total_steps", "steps_for_epochs"]
 

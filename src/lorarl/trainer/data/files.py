@@ -102,7 +102,7 @@ def _json(path: Path) -> dict[str, Any]:
 
 
 def _read_jsonl(path: Path) -> list[LocatedRow]:
-    rows = []
+    rows: list[LocatedRow] = []
     with path.open(encoding="utf-8") as f:
         for lineno, line in enumerate(f, start=1):
             if not line.strip():

@@ -26,9 +26,9 @@ from typing import Any
 from lorarl.api.resource import LoRARLJob
 from lorarl.trainer.data.prompts import PromptItem
 from lorarl.trainer.episodes.endpoint import AgentEndpoint, EpisodeCalls, serve
+from lorarl.trainer.errors import ConfigError
 from lorarl.trainer.generation.client import RolloutClient
 from lorarl.trainer.generation.types import Sample, SamplingParams
-from lorarl.trainer.settings import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +77,7 @@ class AgentRunner:
     max_prompt_tokens: int
     max_response_tokens: int
     chat_template_kwargs: Mapping[str, Any] | None = None
+    merge: bool = False  # agent.trajectory: merged
     failures: list[str] = field(default_factory=list)  # of the last run, one line each
 
     def run(
@@ -119,7 +120,10 @@ class AgentRunner:
                     result = await asyncio.wait_for(
                         self.agent(agent_client, self._sample(item), ctx), self.timeout_s
                     )
-                    return _episode(calls.calls, result)
+                    episode = _episode(calls.calls, result)
+                    if self.merge and (merged := merge_calls(episode.calls)) is not None:
+                        episode.calls = [merged]
+                    return episode
                 except Exception as exc:  # a failed episode is dropped and counted, not fatal
                     why = "timed out" if isinstance(exc, asyncio.TimeoutError) else repr(exc)
                     self.failures.append(f"episode {k}: {why}"[:300])
@@ -140,7 +144,8 @@ class AgentRunner:
                 "first: %s", len(self.failures), len(flat), self.failures[0],
             )  # fmt: skip
         groups = [flat[i * n : (i + 1) * n] for i in range(len(items))]
-        return [[] if any(e is None for e in g) else list(g) for g in groups]
+        kept = [[e for e in g if e is not None] for g in groups]
+        return [k if len(k) == len(g) else [] for k, g in zip(kept, groups, strict=True)]
 
     def _sample(self, item: PromptItem) -> AgentSample:
         if isinstance(item.prompt, str):
@@ -164,6 +169,38 @@ def _episode(calls: list[Sample], result: Any) -> AgentEpisode:
     if not _number(result):
         raise AgentFailed(f"the agent returned {result!r:.80}, not a finite reward")
     return AgentEpisode(list(calls), float(result), metrics)
+
+
+def merge_calls(calls: Sequence[Sample]) -> Sample | None:
+    """An episode's calls as one sample when they extend one conversation: each call's prompt ids
+    start with the previous call's prompt + completion ids, token for token. What lies between
+    two replies (tool results, the next user turn, the template's markup) joins the completion
+    with loss mask 0 and logprob 0; the model's own tokens keep their mask 1 and the engine's
+    logprobs. None when the calls do not extend each other (train them per call)."""
+    if len(calls) <= 1:
+        return calls[0] if calls else None
+    first = calls[0]
+    ids, logprobs = list(first.completion_ids), list(first.logprobs)
+    mask = list(first.loss_mask or [1] * len(ids))
+    for call in calls[1:]:
+        so_far = [*first.prompt_ids, *ids]
+        if call.prompt_ids[: len(so_far)] != so_far:
+            return None
+        inserted = call.prompt_ids[len(so_far) :]
+        ids += inserted + list(call.completion_ids)
+        logprobs += [0.0] * len(inserted) + list(call.logprobs)
+        mask += [0] * len(inserted) + list(call.loss_mask or [1] * len(call.completion_ids))
+    last = calls[-1]
+    return Sample(
+        prompt_ids=list(first.prompt_ids),
+        completion_ids=ids,
+        logprobs=logprobs,
+        finish_reason=last.finish_reason,
+        weight_version=min(c.weight_version for c in calls),
+        endpoint=last.endpoint,
+        text=last.text,
+        loss_mask=tuple(mask),
+    )
 
 
 def _number(value: Any) -> bool:
@@ -202,4 +239,5 @@ def build_agent_runner(job: LoRARLJob, tokenizer: Any, client: RolloutClient) ->
         max_prompt_tokens=spec.data.max_prompt_tokens,
         max_response_tokens=spec.data.max_response_tokens,
         chat_template_kwargs=spec.data.chat_template_kwargs,
+        merge=agent.trajectory == "merged",
     )

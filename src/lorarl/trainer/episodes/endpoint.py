@@ -2,12 +2,14 @@
 docs/environments.md#agents-through-an-openai-compatible-endpoint).
 
 Served on trainer rank 0's loopback for the length of a step's episodes. Each episode has its own
-key (`Authorization: Bearer <key>`); a request renders the conversation with the tokenizer's chat
-template (tools through its `tools=` argument), sends the token ids to the engines through the
+key (`Authorization: Bearer <key>`); a chat request renders the conversation with the tokenizer's
+chat template (tools through its `tools=` argument), a completions request takes a string prompt
+(tokenized as vLLM would) or token ids as they are; the token ids go to the engines through the
 job's `RolloutClient` (the step's sampling params, versioned adapter and stale-policy guard), and
-records the call: prompt ids, the completion ids as the engine produced them, its logprobs and the
-weight version. The reply's content is the decoded completion; Hermes/Qwen `<tool_call>` blocks
-become OpenAI `tool_calls` when the request declared tools.
+the call is recorded: prompt ids, the completion ids as the engine produced them, its logprobs and
+the weight version. The reply's content is the decoded completion; Hermes/Qwen `<tool_call>`
+blocks become OpenAI `tool_calls` when the request declared tools. `stream: true` replays the
+finished completion as OpenAI's server-sent chunks (the engines are called without streaming).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import logging
 import secrets
 import socket
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -50,7 +52,8 @@ class _ApiError(Exception):
 
 
 class AgentEndpoint:
-    """`/v1/chat/completions` and `/v1/models` over the job's engines, per-episode keys."""
+    """`/v1/chat/completions`, `/v1/completions` and `/v1/models` over the job's engines,
+    per-episode keys."""
 
     def __init__(
         self,
@@ -76,6 +79,7 @@ class AgentEndpoint:
         self.app = Starlette(
             routes=[
                 Route("/v1/chat/completions", self._chat, methods=["POST"]),
+                Route("/v1/completions", self._completions, methods=["POST"]),
                 Route("/v1/models", self._models, methods=["GET"]),
             ]
         )
@@ -103,19 +107,32 @@ class AgentEndpoint:
         return JSONResponse({"object": "list", "data": [model]})
 
     async def _chat(self, request: Any) -> Any:
-        from starlette.responses import JSONResponse
+        return await self._serve(request, self.chat, _chat_chunks)
+
+    async def _completions(self, request: Any) -> Any:
+        return await self._serve(request, self.complete, _completion_chunks)
+
+    async def _serve(self, request: Any, answer: Any, chunks: Any) -> Any:
+        """Authenticate, answer, and reply as JSON or, with `stream: true`, as server-sent events
+        (the whole completion is generated first: the events replay it in OpenAI's chunks)."""
+        from starlette.responses import JSONResponse, StreamingResponse
 
         try:
             episode = self._episode(request)
             try:
                 body = await request.json()
             except ValueError as exc:
-                raise _ApiError(
-                    400, f"the body is not JSON: {exc}", "invalid_request_error"
-                ) from exc
-            return JSONResponse(await self.chat(episode, body))
+                raise _bad(f"the body is not JSON: {exc}") from exc
+            reply = await answer(episode, body)
         except _ApiError as exc:
             return _error(exc)
+        if not body.get("stream"):
+            return JSONResponse(reply)
+        options = body.get("stream_options")
+        usage = isinstance(options, dict) and bool(options.get("include_usage"))
+        events = [f"data: {json.dumps(c)}\n\n" for c in chunks(reply, usage)]
+        events.append("data: [DONE]\n\n")
+        return StreamingResponse(iter(events), media_type="text/event-stream")
 
     def _episode(self, request: Any) -> EpisodeCalls:
         auth = request.headers.get("authorization", "")
@@ -130,27 +147,100 @@ class AgentEndpoint:
     async def chat(self, episode: EpisodeCalls, body: Any) -> dict[str, Any]:
         """One chat completion for `episode` (the body as the OpenAI API takes it)."""
         if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
-            raise _ApiError(400, "messages must be a list", "invalid_request_error")
-        if body.get("stream"):
-            raise _ApiError(
-                400, "stream is not supported; call without it", "invalid_request_error"
-            )
-        if body.get("n", 1) not in (1, None):
-            raise _ApiError(400, "n must be 1 (one call, one sample)", "invalid_request_error")
+            raise _bad("messages must be a list")
         tools = body.get("tools") or None
         if tools is not None and not isinstance(tools, list):
-            raise _ApiError(400, "tools must be a list", "invalid_request_error")
+            raise _bad("tools must be a list")
+        _check_common(body)
+        index = self._claim(episode)
+        prompt_ids = self.render(body["messages"], tools)
+        sample = await self._generate(episode, index, prompt_ids, body)
+        text = self.tokenizer.decode(sample.completion_ids, skip_special_tokens=True)
+        message: dict[str, Any] = {"role": "assistant", "content": text}
+        finish: str = sample.finish_reason
+        if tools is not None and body.get("tool_choice") != "none" and "<tool_call>" in text:
+            calls = [c for c in parse_tool_calls(text) if c.error is None]
+            if calls:
+                message["content"] = text[: text.index("<tool_call>")].strip() or None
+                message["tool_calls"] = [
+                    {
+                        "id": f"call_{index}_{i}",
+                        "type": "function",
+                        "function": {"name": c.name, "arguments": json.dumps(c.arguments)},
+                    }
+                    for i, c in enumerate(calls)
+                ]
+                finish = "tool_calls"
+        choice = {"index": 0, "message": message, "finish_reason": finish, "logprobs": None}
+        if body.get("logprobs"):
+            choice["logprobs"] = {"content": self._token_logprobs(sample), "refusal": None}
+        reply = _reply("chatcmpl", "chat.completion", body, self, choice, sample)
+        if body.get("return_token_ids"):  # vLLM's extension (the SDK's extra_body)
+            choice["token_ids"] = list(sample.completion_ids)
+            reply["prompt_token_ids"] = list(sample.prompt_ids)
+        return reply
+
+    async def complete(self, episode: EpisodeCalls, body: Any) -> dict[str, Any]:
+        """One text completion for `episode`: `prompt` is a string (tokenized as vLLM does, with
+        the tokenizer's special tokens) or token ids (sent as they are: token-in/token-out)."""
+        if not isinstance(body, dict):
+            raise _bad("the body must be a JSON object")
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+            prompt = prompt[0]  # a batch of one
+        if isinstance(prompt, str) and prompt:
+            prompt_ids = list(self.tokenizer(prompt)["input_ids"])
+        elif (
+            isinstance(prompt, list)
+            and prompt
+            and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in prompt)
+        ):
+            prompt_ids = list(prompt)
+        else:
+            raise _bad(
+                "prompt must be one non-empty string or one list of token ids (one call, one "
+                "sample)"
+            )
+        if body.get("echo") or body.get("suffix") or (body.get("best_of") or 1) != 1:
+            raise _bad("echo, suffix and best_of are not supported")
+        _check_common(body)
+        index = self._claim(episode)
+        sample = await self._generate(episode, index, prompt_ids, body)
+        text = self.tokenizer.decode(sample.completion_ids, skip_special_tokens=True)
+        choice: dict[str, Any] = {
+            "index": 0, "text": text, "finish_reason": sample.finish_reason, "logprobs": None
+        }  # fmt: skip
+        if body.get("logprobs") is not None:
+            tokens = [self.tokenizer.decode([t]) for t in sample.completion_ids]
+            offsets = [sum(len(t) for t in tokens[:i]) for i in range(len(tokens))]
+            choice["logprobs"] = {
+                "tokens": tokens,
+                "token_logprobs": list(sample.logprobs),
+                "text_offset": offsets,
+                "top_logprobs": None,
+            }
+        if body.get("return_token_ids"):  # vLLM's extension (the SDK's extra_body)
+            choice["prompt_token_ids"] = list(sample.prompt_ids)
+            choice["token_ids"] = list(sample.completion_ids)
+        return _reply("cmpl", "text_completion", body, self, choice, sample)
+
+    def _claim(self, episode: EpisodeCalls) -> int:
+        """The call's index in the episode (its seed), or 429 past agent.maxCalls."""
         if episode.requested >= episode.max_calls:
             raise _ApiError(
                 429, f"this episode made its {episode.max_calls} calls (agent.maxCalls)",
                 "rate_limit_error",
             )  # fmt: skip
-        index = episode.requested
         episode.requested += 1
-        prompt_ids = self.render(body["messages"], tools)
+        return episode.requested - 1
+
+    async def _generate(
+        self, episode: EpisodeCalls, index: int, prompt_ids: list[int], body: dict[str, Any]
+    ) -> Sample:
+        """Generate from the token ids with the step's sampling params and record the call."""
         if len(prompt_ids) > self.max_prompt_tokens:
             raise _ApiError(
-                400, f"the conversation is {len(prompt_ids)} tokens, over data.maxPromptTokens="
+                400, f"the prompt is {len(prompt_ids)} tokens, over data.maxPromptTokens="
                 f"{self.max_prompt_tokens}", "invalid_request_error", "context_length_exceeded",
             )  # fmt: skip
         asked = body.get("max_completion_tokens") or body.get("max_tokens")
@@ -167,37 +257,15 @@ class AgentEndpoint:
             self.engine_error = self.engine_error or exc
             raise _ApiError(503, f"the engines failed: {exc}", "server_error") from exc
         episode.calls.append(sample)
-        text = self.tokenizer.decode(sample.completion_ids, skip_special_tokens=True)
-        message: dict[str, Any] = {"role": "assistant", "content": text}
-        finish = sample.finish_reason
-        if tools is not None and "<tool_call>" in text:
-            calls = [c for c in parse_tool_calls(text) if c.error is None]
-            if calls:
-                message["content"] = text[: text.index("<tool_call>")].strip() or None
-                message["tool_calls"] = [
-                    {
-                        "id": f"call_{index}_{i}",
-                        "type": "function",
-                        "function": {"name": c.name, "arguments": json.dumps(c.arguments)},
-                    }
-                    for i, c in enumerate(calls)
-                ]
-                finish = "tool_calls"
-        n_prompt, n_out = len(prompt_ids), len(sample.completion_ids)
-        return {
-            "id": f"chatcmpl-{secrets.token_hex(12)}",
-            "object": "chat.completion",
-            "created": int(time.time()),
-            "model": body.get("model") or self.served_name,
-            "choices": [
-                {"index": 0, "message": message, "finish_reason": finish, "logprobs": None}
-            ],
-            "usage": {
-                "prompt_tokens": n_prompt,
-                "completion_tokens": n_out,
-                "total_tokens": n_prompt + n_out,
-            },
-        }
+        return sample
+
+    def _token_logprobs(self, sample: Sample) -> list[dict[str, Any]]:
+        out = []
+        for tok, lp in zip(sample.completion_ids, sample.logprobs, strict=True):
+            text = self.tokenizer.decode([tok])
+            out.append({"token": text, "logprob": lp, "bytes": list(text.encode()),
+                        "top_logprobs": []})  # fmt: skip
+        return out
 
     def render(self, messages: Sequence[Any], tools: list[Any] | None) -> list[int]:
         """The prompt's token ids: the chat template's rendering (generation prompt on)."""
@@ -243,6 +311,68 @@ def _message(m: Any) -> dict[str, Any]:
     return out
 
 
+def _check_common(body: dict[str, Any]) -> None:
+    if body.get("n", 1) not in (1, None):
+        raise _bad("n must be 1 (one call, one sample)")
+    if not isinstance(body.get("stream", False), (bool, type(None))):
+        raise _bad("stream must be a boolean")
+
+
+def _reply(
+    prefix: str, kind: str, body: dict[str, Any], endpoint: AgentEndpoint,
+    choice: dict[str, Any], sample: Sample,
+) -> dict[str, Any]:  # fmt: skip
+    n_prompt, n_out = len(sample.prompt_ids), len(sample.completion_ids)
+    return {
+        "id": f"{prefix}-{secrets.token_hex(12)}",
+        "object": kind,
+        "created": int(time.time()),
+        "model": body.get("model") or endpoint.served_name,
+        "choices": [choice],
+        "usage": {
+            "prompt_tokens": n_prompt,
+            "completion_tokens": n_out,
+            "total_tokens": n_prompt + n_out,
+        },
+    }
+
+
+def _chat_chunks(reply: dict[str, Any], usage: bool) -> list[dict[str, Any]]:
+    """A chat completion as OpenAI streams it: the role, the content, each tool call whole, the
+    finish reason, then (stream_options.include_usage) the usage in a chunk without choices."""
+    head = {k: reply[k] for k in ("id", "created", "model")} | {"object": "chat.completion.chunk"}
+    [choice] = reply["choices"]
+    message = choice["message"]
+
+    def chunk(delta: dict[str, Any], finish: str | None = None, **extra: Any) -> dict[str, Any]:
+        out = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None, **extra}
+        return {**head, "choices": [out]}
+
+    chunks = [chunk({"role": "assistant", "content": ""})]
+    if message.get("content"):
+        chunks.append(chunk({"content": message["content"]}, logprobs=choice["logprobs"]))
+    for i, call in enumerate(message.get("tool_calls") or []):
+        chunks.append(chunk({"tool_calls": [{"index": i, **call}]}))
+    chunks.append(chunk({}, choice["finish_reason"]))
+    if usage:
+        chunks.append({**head, "choices": [], "usage": reply["usage"]})
+    return chunks
+
+
+def _completion_chunks(reply: dict[str, Any], usage: bool) -> list[dict[str, Any]]:
+    """A text completion as OpenAI streams it: the text, then the finish reason (and usage)."""
+    head = {k: reply[k] for k in ("id", "object", "created", "model")}
+    [choice] = reply["choices"]
+    chunks = [
+        {**head, "choices": [{**choice, "finish_reason": None}]},
+        {**head, "choices": [{"index": 0, "text": "", "logprobs": None,
+                              "finish_reason": choice["finish_reason"]}]},
+    ]  # fmt: skip
+    if usage:
+        chunks.append({**head, "choices": [], "usage": reply["usage"]})
+    return chunks
+
+
 def _bad(message: str) -> _ApiError:
     return _ApiError(400, message, "invalid_request_error")
 
@@ -263,7 +393,7 @@ class _Server:
 
         class Quiet(uvicorn.Server):
             @contextlib.contextmanager
-            def capture_signals(self):  # type: ignore[override]
+            def capture_signals(self) -> Iterator[None]:
                 yield
 
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)

@@ -23,9 +23,9 @@ from lorarl.api.resource import LoRARLJob
 from lorarl.environments.base import EnvironmentContractError, EnvStep, EpisodeItem
 from lorarl.trainer.data.prompts import DataError, PromptItem
 from lorarl.trainer.episodes.turn_tokens import TurnTokens
+from lorarl.trainer.errors import ConfigError
 from lorarl.trainer.generation.client import RolloutClient
 from lorarl.trainer.generation.types import Sample, SamplingParams
-from lorarl.trainer.settings import ConfigError
 
 log = logging.getLogger(__name__)
 

@@ -1,2 +1,1 @@
-"""The rollout replicas (rank 0): membership, publishing each version, the stale-policy guard,
-engine memory."""
+"""The rollout replicas: membership, weight publishing, the stale-policy guard, engine memory."""

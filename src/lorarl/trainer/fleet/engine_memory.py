@@ -15,16 +15,13 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import httpx
 import torch
 import torch.distributed as dist
 
 from lorarl.api.spec.placement import releases_engine_memory
-
-if TYPE_CHECKING:
-    from lorarl.trainer.settings import Endpoints
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +31,17 @@ log = logging.getLogger(__name__)
 ATTEMPTS = 3
 RETRY_S = 1.0
 CALL_TIMEOUT_S = 300.0  # moving a large model's weights to CPU and back takes a while
+
+
+class EngineEndpoints(Protocol):
+    """What `EngineMemory.for_job` reads of the trainer's `settings.Endpoints` (the settings sit
+    above the fleet: docs/architecture.md, Layers)."""
+
+    @property
+    def rollout(self) -> list[str]: ...
+
+    @property
+    def engine_api_key(self) -> str | None: ...
 
 
 class EngineMemoryError(RuntimeError):
@@ -80,7 +88,7 @@ class EngineMemory:
 
     @classmethod
     def for_job(
-        cls, spec: Any, http: httpx.Client, endpoints: Endpoints, fleet: Callable[[], Any]
+        cls, spec: Any, http: httpx.Client, endpoints: EngineEndpoints, fleet: Callable[[], Any]
     ) -> EngineMemory:
         """The trainer's: the engines of `fleet()`'s live replicas, else those in the env."""
         live = lambda: live_engine_urls(fleet(), endpoints.rollout)  # noqa: E731
@@ -113,6 +121,8 @@ class EngineMemory:
 
     def _post(self, url: str, call: EngineCall) -> str | None:
         """None when the engine did it, else why not."""
+        if self.http is None:  # only a disabled EngineMemory may lack a client: it never posts
+            raise RuntimeError("EngineMemory is enabled without an HTTP client")
         try:
             reply = self.http.post(
                 url + call.path, params=call.params, json=call.body, headers=self.headers,

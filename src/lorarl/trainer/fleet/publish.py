@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
+from typing import Literal
 
 import torch
 from peft import PeftModel
@@ -15,7 +16,7 @@ from lorarl.sync.buckets import SyncHeader
 from lorarl.sync.merge import lora_scaling
 from lorarl.sync.names import group_lora_pairs
 from lorarl.sync.transport import Registration, SyncResult, SyncSender
-from lorarl.trainer.model.loading import ADAPTER_NAME, lora_state_dict
+from lorarl.trainer.model.loading import lora_config, lora_state_dict
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +33,7 @@ class WeightPublisher:
         self,
         host: str,
         port: int,
-        mode: str,
+        mode: Literal["merged", "adapter"],
         backend: str,
         timeout_s: float = 600.0,
         key: str | bytes | None = None,
@@ -57,7 +58,7 @@ class WeightPublisher:
         version: int,
         members: Sequence[Registration] | None = None,
     ) -> SyncStatus:
-        config = model.peft_config[ADAPTER_NAME]
+        config = lora_config(model)
         header = SyncHeader(
             version=version,
             mode=self.mode,

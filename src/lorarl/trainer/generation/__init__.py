@@ -1,2 +1,1 @@
-"""Rank 0's rollouts over HTTP: engine wire formats, the client, sampling, liveness, scoring,
-eval."""
+"""Rank 0's rollouts over HTTP: wire formats, the client, sampling, liveness, rewards, eval."""

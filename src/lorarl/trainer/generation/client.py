@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
@@ -105,8 +106,12 @@ class RolloutClient:
         self.backoff_s = float(backoff_s)
         self.max_concurrency = max_concurrency_per_endpoint
         # A replica with requests in flight is probed: silence moves them elsewhere (liveness.py)
-        self._probe = {"interval_s": probe_interval_s, "timeout_s": probe_timeout_s,
-                       "misses": probe_misses}  # fmt: skip
+        self._liveness = functools.partial(
+            Liveness,
+            interval_s=probe_interval_s,
+            timeout_s=probe_timeout_s,
+            misses=probe_misses,
+        )
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._states = [EndpointState(u) for u in urls]
         self._rr = 0
@@ -225,7 +230,7 @@ class RolloutClient:
             raise ValueError(f"params must be a SamplingParams, got {type(params).__name__}")
         target = model or self.model_name
         async with self._session() as http:
-            liveness = Liveness(http, **self._probe)
+            liveness = self._liveness(http)
             calls = [
                 self._sample_prompt(
                     http, liveness, prompt, n, seeded(params, i, n), target, expected_version

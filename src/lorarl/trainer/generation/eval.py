@@ -15,6 +15,7 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from lorarl.api.reports.status import EvalRecord
 from lorarl.api.resource import LoRARLJob
@@ -74,7 +75,7 @@ def aggregate(
 @dataclass
 class Evaluator:
     dataset: PromptDataset
-    tokenizer: object
+    tokenizer: Any  # a Hugging Face tokenizer (their decode is typed str | list[str])
     client: RolloutClient
     scorer: Callable  # (prompts, completions, truths, metadatas) -> list[RewardResult]
     n: int

@@ -26,7 +26,7 @@ def wait_for_reward_service(
         time.sleep(poll_s)
 
 
-def _score_remote(
+def score_remote(
     client: RewardServiceClient,
     prompts,
     completions,

@@ -6,6 +6,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
 
@@ -31,7 +32,7 @@ from lorarl.trainer.generation.types import Sample, SamplingParams
 from lorarl.trainer.rl.advantages import compute_advantages
 from lorarl.trainer.rl.dynamic_sampling import DynamicSampler
 from lorarl.trainer.rl.overlong import OverlongConfig, soft_overlong_penalty, truncated
-from lorarl.trainer.update.batch import TrainSample
+from lorarl.trainer.rl.samples import TrainSample
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +61,7 @@ class Collected:
 class RolloutWorker:
     dataset: PromptDataset
     sampler: PromptSampler
-    tokenizer: object
+    tokenizer: Any  # a Hugging Face tokenizer (their decode is typed str | list[str])
     client: RolloutClient
     scorer: Callable  # (prompts, completions, truths, metadatas) -> list[RewardResult]
     estimator: str
@@ -90,7 +91,7 @@ class RolloutWorker:
         skipped = empty_batches = 0
         episodes: list[Episode] = []
         scorer = RewardMetricMeans(self.scorer)  # every sample generated this step, like rewards
-        dynamic = None
+        dynamic: DynamicSampler | None = None
         if self.dynamic_rounds:
             dynamic = DynamicSampler(
                 self.sampler.batch_size, self.group_size, max_rounds=self.dynamic_rounds
@@ -241,7 +242,10 @@ class RolloutWorker:
             self.estimator, rewards, self.group_size, token_counts=counts
         )
         mask_cut = self.overlong is not None and self.overlong.mask
-        samples, by_endpoint, sums, seen = [], {}, {}, {}
+        samples: list[TrainSample] = []
+        by_endpoint: dict[str, list[float]] = {}
+        sums: dict[str, float] = {}
+        seen: dict[str, int] = {}
         for e, a in zip(flat, advantages.tolist(), strict=True):
             for call in e.calls:
                 in_loss = not (mask_cut and call.finish_reason == "length")

@@ -262,7 +262,7 @@ def _optional_fields(params: SamplingParams) -> dict[str, Any]:
 
 def _finish_reason(value: object, field: str) -> FinishReason:
     if value in ("stop", "length"):
-        return value  # type: ignore[return-value]
+        return value
     if value == "abort":
         raise WireFormatError(f"{field}: the engine aborted the request")
     raise WireFormatError(f"{field}={value!r}, expected 'stop' or 'length'")

@@ -1,1 +1,1 @@
-"""The policy on this rank: base model + LoRA (PEFT), FSDP2, critic, logprobs, precision, memory."""
+"""This rank's policy: base + LoRA, FSDP2, critic, logprobs, micro-batches, precision, memory."""

@@ -34,17 +34,18 @@ from lorarl.trainer.model.loading import (
     AdapterError,
     LoraSettings,
     copy_full_into,
+    lora_config,
     lora_parameters,
     lora_state_dict,
     set_lora_state_dict,
 )
 from lorarl.trainer.model.logprobs import (
-    _check_shapes,
+    check_shapes,
     first_scored_position,
     position_ids_from_mask,
     used_width,
 )
-from lorarl.trainer.update.micro_batches import row_lengths, token_micro_batches
+from lorarl.trainer.model.micro_batches import row_lengths, token_micro_batches
 
 CRITIC_ADAPTER = "critic"
 CRITIC_FORWARD = "critic_hidden"
@@ -171,7 +172,7 @@ def sequence_values(
     afterwards, even on error. `max_tokens` (training.maxTokensPerMicroBatch): micro-batches cut
     by the token budget too (`micro_batches`), rows shortest first, results in the rows' order.
     """
-    _check_shapes(input_ids, attention_mask, response_mask, micro_batch_size)
+    check_shapes(input_ids, attention_mask, response_mask, micro_batch_size)
     head = value_head(model)
     hidden_of = getattr(model, CRITIC_FORWARD)
     n = input_ids.shape[0]
@@ -248,7 +249,7 @@ CRITIC_FILES = (ADAPTER_WEIGHTS, ADAPTER_CONFIG, CRITIC_HEAD_FILE, CRITIC_INFO_F
 
 
 def critic_config(model: PeftModel) -> LoraConfig:
-    return model.peft_config[CRITIC_ADAPTER]
+    return lora_config(model, CRITIC_ADAPTER)
 
 
 def write_critic_dir(tensors: Mapping[str, torch.Tensor], config: LoraConfig, out: Path) -> None:

@@ -22,6 +22,8 @@ from torch import nn
 from torch.distributed.tensor import DTensor, distribute_tensor
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
+from lorarl.api.resource import LoRARLJob
+
 log = logging.getLogger(__name__)
 
 DTYPES: dict[str, torch.dtype] = {
@@ -66,7 +68,8 @@ def load_base_model(
     except (OSError, ValueError, KeyError) as exc:
         raise ModelLoadError(f"cannot load model from {path}: {exc}") from exc
     contiguous_head_input(model)
-    return model.to(device)
+    # transformers wraps `to` with @wraps(nn.Module.to), so mypy sees the unbound signature
+    return model.to(device)  # type: ignore[arg-type]
 
 
 def _contiguous_first_arg(module: nn.Module, args: tuple) -> tuple:
@@ -119,7 +122,8 @@ class LoraSettings:
         target = self.target_modules
         return LoraConfig(
             r=self.rank,
-            lora_alpha=self.alpha,
+            # PEFT annotates lora_alpha as int but only divides by it: a fractional alpha works
+            lora_alpha=self.alpha,  # type: ignore[arg-type]
             lora_dropout=self.dropout,
             target_modules=target if isinstance(target, str) else list(target),
             exclude_modules=list(self.exclude_modules) or None,
@@ -144,7 +148,7 @@ def resolve_targets(model: nn.Module, config: LoraConfig) -> set[str]:
     cfg = copy.copy(config)
     target = cfg.target_modules
     if isinstance(target, str) and target.lower() == ALL_LINEAR:
-        cfg.target_modules = set(names)
+        cfg.target_modules = names
     return {n for n in names if bool(check_target_module_exists(cfg, n))}
 
 
@@ -274,6 +278,14 @@ def _full(t: torch.Tensor) -> torch.Tensor:
     return t.full_tensor() if isinstance(t, DTensor) else t
 
 
+def lora_config(model: PeftModel, adapter: str = ADAPTER_NAME) -> LoraConfig:
+    """The adapter's config; PEFT types `peft_config` as the generic PeftConfig."""
+    config = model.peft_config[adapter]
+    if not isinstance(config, LoraConfig):
+        raise AdapterError(f"adapter {adapter!r} is a {type(config).__name__}, not LoRA")
+    return config
+
+
 def lora_state_dict(model: PeftModel, adapter: str = ADAPTER_NAME) -> dict[str, torch.Tensor]:
     """Full (unsharded) LoRA tensors of one adapter (the actor's by default) with PEFT file
     names, on CPU, fp32-or-native dtype.
@@ -327,3 +339,18 @@ def copy_full_into(param: torch.Tensor, full: torch.Tensor, name: str) -> None:
             param.to_local().copy_(shard.to_local())
         else:
             param.copy_(full.to(device=param.device, dtype=param.dtype))
+
+
+def lora_settings(job: LoRARLJob) -> LoraSettings:
+    """spec.lora as PEFT's settings (\"all-linear\" stays PEFT's keyword)."""
+    lora = job.spec.lora
+    targets = lora.target_modules
+    return LoraSettings(
+        rank=lora.rank,
+        alpha=lora.alpha,
+        dropout=lora.dropout,
+        target_modules="all-linear" if targets == ["all-linear"] else list(targets),
+        exclude_modules=list(lora.exclude_modules),
+        use_rslora=lora.use_rslora,
+        adapter_path=lora.adapter_path,
+    )

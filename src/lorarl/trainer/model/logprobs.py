@@ -10,6 +10,7 @@ micro-batches (equal batch sizes per rank).
 from __future__ import annotations
 
 import inspect
+from typing import TypedDict, Unpack
 
 import torch
 import torch.nn.functional as F
@@ -18,12 +19,12 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from lorarl.trainer.model.loading import lora_parameters
+from lorarl.trainer.model.micro_batches import row_lengths, token_micro_batches
 from lorarl.trainer.model.precision import lora_compute
 from lorarl.trainer.rl.losses import chunked_logprobs, entropy_from_logits
-from lorarl.trainer.update.micro_batches import row_lengths, token_micro_batches
 
 
-def _check_shapes(
+def check_shapes(
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor,
     response_mask: torch.Tensor,
@@ -93,7 +94,7 @@ def token_logprobs_from_logits(
         entropy = entropy[:, :-1]
     zeros = picked.new_zeros(picked.shape[0], first)
     out = torch.cat([zeros, picked], dim=1)
-    if not with_entropy:
+    if not with_entropy or entropy is None:
         return out, None
     return out, torch.cat([zeros, entropy], dim=1)
 
@@ -146,10 +147,10 @@ def sequence_logprobs(
     `max_tokens` (training.maxTokensPerMicroBatch): micro-batches hold at most that many tokens
     (rows x longest) as well as at most `micro_batch_size` rows (`micro_batches`).
     """
-    _check_shapes(input_ids, attention_mask, response_mask, micro_batch_size)
+    check_shapes(input_ids, attention_mask, response_mask, micro_batch_size)
     _check_temperature(temperature)
     head_on_demand = _takes_logits_to_keep(model)
-    kw = {"with_entropy": with_entropy, "temperature": temperature, "entropy_grad": entropy_grad}
+    kw = _PassOptions(with_entropy=with_entropy, temperature=temperature, entropy_grad=entropy_grad)
     if max_tokens is not None:
         return _token_budget_logprobs(
             model, input_ids, attention_mask, response_mask, micro_batch_size, max_tokens,
@@ -167,6 +168,14 @@ def sequence_logprobs(
             ents.append(ent)
     logprobs = torch.cat(lps)
     return logprobs, (torch.cat(ents) if with_entropy else None)
+
+
+class _PassOptions(TypedDict):
+    """What `sequence_logprobs` passes on to each micro-batch pass."""
+
+    with_entropy: bool
+    temperature: float
+    entropy_grad: bool
 
 
 def _micro_pass(
@@ -215,7 +224,7 @@ def _token_budget_logprobs(
     micro_batch_size: int,
     max_tokens: int,
     head_on_demand: bool,
-    **kw,
+    **kw: Unpack[_PassOptions],
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """`sequence_logprobs` in micro-batches cut by a token budget (`micro_batches`): rows run
     shortest first, results go back to their rows; fillers' results are dropped. Collective."""

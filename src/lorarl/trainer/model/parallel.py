@@ -204,7 +204,7 @@ def clip_grad_norm(parameters: Iterable[nn.Parameter], max_norm: float) -> torch
     params = [p for p in parameters if p.grad is not None]
     if not params:
         return torch.tensor(0.0)
-    grads = [p.grad for p in params]
+    grads = [p.grad for p in params if p.grad is not None]  # (the filter again narrows for mypy)
     total = torch.nn.utils.get_total_norm(grads, norm_type=2.0, foreach=True)
     if isinstance(total, DTensor):
         total = total.full_tensor()

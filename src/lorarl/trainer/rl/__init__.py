@@ -1,2 +1,1 @@
-"""The RL math, pure and the same on every rank: advantages, losses, KL, overlong, dynamic
-sampling."""
+"""Pure RL math, the same on every rank: advantages, losses, KL, overlong, DAPO, the TrainSample."""

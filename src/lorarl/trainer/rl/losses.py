@@ -437,7 +437,8 @@ def rl_loss(
         raise ValueError("kl_coef > 0 needs ref_logprobs")
     if cfg.entropy_coef > 0 and entropy is None:
         raise ValueError("entropy_coef > 0 needs entropy")
-    weights, correction = None, {}
+    weights: Tensor | None = None
+    correction: dict[str, Tensor] = {}
     if cfg.correction != "off":
         if rollout_logprobs is None:
             raise ValueError(f"correction {cfg.correction!r} needs rollout_logprobs")

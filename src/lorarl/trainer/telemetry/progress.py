@@ -15,7 +15,7 @@ import logging
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from lorarl.api.reports.progress import Progress, StepRecord
 from lorarl.api.reports.run_files import (
@@ -138,7 +138,12 @@ class ProgressTracker:
             )
         self._write_files()
 
-    def finish(self, phase: str, message: str = "", adapter_path: str | None = None) -> None:
+    def finish(
+        self,
+        phase: Literal["Succeeded", "Failed"],
+        message: str = "",
+        adapter_path: str | None = None,
+    ) -> None:
         if self.load is not None:
             self.load.stop()
         with self._lock:

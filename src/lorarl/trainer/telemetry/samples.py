@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from lorarl.api.spec.job import TrainingSpec
-from lorarl.trainer.update.batch import TrainSample
+from lorarl.trainer.rl.samples import TrainSample
 
 TEXT_LIMIT = 2000  # characters of prompt or completion kept per sample
 

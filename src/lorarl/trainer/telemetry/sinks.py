@@ -9,12 +9,19 @@ import time
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from lorarl.api.resource import LoRARLJob
 from lorarl.api.spec.tracking import MlflowSettings, WandbSettings
-from lorarl.trainer.settings import ConfigError
+from lorarl.trainer.errors import ConfigError
 from lorarl.trainer.telemetry.tracking import MetricSink, RunIds
+
+if TYPE_CHECKING:  # imported for real only by the sink of the backend a job selects
+    from mlflow import MlflowClient
+    from torch.utils.tensorboard import SummaryWriter
+    from wandb.sdk.wandb_run import Run as WandbRun
+
+_Handle = TypeVar("_Handle")
 
 TENSORBOARD_DIR = "tensorboard"
 # MLflow's client retries a failed request for minutes by default; the fan-out has its own
@@ -33,6 +40,12 @@ def _need(module: str, backend: str, package: str):
         ) from exc
 
 
+def _opened(handle: _Handle | None, sink: str) -> _Handle:
+    if handle is None:
+        raise RuntimeError(f"the {sink} sink is used before open()")
+    return handle
+
+
 def sample_table(rows: list[dict[str, Any]]) -> tuple[list[str], list[list[Any]]]:
     return list(SAMPLE_COLUMNS), [[r.get(c) for c in SAMPLE_COLUMNS] for r in rows]
 
@@ -45,22 +58,24 @@ class TensorBoardSink:
     def __init__(self, output_dir: Path):
         self._module = _need("torch.utils.tensorboard", "tensorboard", "tensorboard")
         self.log_dir = output_dir / TENSORBOARD_DIR
-        self.writer = None
+        self.writer: SummaryWriter | None = None
 
     def open(self) -> None:
         self.writer = self._module.SummaryWriter(log_dir=str(self.log_dir))
 
     def log_metrics(self, step: int, metrics: Mapping[str, float]) -> None:
+        writer = _opened(self.writer, self.name)
         for key, value in metrics.items():
-            self.writer.add_scalar(key, value, step)
-        self.writer.flush()  # readable while the run goes on
+            writer.add_scalar(key, value, step)
+        writer.flush()  # readable while the run goes on
 
     def log_samples(self, step: int, rows: list[dict[str, Any]]) -> None:
-        self.writer.add_text("samples", _markdown(rows), step)
-        self.writer.flush()
+        writer = _opened(self.writer, self.name)
+        writer.add_text("samples", _markdown(rows), step)
+        writer.flush()
 
     def close(self, failed: bool) -> None:
-        self.writer.close()
+        _opened(self.writer, self.name).close()
 
 
 def _markdown(rows: list[dict[str, Any]]) -> str:
@@ -87,7 +102,7 @@ class MlflowSink:
         self.uri = settings.tracking_uri
         self.experiment = settings.experiment or job.name
         self.job, self.ids = job, ids
-        self.client = None
+        self.client: MlflowClient | None = None
         self.run_id: str | None = None
 
     def open(self) -> None:
@@ -122,17 +137,20 @@ class MlflowSink:
 
         now = int(time.time() * 1000)
         batch = [Metric(k, v, now, step) for k, v in metrics.items()]
+        client, run_id = _opened(self.client, self.name), _opened(self.run_id, self.name)
         for i in range(0, len(batch), 1000):  # MLflow's per-request limit
-            self.client.log_batch(self.run_id, metrics=batch[i : i + 1000], synchronous=True)
+            client.log_batch(run_id, metrics=batch[i : i + 1000], synchronous=True)
 
     def log_samples(self, step: int, rows: list[dict[str, Any]]) -> None:
         # The JSON `log_table` writes ({"columns", "data"}), without its pandas dependency.
         columns, data = sample_table(rows)
         table = {"columns": columns, "data": data}
-        self.client.log_dict(self.run_id, table, f"samples/step_{step:08d}.json")
+        client, run_id = _opened(self.client, self.name), _opened(self.run_id, self.name)
+        client.log_dict(run_id, table, f"samples/step_{step:08d}.json")
 
     def close(self, failed: bool) -> None:
-        self.client.set_terminated(self.run_id, status="FAILED" if failed else "FINISHED")
+        client, run_id = _opened(self.client, self.name), _opened(self.run_id, self.name)
+        client.set_terminated(run_id, status="FAILED" if failed else "FINISHED")
 
 
 class WandbSink:
@@ -150,7 +168,7 @@ class WandbSink:
             )
         self.mode = settings.mode or ("online" if has_key else "offline")
         self.settings, self.job, self.output_dir, self.ids = settings, job, output_dir, ids
-        self.run = None
+        self.run: WandbRun | None = None
 
     def open(self) -> None:
         wandb, s = self._wandb, self.settings
@@ -180,14 +198,16 @@ class WandbSink:
         )
 
     def log_metrics(self, step: int, metrics: Mapping[str, float]) -> None:
-        self.run.log(dict(metrics), step=step)
+        _opened(self.run, self.name).log(dict(metrics), step=step)
 
     def log_samples(self, step: int, rows: list[dict[str, Any]]) -> None:
         columns, data = sample_table(rows)
-        self.run.log({"samples": self._wandb.Table(columns=columns, data=data)}, step=step)
+        _opened(self.run, self.name).log(
+            {"samples": self._wandb.Table(columns=columns, data=data)}, step=step
+        )
 
     def close(self, failed: bool) -> None:
-        self.run.finish(exit_code=1 if failed else 0)
+        _opened(self.run, self.name).finish(exit_code=1 if failed else 0)
 
 
 def make_sink(backend: str, job: LoRARLJob, output_dir: Path, ids: RunIds) -> MetricSink:

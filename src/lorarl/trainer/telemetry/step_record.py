@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from lorarl.api.reports.progress import StepRecord
 from lorarl.api.reports.status import SyncStatus
 from lorarl.trainer.generation.rollouts import Collected
-from lorarl.trainer.update.batch import TrainSample
+from lorarl.trainer.rl.samples import TrainSample
 
 # Update metrics copied into the record under the same name when the step produced them
 # (PPO's critic and KL-in-reward numbers; absent for the other algorithms).
@@ -39,6 +40,9 @@ def step_record(
     # the model's tokens only: an episode's environment tokens are context, not response
     lengths = [sum(s.loss_mask) if s.loss_mask else len(s.completion_ids) for s in samples]
     tokens = collected.generated_tokens + metrics["trained_tokens"]
+    # Fields present for some algorithms or agent runs only; StepRecord validates each value.
+    extra: dict[str, Any] = {k: metrics[k] for k in _OPTIONAL if k in metrics}
+    extra.update(collected.episode_stats or {})
     return StepRecord(
         step=step,
         time=time.time(),
@@ -73,6 +77,5 @@ def step_record(
         engine_rewards=collected.engine_rewards,
         skipped_prompts=collected.skipped_prompts if collected.episode_stats is not None else None,
         reward_metrics=collected.reward_metrics,
-        **{k: metrics[k] for k in _OPTIONAL if k in metrics},
-        **(collected.episode_stats or {}),
+        **extra,
     )

@@ -1,4 +1,5 @@
-"""One policy update on this rank's share of a step's samples.
+"""One policy update on this rank's share of a step's samples: the actor's loss, its micro-batch
+plan and metrics; the optimizer steps are `steps.gradient_steps`, shared with the critic.
 
 Losses are normalized by *global* counts (tokens or sequences across all ranks and micro-batches)
 and scaled by the world size, because FSDP averages gradients over ranks: the result equals the
@@ -19,11 +20,17 @@ from lorarl.trainer.model.logprobs import (
     reference_logprobs,
     sequence_logprobs,
 )
-from lorarl.trainer.model.parallel import clip_grad_norm, set_gradient_sync
+from lorarl.trainer.model.micro_batches import max_over_ranks, row_lengths, token_micro_batches
 from lorarl.trainer.rl.advantages import to_token_advantages
 from lorarl.trainer.rl.losses import LossConfig, rl_loss
 from lorarl.trainer.update.batch import TensorBatch
-from lorarl.trainer.update.micro_batches import max_over_ranks, row_lengths, token_micro_batches
+from lorarl.trainer.update.steps import (
+    Micro,
+    MicroPlan,
+    Objective,
+    all_reduce_sum,
+    gradient_steps,
+)
 
 
 @dataclass(frozen=True)
@@ -45,25 +52,23 @@ class UpdateConfig:
     max_tokens: int | None = None
 
 
-def reference_pass(model, batch: TensorBatch, cfg: UpdateConfig, reference) -> torch.Tensor:
+def reference_pass(
+    model: PeftModel,
+    batch: TensorBatch,
+    cfg: UpdateConfig,
+    reference: dict[str, torch.Tensor] | None,
+) -> torch.Tensor:
     """KL reference logprobs: the base (adapter disabled) or a frozen adapter snapshot."""
     args = (batch.input_ids, batch.attention_mask, batch.response_mask)
-    kw = {
-        "micro_batch_size": cfg.micro_batch_size,
-        "temperature": cfg.temperature,
-        "max_tokens": cfg.max_tokens,
-    }
+    mbs, temperature, max_tokens = cfg.micro_batch_size, cfg.temperature, cfg.max_tokens
     if reference is None:
-        return reference_logprobs(model, *args, **kw)
-    return adapter_reference_logprobs(model, reference, *args, **kw)
-
-
-def all_reduce_sum(values: list[float]) -> list[float]:
-    """Element-wise sum over the ranks (float64, so token counts stay exact)."""
-    t = torch.tensor(values, dtype=torch.float64)
-    if dist.is_initialized():
-        dist.all_reduce(t)
-    return t.tolist()
+        return reference_logprobs(
+            model, *args, micro_batch_size=mbs, temperature=temperature, max_tokens=max_tokens
+        )
+    return adapter_reference_logprobs(
+        model, reference, *args,
+        micro_batch_size=mbs, temperature=temperature, max_tokens=max_tokens,
+    )  # fmt: skip
 
 
 def _counts(batch: TensorBatch) -> tuple[float, float]:
@@ -74,15 +79,6 @@ def _counts(batch: TensorBatch) -> tuple[float, float]:
 
 def micro_batch_slices(n: int, size: int) -> list[slice]:
     return [slice(i, min(i + size, n)) for i in range(0, n, size)]
-
-
-def mini_batch_slices(n: int, mini_batches: int) -> list[slice]:
-    """`mini_batches` contiguous, near-equal slices of `n` samples (empty ones dropped)."""
-    return [
-        slice(int(c[0]), int(c[-1]) + 1)
-        for c in torch.arange(n).tensor_split(mini_batches)
-        if len(c)
-    ]
 
 
 def gradient_free(batch: TensorBatch, cfg: UpdateConfig) -> torch.Tensor | None:
@@ -175,7 +171,6 @@ def update_policy(
     so they are not run twice. `batch.token_advantages`, when set, replaces the per-sample ones.
     `replicas`: the step's engine count (`batch.replica_index`), for the per-engine mismatch.
     """
-    world = dist.get_world_size() if dist.is_initialized() else 1
     token_level = cfg.loss.agg == "token-mean"
     if batch.token_advantages is not None:
         adv_tok = batch.token_advantages * batch.response_mask
@@ -206,46 +201,44 @@ def update_policy(
     clipped = params if params is not None else [p for p in model.parameters() if p.requires_grad]
 
     sums: dict[str, float] = defaultdict(float)  # token-weighted metric sums on this rank
-    grad_norms: list[float] = []
-    minis = mini_batch_slices(len(batch), cfg.mini_batches)
     skip = gradient_free(batch, cfg)
-    for epoch in range(cfg.epochs):
-        for mini in minis:
-            # the loss is normalized by every sample of the mini-batch, trained or skipped
-            g_tokens, g_seqs = all_reduce_sum(list(_counts(batch.slice(mini))))
-            mini_skip = None if skip is None else skip[mini]
-            micros = plan_micro_batches(batch.slice(mini), mini_skip, cfg)
-            denominator = max(g_tokens if token_level else g_seqs, 1.0)
-            optimizer.zero_grad(set_to_none=True)
-            for i, (rows, weight) in enumerate(micros):
-                set_gradient_sync(model, i == len(micros) - 1)
-                idx = rows + mini.start  # these samples' rows in `batch`
-                sub = batch.take(idx)
-                lp, ent = sequence_logprobs(
-                    model, sub.input_ids, sub.attention_mask, sub.response_mask,
-                    micro_batch_size=len(sub), with_entropy=True, temperature=cfg.temperature,
-                    entropy_grad=cfg.loss.entropy_coef > 0,  # else a metric: no graph
-                )  # fmt: skip
-                old_lp = lp.detach() if old is None else old[idx]
-                loss, metrics = rl_loss(
-                    lp, old_lp, adv_tok[idx], sub.response_mask, cfg.loss,
-                    ref_logprobs=None if ref is None else ref[idx], entropy=ent,
-                    rollout_logprobs=sub.rollout_logprobs,
-                )  # fmt: skip
-                tokens, seqs = _counts(sub)
-                share = weight * (tokens if token_level else seqs) / denominator
-                (loss * share * world).backward()
-                if epoch == 0 and weight:
-                    # Engine vs trainer at the same weights: the step's starting policy (later
-                    # mini-batches' `lp` has already moved), unless `old` is the engine's own.
-                    trainer_lp = lp if old is None or old_is_rollout else old_lp
-                    _accumulate(sums, metrics, trainer_lp, sub, tokens)
-                    if mini is minis[0]:  # the policy has not moved yet: the ratio must be 1
-                        sums["first_tokens"] += tokens
-                        sums["first_clip"] += float(metrics["clip_frac"]) * tokens
-            grad_norms.append(float(clip_grad_norm(clipped, cfg.grad_clip)))
-            optimizer.step()
-    set_gradient_sync(model, True)
+
+    def denominator(mini: TensorBatch) -> float:
+        # the loss is normalized by every sample of the mini-batch, trained or skipped
+        g_tokens, g_seqs = all_reduce_sum(list(_counts(mini)))
+        return max(g_tokens if token_level else g_seqs, 1.0)
+
+    def plan(mini: TensorBatch, rows: slice) -> MicroPlan:
+        return plan_micro_batches(mini, None if skip is None else skip[rows], cfg)
+
+    def loss(micro: Micro) -> tuple[torch.Tensor, float]:
+        sub, idx = micro.batch, micro.rows
+        lp, ent = sequence_logprobs(
+            model, sub.input_ids, sub.attention_mask, sub.response_mask,
+            micro_batch_size=len(sub), with_entropy=True, temperature=cfg.temperature,
+            entropy_grad=cfg.loss.entropy_coef > 0,  # else a metric: no graph
+        )  # fmt: skip
+        old_lp = lp.detach() if old is None else old[idx]
+        value, metrics = rl_loss(
+            lp, old_lp, adv_tok[idx], sub.response_mask, cfg.loss,
+            ref_logprobs=None if ref is None else ref[idx], entropy=ent,
+            rollout_logprobs=sub.rollout_logprobs,
+        )  # fmt: skip
+        tokens, seqs = _counts(sub)
+        if micro.epoch == 0 and micro.weight:
+            # Engine vs trainer at the same weights: the step's starting policy (later
+            # mini-batches' `lp` has already moved), unless `old` is the engine's own.
+            trainer_lp = lp if old is None or old_is_rollout else old_lp
+            _accumulate(sums, metrics, trainer_lp, sub, tokens)
+            if micro.first_mini:  # the policy has not moved yet: the ratio must be 1
+                sums["first_tokens"] += tokens
+                sums["first_clip"] += float(metrics["clip_frac"]) * tokens
+        return value, tokens if token_level else seqs
+
+    grad_norms = gradient_steps(
+        model, optimizer, clipped, cfg.grad_clip, batch, Objective(denominator, plan, loss),
+        mini_batches=cfg.mini_batches, epochs=cfg.epochs,
+    )  # fmt: skip
     sums["batch_tokens"] = batch.response_mask.sum().item()  # skipped samples' tokens too
     return _finish(sums, grad_norms, replicas)
 

@@ -2,34 +2,13 @@
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 
 import torch
 
-
-@dataclass(frozen=True)
-class TrainSample:
-    """What every rank needs to train on one sample; small enough to broadcast."""
-
-    prompt_ids: list[int]
-    completion_ids: list[int]
-    rollout_logprobs: list[float]
-    advantage: float
-    reward: float
-    weight_version: int
-    # False: the sample takes no part in the loss (overlong masking); it still counts in its
-    # group's advantages, as in DAPO's overlong filtering.
-    in_loss: bool = True
-    finish_reason: str = ""  # the engine's: "stop" or "length" (for the stored samples)
-    # Multi-turn: 1 on the model's tokens, 0 on the environment's, which only give context; their
-    # rollout logprobs are placeholders. None: every completion token is the model's.
-    loss_mask: list[int] | None = None
-    # ppo with environment.turnRewards: (completion index, reward) per turn; `reward` keeps the
-    # episode's total, so the last token gets the total minus these.
-    turn_rewards: list[tuple[int, float]] | None = None
-    # The engine that generated it (its URL; "" for fillers): the update measures the
-    # engine-vs-trainer logprob gap per replica, so one serving other weights stands out.
-    endpoint: str = ""
+from lorarl.trainer.rl.samples import TrainSample
 
 
 @dataclass
@@ -51,10 +30,14 @@ class TensorBatch:
     def __len__(self) -> int:
         return self.input_ids.shape[0]
 
-    def _map(self, fn) -> TensorBatch:
+    def _map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> TensorBatch:
         """`fn` applied to every tensor; absent ones stay None."""
-        values = {f.name: getattr(self, f.name) for f in fields(self)}
-        return TensorBatch(**{n: None if t is None else fn(t) for n, t in values.items()})
+        out = copy.copy(self)
+        for f in fields(self):
+            tensor = getattr(self, f.name)
+            if tensor is not None:
+                setattr(out, f.name, fn(tensor))
+        return out
 
     def to(self, device: torch.device | str) -> TensorBatch:
         """Every tensor on `device`, the model's: on GPU the logprob gather, the loss and the

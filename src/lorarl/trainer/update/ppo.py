@@ -14,30 +14,76 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
+from peft import PeftModel
 
 from lorarl.api.resource import LoRARLJob
+from lorarl.api.spec.critic import CriticSpec
 from lorarl.trainer.model.critic import critic_parameters, sequence_values
+from lorarl.trainer.model.loading import LoraSettings
 from lorarl.trainer.model.logprobs import sequence_logprobs
-from lorarl.trainer.model.parallel import clip_grad_norm, set_gradient_sync
 from lorarl.trainer.rl.advantages import gae, last_token_rewards, value_loss
+from lorarl.trainer.rl.config import KLRewardSettings, kl_reward_settings
 from lorarl.trainer.rl.kl_reward import KLController, kl_in_reward, per_sequence_kl
-from lorarl.trainer.settings import (
-    CriticSettings,
-    KLRewardSettings,
-    critic_settings,
-    kl_reward_settings,
-)
 from lorarl.trainer.update.actor import (
     UpdateConfig,
-    all_reduce_sum,
-    mini_batch_slices,
     plan_micro_batches,
     reference_pass,
     rollout_mismatch_metrics,
     update_policy,
 )
 from lorarl.trainer.update.batch import TensorBatch
+from lorarl.trainer.update.steps import (
+    Micro,
+    Objective,
+    all_reduce_sum,
+    gradient_steps,
+)
+
+
+@dataclass(frozen=True)
+class CriticSettings:
+    """spec.critic resolved: the critic adapter's shape (the actor's where unset), its own
+    optimizer and the value-loss settings."""
+
+    lora: LoraSettings
+    lr: float
+    betas: tuple[float, float]
+    weight_decay: float
+    warmup_steps_lr: int  # the optimizer's LR warmup (critic.optim.warmupSteps)
+    scheduler: str
+    grad_clip: float
+    value_clip: float
+    warmup_steps: int  # critic-only steps before the actor moves (critic.warmupSteps)
+    vf_coef: float
+
+
+def critic_settings(job: LoRARLJob) -> CriticSettings:
+    """The critic as the trainer builds it. Unset (spec.critic None) means every default."""
+    critic = job.spec.critic or CriticSpec()
+    actor, own = job.spec.lora, critic.lora
+    targets = own.target_modules if own.target_modules is not None else actor.target_modules
+    return CriticSettings(
+        lora=LoraSettings(
+            rank=own.rank if own.rank is not None else actor.rank,
+            alpha=own.alpha if own.alpha is not None else actor.alpha,
+            dropout=0.0,  # never applied during RL (see spec.lora.dropout)
+            target_modules="all-linear" if targets == ["all-linear"] else list(targets),
+            exclude_modules=list(
+                own.exclude_modules if own.exclude_modules is not None else actor.exclude_modules
+            ),
+            use_rslora=own.use_rslora if own.use_rslora is not None else actor.use_rslora,
+            adapter_path=None,  # a fresh critic; a resumed run loads it from its checkpoint
+        ),
+        lr=critic.optim.lr,
+        betas=(critic.optim.betas[0], critic.optim.betas[1]),
+        weight_decay=critic.optim.weight_decay,
+        warmup_steps_lr=critic.optim.warmup_steps,
+        scheduler=critic.optim.scheduler,
+        grad_clip=critic.optim.grad_clip,
+        value_clip=critic.value_clip,
+        warmup_steps=critic.warmup_steps,
+        vf_coef=critic.vf_coef,
+    )
 
 
 @dataclass(frozen=True)
@@ -89,18 +135,27 @@ def global_explained_variance(values: torch.Tensor, returns: torch.Tensor, mask)
 def ppo_token_rewards(batch: TensorBatch) -> torch.Tensor:
     """[B, T] rewards for GAE: each sample's reward on its last response token, or, with
     per-turn rewards, each turn's on its last token and the rest of the total on the last."""
-    mask = batch.response_mask
+    mask, rewards = batch.response_mask, batch.rewards
+    if rewards is None:
+        raise ValueError("PPO needs the samples' rewards (`collate` sets them)")
     if batch.turn_rewards is None:
-        return last_token_rewards(batch.rewards, mask, allow_empty=True)
-    rest = batch.rewards - batch.turn_rewards.sum(dim=-1)
+        return last_token_rewards(rewards, mask, allow_empty=True)
+    rest = rewards - batch.turn_rewards.sum(dim=-1)
     return last_token_rewards(rest, mask, allow_empty=True) + batch.turn_rewards
 
 
 class PPOUpdate:
     """The PPO part of a step; the KL controller's state goes into every checkpoint."""
 
-    def __init__(self, model, actor_optimizer, critic_optimizer, update_cfg: UpdateConfig,
-                 cfg: PPOConfig, actor_params: list[torch.nn.Parameter]):  # fmt: skip
+    def __init__(
+        self,
+        model: PeftModel,
+        actor_optimizer: torch.optim.Optimizer,
+        critic_optimizer: torch.optim.Optimizer,
+        update_cfg: UpdateConfig,
+        cfg: PPOConfig,
+        actor_params: list[torch.nn.Parameter],
+    ) -> None:
         self.model, self.update_cfg, self.cfg = model, update_cfg, cfg
         self.actor_optimizer, self.critic_optimizer = actor_optimizer, critic_optimizer
         self.actor_params = actor_params
@@ -126,28 +181,34 @@ class PPOUpdate:
             self.kl_controller.load_state_dict(saved)
 
     def update(
-        self, batch: TensorBatch, step: int, reference=None, replicas: int = 0
+        self,
+        batch: TensorBatch,
+        step: int,
+        reference: dict[str, torch.Tensor] | None = None,
+        replicas: int = 0,
     ) -> dict[str, float]:
         """Train critic then actor on this rank's share of `step`'s samples; returns metrics.
         `replicas`: the step's engine count, for the per-engine mismatch (`update_policy`)."""
         cfg, ucfg, mask = self.cfg, self.update_cfg, batch.response_mask
-        kw = {"micro_batch_size": ucfg.micro_batch_size, "max_tokens": ucfg.max_tokens}
+        mbs, max_tokens = ucfg.micro_batch_size, ucfg.max_tokens
         with torch.no_grad():
             old_lp, _ = sequence_logprobs(
                 self.model, batch.input_ids, batch.attention_mask, mask,
-                temperature=ucfg.temperature, **kw,
+                temperature=ucfg.temperature, micro_batch_size=mbs, max_tokens=max_tokens,
             )  # fmt: skip
             old_values = sequence_values(
-                self.model, batch.input_ids, batch.attention_mask, mask, **kw
-            )
+                self.model, batch.input_ids, batch.attention_mask, mask,
+                micro_batch_size=mbs, max_tokens=max_tokens,
+            )  # fmt: skip
         needs_ref = self.kl_controller is not None or ucfg.loss.kl_coef > 0
         ref_lp = reference_pass(self.model, batch, ucfg, reference) if needs_ref else None
         token_rewards = ppo_token_rewards(batch)
         metrics: dict[str, float] = {}
-        if self.kl_controller is not None:
+        kl = cfg.kl_reward  # set exactly when there is a controller; then `needs_ref` is true
+        if self.kl_controller is not None and kl is not None and ref_lp is not None:
             beta = self.kl_controller.value
             token_rewards, kl_tok = kl_in_reward(
-                token_rewards, old_lp, ref_lp, mask, beta, cfg.kl_reward.estimator
+                token_rewards, old_lp, ref_lp, mask, beta, kl.estimator
             )
             kl_now, n_seqs = self._global_current_kl(kl_tok, mask)
             self.kl_controller.update(kl_now, n_seqs)
@@ -187,41 +248,41 @@ class PPOUpdate:
         return [(torch.arange(s, min(s + ucfg.micro_batch_size, n)), 1.0)
                 for s in range(0, n, ucfg.micro_batch_size)]  # fmt: skip
 
-    def _update_critic(self, batch: TensorBatch, old_values, returns) -> dict[str, float]:
+    def _update_critic(
+        self, batch: TensorBatch, old_values: torch.Tensor, returns: torch.Tensor
+    ) -> dict[str, float]:
         ucfg, crit = self.update_cfg, self.cfg.critic
-        world = dist.get_world_size() if dist.is_initialized() else 1
         sums = {"tokens": 0.0, "loss": 0.0, "clip": 0.0}
-        norms: list[float] = []
-        for epoch in range(ucfg.epochs):
-            for mini in mini_batch_slices(len(batch), ucfg.mini_batches):
-                (g_tokens,) = all_reduce_sum([batch.slice(mini).response_mask.sum().item()])
-                self.critic_optimizer.zero_grad(set_to_none=True)
-                micros = self._critic_micro_batches(batch.slice(mini))
-                for i, (rows, weight) in enumerate(micros):
-                    set_gradient_sync(self.model, i == len(micros) - 1)
-                    idx = rows + mini.start  # these samples' rows in `batch`
-                    sub = batch.take(idx)
-                    values = sequence_values(
-                        self.model, sub.input_ids, sub.attention_mask, sub.response_mask,
-                        micro_batch_size=len(sub),
-                    )  # fmt: skip
-                    loss, clip = value_loss(
-                        values, old_values[idx], returns[idx], sub.response_mask, crit.value_clip
-                    )
-                    tokens = sub.response_mask.sum().item()
-                    share = weight * tokens / max(g_tokens, 1.0)
-                    (loss * crit.vf_coef * share * world).backward()
-                    if epoch == 0 and weight:
-                        sums["tokens"] += tokens
-                        sums["loss"] += float(loss.detach()) * tokens
-                        sums["clip"] += float(clip) * tokens
-                norms.append(float(clip_grad_norm(self.critic_params, crit.grad_clip)))
-                self.critic_optimizer.step()
-        set_gradient_sync(self.model, True)
+
+        def denominator(mini: TensorBatch) -> float:
+            (g_tokens,) = all_reduce_sum([mini.response_mask.sum().item()])
+            return max(g_tokens, 1.0)
+
+        def loss(micro: Micro) -> tuple[torch.Tensor, float]:
+            sub, idx = micro.batch, micro.rows
+            values = sequence_values(
+                self.model, sub.input_ids, sub.attention_mask, sub.response_mask,
+                micro_batch_size=len(sub),
+            )  # fmt: skip
+            value, clip = value_loss(
+                values, old_values[idx], returns[idx], sub.response_mask, crit.value_clip
+            )
+            tokens = sub.response_mask.sum().item()
+            if micro.epoch == 0 and micro.weight:
+                sums["tokens"] += tokens
+                sums["loss"] += float(value.detach()) * tokens
+                sums["clip"] += float(clip) * tokens
+            return value * crit.vf_coef, tokens
+
+        norms = gradient_steps(
+            self.model, self.critic_optimizer, self.critic_params, crit.grad_clip, batch,
+            Objective(denominator, lambda mini, rows: self._critic_micro_batches(mini), loss),
+            mini_batches=ucfg.mini_batches, epochs=ucfg.epochs,
+        )  # fmt: skip
         self.critic_optimizer.zero_grad(set_to_none=True)
-        tokens, loss, clip = all_reduce_sum([sums["tokens"], sums["loss"], sums["clip"]])
+        tokens, total, clipped = all_reduce_sum([sums["tokens"], sums["loss"], sums["clip"]])
         return {
-            "value_loss": loss / max(tokens, 1.0),
-            "value_clip_fraction": clip / max(tokens, 1.0),
+            "value_loss": total / max(tokens, 1.0),
+            "value_clip_fraction": clipped / max(tokens, 1.0),
             "critic_grad_norm": norms[-1] if norms else 0.0,
         }

@@ -11,6 +11,7 @@ import pytest
 import torch
 from peft import PeftModel
 
+from harness.workloads.tiny_models import make_tiny_model
 from lorarl.trainer.checkpoint.manager import (
     COMPLETE,
     CheckpointError,
@@ -24,7 +25,6 @@ from lorarl.trainer.model.loading import (
     lora_parameters,
     lora_state_dict,
 )
-from tests.support.tiny_models import make_tiny_model
 
 SETTINGS = LoraSettings(rank=4, alpha=8)
 

@@ -9,6 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from harness.workloads.tiny_models import make_tokenizer
 from lorarl.data_tasks import make_rows, write_task_jsonl
 from lorarl.rewards import get_reward
 from lorarl.trainer.data.prompts import (
@@ -19,7 +20,6 @@ from lorarl.trainer.data.prompts import (
     encode_prompts,
     prompt_text,
 )
-from tests.support.tiny_models import make_tokenizer
 
 
 def write_jsonl(path, lines):

@@ -11,6 +11,8 @@ import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
+from harness.workloads.tiny_models import make_tokenizer
+from harness.workloads.verl_data import INSTRUCTION, verl_row, write_verl_gsm8k
 from lorarl.cli.main import main
 from lorarl.rewards import get_reward
 from lorarl.rewards.registry import RewardResult
@@ -24,8 +26,6 @@ from lorarl.trainer.data.prompts import (
 )
 from lorarl.trainer.generation.rollouts import RolloutWorker
 from lorarl.trainer.generation.types import Sample, SamplingParams
-from tests.support.tiny_models import make_tokenizer
-from tests.support.verl_data import INSTRUCTION, verl_row, write_verl_gsm8k
 
 GSM8K = [  # (question, solution) in the GSM8K dataset's own format
     ("Tom has 3 apples and buys 4. How many?", "3 + 4 = <<3+4=7>>7\n#### 7"),

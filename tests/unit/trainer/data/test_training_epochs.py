@@ -13,7 +13,7 @@ from lorarl.api.resource import LoRARLJob
 from lorarl.api.validation import check_manifest
 from lorarl.local.console import LiveView
 from lorarl.trainer.data.epochs import resolve_total_steps, steps_for_epochs
-from lorarl.trainer.settings import ConfigError
+from lorarl.trainer.errors import ConfigError
 
 DOC = {
     "apiVersion": "lorarl.dev/v1alpha1",

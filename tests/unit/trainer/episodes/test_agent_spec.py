@@ -7,7 +7,7 @@ from pydantic import ValidationError
 
 from lorarl.api.resource import LoRARLJob
 from lorarl.trainer.episodes.agents import build_agent_runner
-from lorarl.trainer.settings import ConfigError
+from lorarl.trainer.errors import ConfigError
 
 BASE = {
     "apiVersion": "lorarl.dev/v1alpha1",
@@ -46,7 +46,7 @@ def test_what_agent_refuses(extra, words):
 
 
 def test_the_agent_is_imported_at_start_and_must_be_async():
-    ok = job(agent={"entrypoint": "tests.support.letter_agent:run"})
+    ok = job(agent={"entrypoint": "harness.workloads.letter_agent:run"})
     runner = build_agent_runner(ok, tokenizer=None, client=None)
     assert runner is not None and runner.max_turns == 16
     with pytest.raises(ConfigError, match="async function"):

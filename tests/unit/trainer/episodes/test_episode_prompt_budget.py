@@ -11,6 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from harness.workloads.tiny_models import make_tokenizer
 from lorarl.api.resource import LoRARLJob
 from lorarl.environments.base import EnvStep, item_messages
 from lorarl.rewards.registry import RewardResult
@@ -27,7 +28,6 @@ from lorarl.trainer.generation.rollouts import RolloutWorker
 from lorarl.trainer.generation.types import SamplingParams
 from lorarl.trainer.telemetry.progress import ProgressTracker
 from lorarl.trainer.telemetry.step_record import step_record
-from tests.support.tiny_models import make_tokenizer
 
 ROWS = [{"prompt": f"question {c}" + " more" * i, "answer": "x"} for i, c in enumerate("abcdef")]
 

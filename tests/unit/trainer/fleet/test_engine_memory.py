@@ -280,9 +280,8 @@ def loop_trainer(monkeypatch, events: list, urls: list[str], http, **kw: Any) ->
                         backend=None)  # fmt: skip
     t.endpoints = Endpoints(rollout=urls, engine_api_key=KEY)
     t.fleet = None
-    t.state, t._prefetched, t.ppo, t.ppo_cfg, t.kl_reference = StepState(), None, None, None, None
-    t.optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
-    t.model, t.update_cfg, t.pad_id, t.tokenizer = None, None, 0, None
+    t.state, t._prefetched = StepState(), None
+    t.model, t.pad_id, t.tokenizer = None, 0, None
     t.tracker = SimpleNamespace(record=lambda *a: None, set_checkpoint=lambda *a: None)
     t.reward_client = None
     t.worker = SimpleNamespace(client=SimpleNamespace(set_endpoints=lambda urls: None))
@@ -303,7 +302,7 @@ def loop_trainer(monkeypatch, events: list, urls: list[str], http, **kw: Any) ->
         events.append({"route": "eval"})
 
     t._generate, t._publish, t._evaluate = generate, publish, evaluate
-    monkeypatch.setattr(loop, "update_policy", update)
+    t.updater = SimpleNamespace(set_lr=lambda step: None, update=update, lr=0.1)
     monkeypatch.setattr(loop, "shard_for_rank", lambda samples, rank, world: samples)
     monkeypatch.setattr(loop, "collate", lambda samples, pad, device=None, endpoints=None: None)
     monkeypatch.setattr(loop, "step_record", lambda *a, **kw: SimpleNamespace(eval=None))

@@ -7,6 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from peft import LoraConfig
 
 from lorarl.sync.merge import merge_weight
 from lorarl.trainer.fleet.publish import WeightPublisher, for_the_wire
@@ -50,7 +51,7 @@ def test_the_publisher_sends_the_cast_tensors_and_half_the_bytes(monkeypatch) ->
             return SimpleNamespace(ok=True, acks=[1], stats=SimpleNamespace(bytes=nbytes))
 
     monkeypatch.setattr("lorarl.trainer.fleet.publish.SyncSender", lambda *a, **k: Sender())
-    config = SimpleNamespace(r=2, lora_alpha=4, use_rslora=False)
+    config = LoraConfig(r=2, lora_alpha=4, use_rslora=False)
     model = SimpleNamespace(peft_config={"default": config})
     name = "base_model.model.layers.0.q_proj.lora_{}.weight"
     tensors = {name.format("A"): torch.randn(2, 8), name.format("B"): torch.randn(8, 2)}

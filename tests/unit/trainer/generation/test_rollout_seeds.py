@@ -13,6 +13,7 @@ import json
 import httpx
 import pytest
 
+from harness.workloads.tiny_models import make_tokenizer
 from lorarl.environments.base import EnvStep
 from lorarl.rewards.registry import RewardResult
 from lorarl.trainer.data.prompts import DataPosition, PromptDataset, PromptItem, PromptSampler
@@ -20,7 +21,6 @@ from lorarl.trainer.generation.client import RolloutClient
 from lorarl.trainer.generation.rollouts import RolloutWorker
 from lorarl.trainer.generation.sampling import round_seed
 from lorarl.trainer.generation.types import SamplingParams
-from tests.support.tiny_models import make_tokenizer
 
 
 class FakeVllm:

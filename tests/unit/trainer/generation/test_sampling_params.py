@@ -13,6 +13,7 @@ import re
 import pytest
 from pydantic import ValidationError
 
+from harness.cluster.crd_server import CrdServer
 from lorarl.api.resource import LoRARLJob
 from lorarl.api.validation import check_manifest
 from lorarl.trainer.generation.sampling import eval_sampling, train_sampling
@@ -23,7 +24,6 @@ from lorarl.trainer.generation.wire import (
     parse_vllm_completion_response,
 )
 from lorarl.trainer.rl.overlong import truncated
-from tests.support.crd_server import CrdServer
 
 MINIMAL = {
     "apiVersion": "lorarl.dev/v1alpha1",

@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import pytest
 from rich.console import Console
 
+from harness.workloads.tiny_models import make_tokenizer
 from lorarl.api.reports import run_files
 from lorarl.api.reports.progress import Progress, StepRecord
 from lorarl.api.reports.status import EvalRecord, LoRARLJobStatus
@@ -26,7 +27,6 @@ from lorarl.trainer.generation.types import SamplingParams
 from lorarl.trainer.loop import StepState, Trainer
 from lorarl.trainer.settings import Endpoints
 from lorarl.trainer.telemetry.progress import ProgressTracker
-from tests.support.tiny_models import make_tokenizer
 
 
 def by_counting(n: int, c: int, k: int) -> float:

@@ -7,13 +7,13 @@ from dataclasses import replace
 import pytest
 import torch
 
+from harness.workloads.tiny_models import make_tokenizer
 from lorarl.rewards.registry import RewardResult
 from lorarl.trainer.data.prompts import DataPosition, PromptDataset, PromptSampler
 from lorarl.trainer.generation.rollouts import RolloutWorker
 from lorarl.trainer.generation.types import Sample, SamplingParams
 from lorarl.trainer.rl.overlong import OverlongConfig, soft_overlong_penalty
 from lorarl.trainer.update.batch import collate
-from tests.support.tiny_models import make_tokenizer
 
 MAX = 10
 

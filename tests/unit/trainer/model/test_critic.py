@@ -15,6 +15,7 @@ from peft.tuners.tuners_utils import BaseTunerLayer
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, GPT2Config
 
+from harness.workloads.tiny_models import make_tiny_model, tiny_config
 from lorarl.trainer.checkpoint.export import export_final
 from lorarl.trainer.checkpoint.manager import CheckpointError, CheckpointManager
 from lorarl.trainer.fleet.publish import gather_adapter
@@ -36,7 +37,6 @@ from lorarl.trainer.model.loading import (
     load_base_model,
 )
 from lorarl.trainer.model.logprobs import reference_logprobs, sequence_logprobs, snapshot_lora
-from tests.support.tiny_models import make_tiny_model, tiny_config
 
 LORA = LoraSettings(rank=4, alpha=8)
 CRITIC_LORA = LoraSettings(rank=2, alpha=4, target_modules=["q_proj", "v_proj", "down_proj"])

@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 from peft.tuners.lora import LoraLayer
 
+from harness.workloads.tiny_models import make_tiny_model
 from lorarl.trainer.model.loading import LoraSettings, apply_lora, load_base_model, lora_parameters
 from lorarl.trainer.model.logprobs import sequence_logprobs
 from lorarl.trainer.model.precision import (
@@ -15,7 +16,6 @@ from lorarl.trainer.model.precision import (
     lora_compute,
     set_lora_autocast,
 )
-from tests.support.tiny_models import make_tiny_model
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
 

@@ -13,8 +13,9 @@ from pydantic import ValidationError
 from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy
 from transformers import AutoModelForCausalLM
 
+import lorarl.trainer.model.micro_batches as micro_module
 import lorarl.trainer.model.parallel as parallel
-import lorarl.trainer.update.micro_batches as micro_module
+from harness.workloads.tiny_models import tiny_config
 from lorarl.api.resource import LoRARLJob
 from lorarl.trainer.model.logprobs import sequence_logprobs
 from lorarl.trainer.model.memory import (
@@ -23,18 +24,18 @@ from lorarl.trainer.model.memory import (
     checkpointing_summary,
     offload_policy,
 )
-from lorarl.trainer.model.parallel import DistContext, decoder_layers, shard_model
-from lorarl.trainer.rl.losses import LossConfig
-from lorarl.trainer.update.actor import UpdateConfig, plan_micro_batches, update_policy
-from lorarl.trainer.update.batch import TrainSample, collate
-from lorarl.trainer.update.micro_batches import (
+from lorarl.trainer.model.micro_batches import (
     MicroBatch,
     balance,
     micro_cost,
     pack_by_tokens,
     row_lengths,
 )
-from tests.support.tiny_models import tiny_config
+from lorarl.trainer.model.parallel import DistContext, decoder_layers, shard_model
+from lorarl.trainer.rl.losses import LossConfig
+from lorarl.trainer.rl.samples import TrainSample
+from lorarl.trainer.update.actor import UpdateConfig, plan_micro_batches, update_policy
+from lorarl.trainer.update.batch import collate
 
 MINIMAL = {
     "apiVersion": "lorarl.dev/v1alpha1",
@@ -173,7 +174,7 @@ def test_activation_checkpointing_default_is_on_for_gpu_trainers_only():
 
 
 def test_build_policy_checkpoints_the_layers_the_spec_asks_for(tmp_path):
-    from lorarl.trainer.model.policy import build_policy
+    from lorarl.trainer.update.policy import build_policy
 
     ctx = DistContext(0, 1, 0, torch.device("cpu"), None)
     for setting, expected in ((None, 0), (True, 2), (False, 0)):
@@ -234,7 +235,7 @@ def test_spec_refuses_offload_on_cpu_trainers_and_accepts_it_on_gpus():
 
 
 def test_build_policy_refuses_offload_without_a_gpu():
-    from lorarl.trainer.model.policy import build_policy
+    from lorarl.trainer.update.policy import build_policy
 
     doc = copy.deepcopy(MINIMAL)
     doc["spec"]["trainer"] = {"gpusPerReplica": 1, "fsdp": {"offloadParams": True}}
@@ -383,7 +384,7 @@ def test_spec_token_budget_field_reaches_the_update_config():
     doc["spec"]["training"] = {"maxTokensPerMicroBatch": 8192}
     job = LoRARLJob.model_validate(doc)
     assert job.spec.training.max_tokens_per_micro_batch == 8192
-    from lorarl.trainer.model.policy import build_policy
+    from lorarl.trainer.update.policy import build_policy
 
     base = AutoModelForCausalLM.from_config(tiny_config("llama"))
     ctx = DistContext(0, 1, 0, torch.device("cpu"), None)
@@ -396,10 +397,10 @@ def test_ppo_step_under_a_token_budget_is_the_same_step(tmp_path, monkeypatch):
     """PPO's old-logprob and value passes, its critic update and its actor update all cut by
     the budget: the critic's and the actor's gradients and the reported value loss are the
     ones of micro-batches by size; every forward holds at most the budget."""
+    from harness.workloads.tiny_models import make_tiny_model
     from lorarl.trainer.model.critic import add_critic, critic_parameters
     from lorarl.trainer.update.ppo import PPOConfig, PPOUpdate
     from tests.integration import ppo_worker as W
-    from tests.support.tiny_models import make_tiny_model
 
     model_dir = make_tiny_model(tmp_path / "m", arch="llama")
 

@@ -9,6 +9,7 @@ import torch
 from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
 from transformers import AutoModelForCausalLM
 
+from harness.workloads.tiny_models import make_tiny_model, tiny_config
 from lorarl.local.ports import free_port
 from lorarl.trainer.model.loading import (
     AdapterError,
@@ -30,7 +31,6 @@ from lorarl.trainer.model.parallel import (
     shard_model,
     shutdown_distributed,
 )
-from tests.support.tiny_models import make_tiny_model, tiny_config
 
 LINEAR_SUFFIXES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 

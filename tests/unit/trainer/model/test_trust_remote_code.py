@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import transformers.dynamic_module_utils as dynamic_modules
 
+from harness.workloads.tiny_models import make_tiny_model
 from lorarl.trainer.checkpoint.export import merge_lora
 from lorarl.trainer.model.loading import (
     LoraSettings,
@@ -22,7 +23,6 @@ from lorarl.trainer.model.loading import (
     load_base_model,
     lora_state_dict,
 )
-from tests.support.tiny_models import make_tiny_model
 
 CONFIG_PY = """
 from transformers import LlamaConfig

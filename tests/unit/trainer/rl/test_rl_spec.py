@@ -52,7 +52,7 @@ def test_both_engines_are_told_to_report_post_temperature_logprobs():
 
 
 def test_rollout_correction_and_dual_clip_are_on_by_default_and_can_be_turned_off():
-    from lorarl.trainer.settings import loss_config
+    from lorarl.trainer.rl.config import loss_config
 
     cfg = loss_config(make())
     assert (cfg.correction, cfg.correction_threshold, cfg.dual_clip) == ("tis", 2.0, 3.0)
@@ -67,7 +67,7 @@ def test_rollout_correction_and_dual_clip_are_on_by_default_and_can_be_turned_of
 
 def test_dapo_is_the_dapo_recipe_and_each_part_can_be_overridden():
     """Issue 13 #7: `dapo` used to be GRPO advantages and nothing else."""
-    from lorarl.trainer.settings import algorithm_choices, loss_config
+    from lorarl.trainer.rl.config import algorithm_choices, loss_config
 
     dapo = algorithm_choices(make(algorithm={"name": "dapo"}))
     assert (dapo.clip_high, dapo.dynamic_sampling, dapo.agg) == (0.28, True, "token-mean")
@@ -94,7 +94,7 @@ def test_dapo_is_the_dapo_recipe_and_each_part_can_be_overridden():
 
 def test_dr_grpo_divides_by_a_constant_length():
     """Issue 13 #10: seq-mean-token-sum had no constant, so the loss grew with length."""
-    from lorarl.trainer.settings import loss_config
+    from lorarl.trainer.rl.config import loss_config
 
     cfg = loss_config(
         make(
@@ -123,7 +123,7 @@ def test_name_dependent_defaults_are_left_unset_in_the_crd():
 
 @pytest.mark.parametrize(("alias", "same"), [("mse", "k2"), ("low_var_kl", "k3")])
 def test_verl_kl_names_are_accepted(alias, same):
-    from lorarl.trainer.settings import loss_config
+    from lorarl.trainer.rl.config import loss_config
 
     cfg = loss_config(make(algorithm={"kl": {"coef": 0.1, "estimator": alias}}))
     assert cfg.kl_estimator == alias
@@ -131,7 +131,7 @@ def test_verl_kl_names_are_accepted(alias, same):
 
 
 def test_k1_as_a_loss_is_warned_about(caplog):
-    from lorarl.trainer.settings import loss_config
+    from lorarl.trainer.rl.config import loss_config
 
     with caplog.at_level("WARNING"):
         loss_config(make(algorithm={"kl": {"coef": 0.1, "estimator": "k1"}}))
@@ -148,7 +148,8 @@ def test_kl_reference_initial_adapter_needs_an_adapter():
 
 def test_ppo_maps_to_its_estimator_and_the_critic_defaults_follow_the_actor():
     from lorarl.trainer.model.loading import LoraSettings
-    from lorarl.trainer.settings import advantage_estimator, critic_settings
+    from lorarl.trainer.rl.config import advantage_estimator
+    from lorarl.trainer.update.ppo import critic_settings
 
     lora = {"rank": 8, "alpha": 16, "targetModules": ["q_proj", "v_proj"],
             "excludeModules": ["v_proj"], "useRslora": True, "dropout": 0.1}  # fmt: skip
@@ -171,7 +172,7 @@ def test_ppo_maps_to_its_estimator_and_the_critic_defaults_follow_the_actor():
 
 
 def test_the_critics_own_settings_override_the_actors():
-    from lorarl.trainer.settings import critic_settings
+    from lorarl.trainer.update.ppo import critic_settings
 
     critic = {
         "lora": {"rank": 4, "alpha": 8, "targetModules": ["all-linear"], "excludeModules": [],
@@ -191,7 +192,7 @@ def test_the_critics_own_settings_override_the_actors():
 
 
 def test_kl_in_reward_moves_the_kl_from_the_loss_to_the_rewards(caplog):
-    from lorarl.trainer.settings import kl_reward_settings, loss_config
+    from lorarl.trainer.rl.config import kl_reward_settings, loss_config
 
     loss_kl = make(algorithm={"name": "ppo", "kl": {"coef": 0.05, "estimator": "k2"}})
     assert kl_reward_settings(loss_kl) is None

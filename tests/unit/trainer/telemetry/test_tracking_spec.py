@@ -22,9 +22,9 @@ from lorarl.api.validation import check_manifest, parse_job
 from lorarl.local.tiny import make_tokenizer
 from lorarl.operator import builders
 from lorarl.plan import plan
+from lorarl.trainer.rl.samples import TrainSample
 from lorarl.trainer.telemetry.samples import TEXT_LIMIT, due, sample_rows
 from lorarl.trainer.telemetry.tracking import flatten
-from lorarl.trainer.update.batch import TrainSample
 
 ROOT = Path(__file__).resolve().parents[4]
 QUICKSTART = yaml.safe_load((ROOT / "examples" / "quickstart.yaml").read_text())

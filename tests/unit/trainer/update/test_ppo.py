@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from harness.workloads.tiny_models import make_tiny_model
 from lorarl.trainer.model.critic import actor_parameters, add_critic, critic_parameters
 from lorarl.trainer.model.loading import apply_lora, load_base_model, lora_state_dict
 from lorarl.trainer.rl.advantages import explained_variance, whiten
@@ -18,7 +19,6 @@ from lorarl.trainer.update.actor import UpdateConfig
 from lorarl.trainer.update.batch import collate
 from lorarl.trainer.update.ppo import PPOConfig, PPOUpdate, global_explained_variance, global_whiten
 from tests.integration import ppo_worker as W
-from tests.support.tiny_models import make_tiny_model
 
 
 def test_global_statistics_equal_the_single_batch_ones():

@@ -5,7 +5,8 @@ from dataclasses import fields
 import pytest
 import torch
 
-from lorarl.trainer.update.batch import TrainSample, collate, shard_for_rank
+from lorarl.trainer.rl.samples import TrainSample
+from lorarl.trainer.update.batch import collate, shard_for_rank
 
 
 def sample(p: int, c: int, adv: float = 1.0) -> TrainSample:

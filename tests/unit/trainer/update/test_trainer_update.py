@@ -10,12 +10,13 @@ import torch
 from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM
 
-from lorarl.trainer.loop import lr_at
+from harness.workloads.tiny_models import tiny_config
 from lorarl.trainer.model.logprobs import sequence_logprobs
 from lorarl.trainer.rl.losses import LossConfig
+from lorarl.trainer.rl.samples import TrainSample
 from lorarl.trainer.update.actor import UpdateConfig, update_policy
-from lorarl.trainer.update.batch import TrainSample, collate
-from tests.support.tiny_models import tiny_config
+from lorarl.trainer.update.batch import collate
+from lorarl.trainer.update.state import lr_at
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,1 @@
+"""What tests and benchmarks run lorarl in: a real cluster, stand-ins, faults and workloads."""

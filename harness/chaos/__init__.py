@@ -1,0 +1,1 @@
+"""Faults injected into running jobs, and the figures that judge recovery from them."""

@@ -1,0 +1,1 @@
+"""What small test jobs run: tiny and pretrained models, the letter task, verl-format data."""
