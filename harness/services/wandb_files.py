@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import struct
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -42,3 +43,20 @@ def wandb_history(run_file: Path) -> dict[int, dict[str, Any]]:
                      for i in record.history.item}  # fmt: skip
             steps.setdefault(record.history.step.num, {}).update(items)
     return steps
+
+
+def wait_wandb_history(
+    run_file: Path, steps: list[int], timeout_s: float = 30.0
+) -> dict[int, dict[str, Any]]:
+    """The run's history once it holds `steps`: `run.finish()` can return before wandb's own
+    service process has written every record (seen under a loaded CI machine), so read again
+    until they are there or `timeout_s` passes (then return what is there, for the assert)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            history = wandb_history(run_file)
+        except Exception:  # a record half written: read again
+            history = {}
+        if sorted(history) == sorted(steps) or time.monotonic() > deadline:
+            return history
+        time.sleep(0.2)

@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from harness.services.mlflow_server import MlflowServer, mlflow_server_process
-from harness.services.wandb_files import wandb_history
+from harness.services.wandb_files import wait_wandb_history
 from lorarl.api.reports.progress import StepRecord
 from lorarl.api.reports.run_files import read_history
 from lorarl.api.reports.samples import SAMPLES_FILE, read_sample_rows
@@ -165,7 +165,7 @@ def test_wandb_offline_run_holds_every_step_eval_and_the_samples_table(
     (run_dir,) = (tmp_path / "wandb").glob("offline-run-*")
     run_id = json.loads((tmp_path / IDS_FILE).read_text())["wandb_run_id"]
     (run_file,) = run_dir.glob(f"run-{run_id}.wandb")
-    steps = wandb_history(run_file)
+    steps = wait_wandb_history(run_file, [1, 2, 3])
     assert sorted(steps) == [1, 2, 3]
     assert [round(steps[s]["reward_mean"], 6) for s in (1, 2, 3)] == [0.1, 0.2, 0.3]
     assert steps[3]["eval/accuracy"] == pytest.approx(0.3)

@@ -305,3 +305,28 @@ def test_priority_classes_follow_the_operators_allow_list(monkeypatch: pytest.Mo
         dataclasses.replace(webhook.CONFIG, allowed_priority_classes=("batch-high",)),
     )
     webhook.validate_lorarljob(body=doc, old=None, operation="CREATE")
+
+
+def test_a_policy_tightened_after_admission_still_lets_the_job_be_deleted(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The admin drops a PriorityClass from the list while a job that uses it runs: kopf's
+    annotation writes and the finalizer removed on delete (metadata-only updates) still pass,
+    so the job can finish and go; an edit of its spec is held to the new list."""
+    old = edited("scheduling.priorityClassName", "batch-high")
+    old["metadata"]["finalizers"] = ["lorarl.dev/operator"]
+    monkeypatch.setattr(
+        webhook, "CONFIG", dataclasses.replace(webhook.CONFIG, allowed_priority_classes=())
+    )
+    deleting = copy.deepcopy(old)
+    deleting["metadata"].update(finalizers=[], deletionTimestamp="2026-11-27T00:00:00Z")
+    deleting["metadata"]["annotations"] = {"lorarl.dev/last-handled-configuration": "{}"}
+    webhook.validate_lorarljob(body=deleting, old=old, operation="UPDATE")
+    relabelled = copy.deepcopy(old)
+    relabelled["metadata"]["labels"] = {"team": "x"}
+    with pytest.raises(kopf.AdmissionError, match="priorityClassName"):
+        webhook.validate_lorarljob(body=relabelled, old=old, operation="UPDATE")
+    scaled = copy.deepcopy(old)
+    scaled["spec"]["rollout"]["replicas"] = 3
+    with pytest.raises(kopf.AdmissionError, match="priorityClassName"):
+        webhook.validate_lorarljob(body=scaled, old=old, operation="UPDATE")

@@ -43,6 +43,18 @@ def manifest_problems(
     return problems
 
 
+def user_fields_changed(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
+    """Whether an UPDATE touches what the user wrote (the spec, the labels). One that does not
+    (kopf's annotation writes, the finalizer removed on delete) is admitted as it is: it was
+    valid when its spec was, and checking it again against a policy tightened since would
+    leave a finished job that cannot be deleted."""
+
+    def part(obj: Mapping[str, Any]) -> tuple[Any, Any]:
+        return obj.get("spec"), (obj.get("metadata") or {}).get("labels") or {}
+
+    return part(old) != part(new)
+
+
 def output_dir_changed(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> bool:
     """Whether admitting `new` needs the other jobs checked for its outputDir: on create, and
     on an edit that moves it (kopf's own annotation patches, every few seconds per job, do not)."""

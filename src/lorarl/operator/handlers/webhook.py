@@ -17,6 +17,7 @@ from lorarl.operator.admission import (
     output_dir_changed,
     output_dir_problems,
     update_refusal,
+    user_fields_changed,
 )
 from lorarl.operator.handlers.common import CONFIG, JOBS
 from lorarl.operator.kube import KubeError, path
@@ -30,6 +31,8 @@ def validate_lorarljob(body: kopf.Body, old: Any, operation: str | None, **_: An
     except InputLimitError as exc:
         raise kopf.AdmissionError(f"manifest refused: {exc}", code=422) from None
     new = plain(body)
+    if operation == "UPDATE" and old and not user_fields_changed(plain(old), new):
+        return  # metadata only: nothing the user wrote changed
     problems = manifest_problems(new, CONFIG.allowed_priority_classes, CONFIG.tenancy)
     if problems:
         raise kopf.AdmissionError("; ".join(str(p) for p in problems), code=422)
