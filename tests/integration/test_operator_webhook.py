@@ -89,7 +89,11 @@ def test_a_second_live_job_in_one_output_folder_is_refused(shared: Cluster) -> N
 
 
 def _review(obj: dict[str, Any], subresource: str | None) -> dict[str, Any]:
-    """A review as the API server sends it: `subResource` only for a subresource write."""
+    """A review as the API server sends it: `subResource` only for a subresource write. The
+    old object differs in its spec (rank 8): an update that leaves spec and labels alone is
+    admitted without validation (metadata only, see admission.user_fields_changed)."""
+    old = copy.deepcopy(obj)
+    old["spec"]["lora"]["rank"] = 8
     request: dict[str, Any] = {
         "uid": "review-1",
         "kind": {"group": "lorarl.dev", "version": "v1alpha1", "kind": "LoRARLJob"},
@@ -99,7 +103,7 @@ def _review(obj: dict[str, Any], subresource: str | None) -> dict[str, Any]:
         "operation": "UPDATE",
         "userInfo": {"username": "someone"},
         "object": obj,
-        "oldObject": obj,
+        "oldObject": old,
     }
     if subresource:
         request["subResource"] = subresource
