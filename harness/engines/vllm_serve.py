@@ -15,8 +15,9 @@ from typing import Any
 
 import httpx
 
+from lorarl.engines.vllm import VLLM_CPU_MAX_NUM_SEQS
 from lorarl.local.ports import free_port
-from lorarl.plan.engines import SERVED_MODEL_NAME, VLLM_CPU_MAX_NUM_SEQS
+from lorarl.plan.engines import SERVED_MODEL_NAME
 from lorarl.rollout.vllm_engine import vllm_launch_command
 
 API_KEY = "engine-key-for-tests"

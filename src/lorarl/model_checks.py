@@ -116,11 +116,13 @@ def _matches(name: str, modules: Sequence[str]) -> list[str]:
 def lora_problems(job: LoRARLJob, model: Any) -> list[str]:
     from peft import LoraConfig
 
+    from lorarl.api.spec.lora import AdapterConfigError
+    from lorarl.api.spec.lora import read_adapter_config as read_adapter_file
     from lorarl.trainer.model.loading import (
         ALL_LINEAR,
         AdapterError,
         check_adapter_matches,
-        lora_settings,
+        lora_settings_of,
         read_adapter_config,
         resolve_targets,
     )
@@ -130,7 +132,7 @@ def lora_problems(job: LoRARLJob, model: Any) -> list[str]:
     kinds = dict(model.named_modules())
     problems = []
     actor = job.spec.lora
-    sections = [("spec.lora", actor.target_modules, actor.exclude_modules)]
+    sections = [("spec.lora", actor.target_modules or [], actor.exclude_modules)]
     if job.spec.critic is not None:  # its unset lists are the actor's, checked already
         own = job.spec.critic.lora
         sections.append(("spec.critic.lora", own.target_modules or [], own.exclude_modules or []))
@@ -158,14 +160,24 @@ def lora_problems(job: LoRARLJob, model: Any) -> list[str]:
                 )
     if problems:
         return problems
-    settings = lora_settings(job)
+    lora = job.spec.lora
+    path = lora.adapter_path if lora.adapter_path and Path(lora.adapter_path).is_dir() else None
+    adapter = None
+    if path:
+        try:
+            adapter = read_adapter_file(path)
+        except AdapterConfigError as exc:
+            return [f"spec.lora.adapterPath: {exc}"]
+    try:  # a field set here that the adapter's config contradicts names itself
+        settings = lora_settings_of(lora.values(adapter))
+    except AdapterConfigError as exc:
+        return [str(exc) if str(exc).startswith("spec.") else f"spec.lora.adapterPath: {exc}"]
     if not resolve_targets(model, settings.to_peft_config()):
         return ["spec.lora.excludeModules: leaves no layer of targetModules to adapt"]
-    adapter = job.spec.lora.adapter_path
-    if adapter and Path(adapter).is_dir():
+    if path:
         try:
-            check_adapter_matches(model, settings, read_adapter_config(adapter))
-        except (AdapterError, ValueError, OSError) as exc:
+            check_adapter_matches(model, settings, read_adapter_config(path))
+        except (AdapterError, ValueError, TypeError) as exc:
             return [f"spec.lora.adapterPath: {exc}"]
     return []
 
@@ -258,7 +270,8 @@ def plan_memory(
     """The job's memory plan (`plan.memory`); `config`: the model's config.json (default:
     spec.model.path's). Here, not in `plan`, because the shape is counted with the trainer's
     own code, and `plan` sits below the trainer (docs/architecture.md, Layers)."""
-    from lorarl.trainer.model.loading import lora_settings
+    from lorarl.api.spec.lora import values_here
+    from lorarl.trainer.model.loading import lora_settings_of
 
     source = job.spec.model.path if config is None else config
     try:
@@ -266,6 +279,7 @@ def plan_memory(
     except (OSError, ValueError) as exc:
         raise ValueError(f"cannot read the model's config.json from {source}: {exc}") from exc
     critic = job.spec.critic
-    critic_rank = None if critic is None else (critic.lora.rank or job.spec.lora.rank)
-    shape = model_shape(data, lora_settings(job), critic_rank)
+    lora = lora_settings_of(values_here(job.spec.lora))  # an adapter's rank, when it is here
+    critic_rank = None if critic is None else (critic.lora.rank or lora.rank)
+    shape = model_shape(data, lora, critic_rank)
     return estimate(shape, settings_of(job), gpu_memory)

@@ -119,7 +119,7 @@ def test_vllm_parses_sleep_mode_on_for_colocated_gpu_engines_only(vllm: dict) ->
 
 @pytest.mark.slow
 def test_vllm_serves_the_memory_routes_under_the_plans_env(vllm: dict) -> None:
-    """VLLM_SERVER_DEV_MODE=1 (lorarl.plan.engines.vllm_server_env) is what registers them."""
+    """VLLM_SERVER_DEV_MODE=1 (lorarl.engines.vllm.vllm_server_env) is what registers them."""
     assert vllm["routes"] == [["/is_sleeping", ["GET"]], ["/sleep", ["POST"]],
                               ["/wake_up", ["POST"]]]  # fmt: skip
     release, resume = CALLS["vllm"]

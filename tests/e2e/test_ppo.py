@@ -139,7 +139,7 @@ def test_ppo_on_smollm2_with_a_critic_warmup(tmp_path: Path):
     })  # fmt: skip
     url, stop = serve_in_thread(create_app(model_dir, served_model_name="base"))
     try:
-        trainer = Trainer(job, Endpoints(rollout=[url]), init_distributed(env={}))
+        trainer = Trainer.from_job(job, Endpoints(rollout=[url]), init_distributed(env={}))
         trainer.run()
     finally:
         stop()

@@ -16,7 +16,7 @@ After every version:
 
 The adapter-mode engines then take a full step of seeded requests: vLLM 0.32 on CPU dies ("CPU
 Generator does not use offset") when a seeded prefill is split across scheduler steps, which its
-default budget does to these; `plan.engines.cpu_batch_budget` prevents it. (Here, not on an
+default budget does to these; `engines.vllm.cpu_batch_budget` prevents it. (Here, not on an
 engine of its own: a vLLM start costs 30-50 s.)
 """
 

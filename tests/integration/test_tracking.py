@@ -16,11 +16,11 @@ import pytest
 import yaml
 
 from harness.services.mlflow_server import MlflowServer, mlflow_server_process
-from harness.services.wandb_files import wait_wandb_history
+from harness.services.wandb_files import wait_wandb_history, wandb_records
 from lorarl.api.reports.progress import StepRecord
 from lorarl.api.reports.run_files import read_history
 from lorarl.api.reports.samples import SAMPLES_FILE, read_sample_rows
-from lorarl.api.reports.status import EvalRecord
+from lorarl.api.reports.status import EvalRecord, SourceEval
 from lorarl.api.validation import parse_job
 from lorarl.local.ports import free_port
 from lorarl.trainer.telemetry.progress import ProgressTracker
@@ -41,7 +41,9 @@ def _record(step: int, with_eval: bool = False) -> StepRecord:
     ev = None
     if with_eval:
         ev = EvalRecord(step=step, reward_mean=0.4, accuracy=0.3, pass_at_k={"1": 0.3, "2": 0.5},
-                        prompts=8, samples_per_prompt=2, seconds=1.0)  # fmt: skip
+                        prompts=8, samples_per_prompt=2, seconds=1.0,
+                        by_source={"openai/gsm8k": SourceEval(reward_mean=0.5, accuracy=0.25,
+                                                              prompts=4)})  # fmt: skip
     return StepRecord(step=step, time=time.time(), reward_mean=0.1 * step, kl=0.01 * step,
                       loss=-0.5 + step, eval=ev)  # fmt: skip
 
@@ -77,6 +79,8 @@ def test_tensorboard_event_files_hold_every_step_eval_and_samples(tmp_path: Path
     assert [e.step for e in acc.Scalars("kl")] == [1, 2, 3]
     assert {e.step: e.value for e in acc.Scalars("eval/accuracy")} == pytest.approx({3: 0.3})
     assert {e.step: e.value for e in acc.Scalars("eval/pass_at_k/2")} == pytest.approx({3: 0.5})
+    by_source = acc.Scalars("eval/by_source/openai/gsm8k/accuracy")
+    assert {e.step: e.value for e in by_source} == pytest.approx({3: 0.25})
     (text,) = acc.Tensors("samples/text_summary")
     table = text.tensor_proto.string_val[0].decode()
     assert text.step == 2 and "What is 1+2?" in table and "It is 3." in table
@@ -89,9 +93,9 @@ def test_an_mlflow_server_that_is_down_warns_and_never_holds_or_fails_the_run(
     dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     job = _job({"backends": ["mlflow", "tensorboard"], "mlflow": {"trackingUri": dead}})
     caplog.set_level(logging.WARNING, logger="lorarl.trainer.telemetry.tracking")
-    t0 = time.monotonic()
     tracker = ProgressTracker(job.name, STEPS, tmp_path)
-    tracker.tracking = build_fanout(job, tmp_path)
+    tracker.tracking = build_fanout(job, tmp_path)  # imports the libraries: slow on a busy box
+    t0 = time.monotonic()
     for step in range(1, STEPS + 1):
         tracker.record(_record(step), None)  # queued: returns at once
     assert time.monotonic() - t0 < 5
@@ -161,7 +165,8 @@ def test_wandb_offline_run_holds_every_step_eval_and_the_samples_table(
 ):
     monkeypatch.delenv("WANDB_API_KEY", raising=False)  # no key: offline
     monkeypatch.setenv("WANDB_DISABLE_GIT", "true")
-    _run(_job({"backends": ["wandb"], "wandb": {"project": "lorarl-test"}}), tmp_path)
+    job = _job({"backends": ["wandb"], "runName": "gsm8k grpo r16", "wandb": {"project": "t"}})
+    _run(job, tmp_path)
     (run_dir,) = (tmp_path / "wandb").glob("offline-run-*")
     run_id = json.loads((tmp_path / IDS_FILE).read_text())["wandb_run_id"]
     (run_file,) = run_dir.glob(f"run-{run_id}.wandb")
@@ -169,6 +174,9 @@ def test_wandb_offline_run_holds_every_step_eval_and_the_samples_table(
     assert sorted(steps) == [1, 2, 3]
     assert [round(steps[s]["reward_mean"], 6) for s in (1, 2, 3)] == [0.1, 0.2, 0.3]
     assert steps[3]["eval/accuracy"] == pytest.approx(0.3)
+    assert steps[3]["eval/by_source/openai/gsm8k/accuracy"] == pytest.approx(0.25)
+    run = next(r.run for r in wandb_records(run_file) if r.WhichOneof("record_type") == "run")
+    assert run.display_name == "gsm8k grpo r16" and run.project == "t"
     assert steps[2]["samples/_type"] == "table-file" and steps[2]["samples/nrows"] == 2
     table = json.loads((run_dir / "files" / steps[2]["samples/path"]).read_text())
     assert table["columns"][:3] == ["step", "prompt", "completion"]
@@ -201,17 +209,20 @@ def test_mlflow_server_receives_metrics_samples_and_a_restart_continues_the_run(
 ):
     from mlflow import MlflowClient
 
-    job = _job({"backends": ["mlflow"], "mlflow": {"trackingUri": mlflow_server,
-                                                   "experiment": "tracking-test"}})  # fmt: skip
+    mlflow = {"trackingUri": mlflow_server, "experiment": "tracking-test"}
+    job = _job({"backends": ["mlflow"], "runName": "my run", "mlflow": mlflow})
     _run(job, tmp_path)
     client = MlflowClient(mlflow_server)
     run_id = json.loads((tmp_path / IDS_FILE).read_text())["mlflow_run_id"]
     run = client.get_run(run_id)
-    assert run.info.status == "FINISHED" and run.info.run_name == job.name
+    assert run.info.status == "FINISHED" and run.info.run_name == "my run"
+    assert run.data.tags["lorarl.job"] == job.name
     assert client.get_experiment(run.info.experiment_id).name == "tracking-test"
     history = client.get_metric_history(run_id, "reward_mean")
     assert sorted((m.step, round(m.value, 6)) for m in history) == [(1, 0.1), (2, 0.2), (3, 0.3)]
     assert [m.step for m in client.get_metric_history(run_id, "eval/accuracy")] == [3]
+    by_source = client.get_metric_history(run_id, "eval/by_source/openai/gsm8k/accuracy")
+    assert [(m.step, m.value) for m in by_source] == [(3, 0.25)]
     (tmp_path / "dl").mkdir()
     got = client.download_artifacts(run_id, "samples/step_00000002.json", str(tmp_path / "dl"))
     table = json.loads(Path(got).read_text())

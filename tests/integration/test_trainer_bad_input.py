@@ -59,7 +59,7 @@ def test_adapter_rank_disagrees_with_spec(tmp_path: Path):
         base, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear")
     ).save_pretrained(tmp_path / "adapter-r4")
     job.spec.lora.adapter_path = str(tmp_path / "adapter-r4")
-    assert_one_clear_line(run_trainer(tmp_path, job), "rank 4", "lora.rank is 8")
+    assert_one_clear_line(run_trainer(tmp_path, job), "spec.lora.rank: 8", "says r=4")
 
 
 def test_empty_dataset(tmp_path: Path):

@@ -17,7 +17,7 @@ from lorarl.api.validation import parse_job
 from lorarl.rewards import get_reward, score_batch
 from lorarl.trainer.data.prompts import PromptDataset
 from lorarl.trainer.generation.client import RolloutClient
-from lorarl.trainer.generation.eval import build_evaluator
+from lorarl.trainer.generation.eval import build_evaluator, read_generations
 from lorarl.trainer.generation.types import SamplingParams
 
 ALWAYS, NEVER = ".*", "^NEVER$"
@@ -47,7 +47,7 @@ def job_with_val(tmp_path: Path, rows: list[dict], **eval_spec):
                     "maxPromptTokens": 40, "maxResponseTokens": 6,
                 },
                 "reward": {"function": "regex_match", "params": {"metadata_key": "pattern"}},
-                "training": {"evalInterval": 5, "eval": eval_spec},
+                "training": {"evalInterval": 5, "eval": eval_spec, "outputDir": str(tmp_path)},
             },
         }
     )  # fmt: skip
@@ -63,8 +63,8 @@ def evaluator(job, url: str, train_prompts=None):
 
 def test_eval_scores_every_val_prompt_with_the_jobs_reward(tmp_path, engine, caplog) -> None:
     url, controls = engine
-    rows = [{"prompt": f"after {c}", "answer": "x", "pattern": p}
-            for c, p in zip("abcdef", [ALWAYS, NEVER] * 3, strict=True)]  # fmt: skip
+    rows = [{"prompt": f"after {c}", "answer": "x", "pattern": p, "data_source": s}
+            for c, p, s in zip("abcdef", [ALWAYS, NEVER] * 3, "xxyyzz", strict=True)]  # fmt: skip
     long = "a prompt far longer than the forty tokens this job allows"
     rows.append({"prompt": long, "answer": "x", "pattern": ALWAYS})
     train = PromptDataset.from_rows([{"prompt": "after b"}, {"prompt": "after z"}], "prompt")
@@ -80,6 +80,15 @@ def test_eval_scores_every_val_prompt_with_the_jobs_reward(tmp_path, engine, cap
     assert (rec.step, rec.prompts, rec.samples_per_prompt) == (5, 4, 4)
     assert rec.accuracy == 0.5 and rec.reward_mean == 0.5
     assert rec.pass_at_k == {"1": 0.5, "2": 0.5, "4": 0.5}
+    # Per data source (the first 4 prompts: x ALWAYS, x NEVER, y ALWAYS, y NEVER).
+    assert {k: (v.accuracy, v.prompts) for k, v in rec.by_source.items()} == {
+        "x": (0.5, 2), "y": (0.5, 2)}  # fmt: skip
+    # The completions the engine sampled, kept with their rewards under outputDir/evals.
+    saved = read_generations(tmp_path / "evals" / "step-000005.jsonl")
+    assert [(r["prompt"], r["data_source"]) for r in saved] == [
+        ("after a", "x"), ("after b", "x"), ("after c", "y"), ("after d", "y")]  # fmt: skip
+    assert [r["rewards"] for r in saved] == [[1.0] * 4, [0.0] * 4, [1.0] * 4, [0.0] * 4]
+    assert all(len(r["completions"]) == 4 and r["answer"] == "x" for r in saved)
 
 
 def test_greedy_eval_is_repeatable_and_judges_the_completions(tmp_path, engine) -> None:

@@ -1,7 +1,7 @@
 """The managed engine flags, judged by each engine's own argument parser.
 
 `rollout.engineArgs` must not override a flag the plan sets; the list of those flags is
-hand-written (lorarl.api.spec.engine_flags), so this asks the real parsers (vLLM in the engine env,
+hand-written (lorarl.engines.flags), so this asks the real parsers (vLLM in the engine env,
 SGLang in its own env) that every alias of a managed option is managed too (`-tp`,
 `--device-memory-utilization`, SGLang's `--model` for `--model-path`, ...), that every managed
 flag exists, that no other option is refused by mistake, and that both parsers take prefixes
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from lorarl.api.spec.engine_flags import managed_flags, overriding_arg
+from lorarl.engines.flags import managed_flags, overriding_arg
 from tests.contract.conftest import sglang_python
 
 STUBS = Path(__file__).resolve().parents[1] / "contract" / "sglang_stubs"

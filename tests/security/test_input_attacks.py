@@ -22,8 +22,8 @@ from click.testing import CliRunner
 
 from lorarl.api import LoRARLJob
 from lorarl.api.safe_yaml import MAX_DEPTH, MAX_NODES
-from lorarl.api.spec.engine_flags import managed_flags, overriding_arg
 from lorarl.cli.main import main
+from lorarl.engines.flags import managed_flags, overriding_arg
 from lorarl.operator.handlers import webhook
 from lorarl.plan.engines import engine_command
 

@@ -76,6 +76,7 @@ def test_verl_gsm8k_grpo_lora_script_carries_its_settings_converted():
     assert spec["logging"] == {
         "backends": ["wandb"],
         "wandb": {"project": "verl_grpo_example_gsm8k"},
+        "runName": "qwen2.5_3b_grpo_lora",  # the tracker run keeps the name as written
     }
     assert (spec["trainer"]["gpusPerReplica"], spec["trainer"]["replicas"]) == (8, 1)
     assert spec["reward"] == {"function": "gsm8k"}
@@ -86,11 +87,12 @@ def test_verl_gsm8k_grpo_lora_script_carries_its_settings_converted():
         assert spec["model"]["path"] == "/models/Qwen2.5-3B-Instruct"
         assert "was Qwen/Qwen2.5-3B-Instruct, a Hugging Face hub id" in said
     assert "ppo_mini_batch_size=256 prompts x groupSize 5" in said
+    assert "trainer.experiment_name: also metadata.name, as a DNS name" in said
+    assert "trainer.experiment_name=" not in said  # carried, not listed as dropped
     # what is not carried is a comment with the reason
     for expected in (
         "actor_rollout_ref.model.use_shm=True: the model is read from spec.model.path",
         "actor_rollout_ref.rollout.layered_summon=True: weights reach the engines",
-        "trainer.experiment_name=qwen2.5_3b_grpo_lora: the run is named after metadata.name",
     ):
         assert expected in said, expected
     # epochs: the trainer counts the steps from the data (rounding up where verl drops)

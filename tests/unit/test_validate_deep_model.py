@@ -94,11 +94,39 @@ def test_an_adapter_of_another_shape_is_refused(model_dir: Path, data_file: Path
     config = LoraConfig(r=4, lora_alpha=16, target_modules="all-linear")
     get_peft_model(base, config).save_pretrained(adapter)
     doc = job_doc(model_dir, data_file, lora={"adapterPath": str(adapter), "rank": 8, "alpha": 16})
-    assert deep(doc) == [
-        f"spec.lora.adapterPath: adapter at {adapter} has rank 4 but lora.rank is 8"
-    ]
+    assert deep(doc) == [f"spec.lora.rank: 8 but the adapter at {adapter} says r=4"]
     doc["spec"]["lora"]["rank"] = 4
     assert deep(doc) == []
+    doc["spec"]["lora"] = {"adapterPath": str(adapter)}  # rank, alpha, targets: the adapter's
+    assert deep(doc) == []
+    doc["spec"]["lora"]["targetModules"] = ["q_proj", "v_proj"]
+    [problem] = deep(doc)
+    assert problem.startswith(
+        f"spec.lora.adapterPath: adapter at {adapter} targets different modules than "
+        "lora.targetModules"
+    )
+
+
+def test_validate_deep_refuses_an_adapter_conflict(
+    model_dir: Path, data_file: Path, tmp_path: Path
+):
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    adapter = tmp_path / "adapter"
+    config = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])
+    get_peft_model(AutoModelForCausalLM.from_pretrained(model_dir), config).save_pretrained(adapter)
+    manifest = tmp_path / "job.yaml"
+    doc = job_doc(model_dir, data_file)
+    doc["spec"]["lora"] = {"adapterPath": str(adapter), "alpha": 16}
+    manifest.write_text(yaml.safe_dump(doc))
+    result = CliRunner().invoke(main, ["validate", "--deep", str(manifest)])
+    assert result.exit_code != 0
+    assert f"spec.lora.alpha: 16 but the adapter at {adapter} says lora_alpha=8" in result.output
+    doc["spec"]["lora"] = {"adapterPath": str(adapter)}
+    manifest.write_text(yaml.safe_dump(doc))
+    result = CliRunner().invoke(main, ["validate", "--deep", str(manifest)])
+    assert result.exit_code == 0, result.output
 
 
 def test_the_data_rows_and_prompt_lengths_are_checked(model_dir: Path, data_file: Path):

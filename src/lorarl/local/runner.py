@@ -28,11 +28,12 @@ from lorarl.api import safe_yaml
 from lorarl.api.reports.progress import Progress
 from lorarl.api.resource import LoRARLJob
 from lorarl.api.spec.workloads import JOB_UID_ENV, SYNC_KEY_ENV
+from lorarl.engines.vllm import VLLM_RPC_BASE_ENV, vllm_rpc_base
 from lorarl.local.env_refs import api_key_from_env, expand, with_job_keys
 from lorarl.local.ports import free_port_block
 from lorarl.local.processes import Child
 from lorarl.plan import ContainerPlan, JobPlan, LocalAddressing, ReplicaPlan, RolePlan, plan
-from lorarl.plan.engines import ENGINE_API_KEY_ENV, VLLM_RPC_BASE_ENV, vllm_rpc_base
+from lorarl.plan.engines import ENGINE_API_KEY_ENV
 from lorarl.plan.model import Role
 from lorarl.rewards.service.auth import REWARD_API_KEY_ENV, REWARD_KEY_CONTAINERS
 from lorarl.sync.protocol import SYNC_KEY_CONTAINERS

@@ -101,7 +101,7 @@ class UpdateApplier:
         engine: RolloutEngine,
         model_dir: str | Path,
         mode: str,
-        expected_rank: int,
+        expected_rank: int | None,
         engine_dtype: str,
         adapter_root: str | Path,
         merge_in: str = DEFAULT_MERGE_IN,

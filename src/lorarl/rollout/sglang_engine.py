@@ -34,13 +34,13 @@ import httpx
 import torch
 from torch import Tensor
 
+from lorarl.engines import sglang
 from lorarl.rollout.engine import EngineError, RolloutEngine, collect_update, validate_merged_update
 
 if TYPE_CHECKING:  # a NewType of str in a private torch module: for the checker only
     from torch.distributed.distributed_c10d import GroupName
 
 DEFAULT_BUCKET_BYTES = 512 * 1024 * 1024
-_ALREADY_LOADED = "already loaded"  # SGLang's LoRAManager error text for a duplicate name
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -146,7 +146,7 @@ def join_update_group(
 
 
 class SGLangEngine(RolloutEngine):
-    """HTTP adapter to one `sglang.launch_server` (see `lorarl.plan.engines.sglang_command`).
+    """HTTP adapter to one `sglang.launch_server` (lorarl.engines.sglang.sglang_server_args).
 
     `group_host` is the address the engine's workers reach the sidecar at (loopback in a pod).
     `tp_size=None` reads it from `/server_info` on the first merged push.
@@ -196,7 +196,7 @@ class SGLangEngine(RolloutEngine):
 
     def health(self) -> bool:
         try:
-            ok = self._http.get("/health", timeout=5.0).status_code == 200
+            ok = self._http.get(sglang.HEALTH, timeout=5.0).status_code == 200
         except httpx.HTTPError:
             ok = False
         if not ok:
@@ -223,7 +223,7 @@ class SGLangEngine(RolloutEngine):
         return data if isinstance(data, dict) else {}
 
     def server_info(self) -> dict[str, Any]:
-        data = self._request("GET", "/server_info", "read server info").json()
+        data = self._request("GET", sglang.SERVER_INFO, "read server info").json()
         if not isinstance(data, dict):
             raise EngineError("read server info: /server_info did not return a JSON object")
         return data
@@ -247,7 +247,7 @@ class SGLangEngine(RolloutEngine):
         if self._stale_group is not None:  # engine still up may hold its half: release it
             with contextlib.suppress(EngineError):
                 stale = {"group_name": self._stale_group}
-                self._post("/destroy_weights_update_group", "destroy stale group", stale)
+                self._post(sglang.DESTROY_WEIGHTS_UPDATE_GROUP, "destroy stale group", stale)
             self._stale_group = None
         world_size = 1 + self._world_tp()
         name = f"lorarl-{uuid.uuid4().hex[:12]}"
@@ -261,7 +261,9 @@ class SGLangEngine(RolloutEngine):
             "backend": self._group_backend,
         }
         # Both sides block in the rendezvous until all ranks arrive: POST while we host it.
-        answer = _Background(lambda: self._post("/init_weights_update_group", "init group", body))
+        answer = _Background(
+            lambda: self._post(sglang.INIT_WEIGHTS_UPDATE_GROUP, "init group", body)
+        )
         try:
             group = join_update_group(
                 self._group_host, port, world_size, name, self._group_backend,
@@ -303,16 +305,16 @@ class SGLangEngine(RolloutEngine):
             self.reset_update_group()
         self._ensure_group()
         t1 = time.perf_counter()
-        self._post("/begin_weight_update", "begin weight update", {})
+        self._post(sglang.BEGIN_WEIGHT_UPDATE, "begin weight update", {})
         try:
             for i, bucket in enumerate(buckets):
                 self._send_bucket(bucket, last=i == len(buckets) - 1, version=version)
         except BaseException:
             self._abandon_group()  # the engine's half may be mid-receive: never reuse it
             with contextlib.suppress(EngineError):  # close the session; keep the first error
-                self._post("/end_weight_update", "end weight update", {})
+                self._post(sglang.END_WEIGHT_UPDATE, "end weight update", {})
             raise
-        self._post("/end_weight_update", "end weight update", {})
+        self._post(sglang.END_WEIGHT_UPDATE, "end weight update", {})
         self._version = version
         self.last_push_seconds = {"group": t1 - t0, "push": time.perf_counter() - t1}
 
@@ -324,7 +326,7 @@ class SGLangEngine(RolloutEngine):
         # The engine receives inside the request, so both run at once. If the engine refuses
         # before joining the broadcast, ours would block until the group timeout: answer with
         # the engine's error at once and abandon the broadcast (and the group) instead.
-        answer = _Background(lambda: self._post("/update_weights_from_distributed", what, body))
+        answer = _Background(lambda: self._post(sglang.UPDATE_WEIGHTS_FROM_DISTRIBUTED, what, body))
         group = self._group
         cast = _Background(lambda: group.broadcast([flat], _root0()).wait())
         deadline = time.monotonic() + self._group_timeout
@@ -347,17 +349,17 @@ class SGLangEngine(RolloutEngine):
         body = {"lora_name": name, "lora_path": str(adapter_dir)}
         what = f"load adapter {name!r} v{version}"
         try:
-            self._post_lora("/load_lora_adapter", what, body)
+            self._post_lora(sglang.LOAD_LORA_ADAPTER, what, body)
         except EngineError as e:
-            if _ALREADY_LOADED not in str(e):
+            if sglang.LORA_ALREADY_LOADED not in str(e):
                 raise
             # SGLang refuses a loaded name; replacing it is unload + load.
             self.unload_adapter(name)
-            self._post_lora("/load_lora_adapter", what, body)
+            self._post_lora(sglang.LOAD_LORA_ADAPTER, what, body)
         self._version = version
 
     def unload_adapter(self, name: str) -> None:
-        self._post_lora("/unload_lora_adapter", f"unload adapter {name!r}", {"lora_name": name})
+        self._post_lora(sglang.UNLOAD_LORA_ADAPTER, f"unload adapter {name!r}", {"lora_name": name})
 
     def _post_lora(self, path: str, what: str, body: dict[str, Any]) -> None:
         # LoRA answers are `{"success", "error_message", "loaded_adapters"}` with 400 on failure.
@@ -377,7 +379,7 @@ class SGLangEngine(RolloutEngine):
     def flush_cache(self) -> None:
         """SGLang refuses (400) while requests run; `timeout` lets it wait for them to drain."""
         self._request(
-            "POST", "/flush_cache", "flush cache", params={"timeout": self._flush_timeout},
+            "POST", sglang.FLUSH_CACHE, "flush cache", params={"timeout": self._flush_timeout},
             timeout=self._flush_timeout + 30.0,
         )  # fmt: skip
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from lorarl.api.resource import LoRARLJob
+from lorarl.api.spec.lora import rank_here
 from lorarl.jsonhttp import JsonHttpServer
 from lorarl.plan.engines import ENGINE_API_KEY_ENV
 from lorarl.rollout.applier import UpdateApplier
@@ -236,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
         engine,
         job.spec.model.path,
         job.spec.rollout.sync_mode,
-        expected_rank=job.spec.lora.rank,
+        expected_rank=rank_here(job.spec.lora),  # None: the adapter's, not here
         engine_dtype=job.spec.model.dtype,
         adapter_root=adapter_root,
     )

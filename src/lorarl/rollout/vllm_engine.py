@@ -27,7 +27,8 @@ from typing import Any
 import httpx
 from torch import Tensor
 
-from lorarl.plan.engines import (
+from lorarl.engines import vllm
+from lorarl.engines.vllm import (
     VLLM_RPC_BASE_ENV,
     VLLM_WORKER_EXTENSION,
     vllm_rpc_base,
@@ -60,7 +61,7 @@ def vllm_launch_command(
 ) -> tuple[list[str], dict[str, str]]:
     """argv and the environment variables to *add* for one CPU vLLM server outside a job plan.
 
-    The flags and engine env come from the plan's renderer (`lorarl.plan.engines`), so a server
+    The flags and engine env come from `lorarl.engines.vllm`, as the plan's do, so a server
     started here is the one a job runs; this only adds the interpreter and per-run dirs.
     The server always runs its engine core in a child process (V1 multiprocessing off only keeps
     the executor in that process), so stop it by process group. Temp/cache dirs go under
@@ -99,7 +100,7 @@ def vllm_launch_command(
         "RAY_TMPDIR": str(run_dir / "ray"),
     }
     if api_key:  # vLLM's own variable: the key stays off the command line
-        env["VLLM_API_KEY"] = api_key
+        env[vllm.API_KEY_ENV] = api_key
     return argv, env
 
 
@@ -163,7 +164,7 @@ class VLLMEngine(RolloutEngine):
 
     def health(self) -> bool:
         try:
-            return self._http.get("/health", timeout=5.0).status_code == 200
+            return self._http.get(vllm.HEALTH, timeout=5.0).status_code == 200
         except httpx.HTTPError:
             return False
 
@@ -179,7 +180,9 @@ class VLLMEngine(RolloutEngine):
     def collective_rpc(self, method: str, **kwargs: Any) -> list[Any]:
         """Call `method` on every worker (needs VLLM_SERVER_DEV_MODE=1); one result per worker."""
         resp = self._post(
-            "/collective_rpc", f"collective_rpc {method}", json={"method": method, "kwargs": kwargs}
+            vllm.COLLECTIVE_RPC,
+            f"collective_rpc {method}",
+            json={"method": method, "kwargs": kwargs},
         )
         return resp.json().get("results", []) if resp.content else []
 
@@ -283,18 +286,18 @@ class VLLMEngine(RolloutEngine):
             raise EngineError(f"adapter_dir {str(adapter_dir)!r} has no adapter_config.json")
         # load_inplace works whether or not `name` is loaded, so reloads need no bookkeeping.
         body = {"lora_name": name, "lora_path": str(adapter_dir), "load_inplace": True}
-        self._post("/v1/load_lora_adapter", f"load adapter {name!r} v{version}", json=body)
+        self._post(vllm.LOAD_LORA_ADAPTER, f"load adapter {name!r} v{version}", json=body)
         self.flush_cache()
         self._version = version
 
     def unload_adapter(self, name: str) -> None:
-        self._post("/v1/unload_lora_adapter", f"unload adapter {name!r}", json={"lora_name": name})
+        self._post(vllm.UNLOAD_LORA_ADAPTER, f"unload adapter {name!r}", json={"lora_name": name})
 
     def flush_cache(self) -> None:
         """Reset the prefix cache; vLLM refuses while requests hold blocks, so retry a while."""
         deadline = time.monotonic() + self._flush_timeout
         while True:
-            resp = self._post("/reset_prefix_cache", "flush prefix cache")
+            resp = self._post(vllm.RESET_PREFIX_CACHE, "flush prefix cache")
             if not resp.content or resp.json().get("success", True):
                 return
             if time.monotonic() >= deadline:

@@ -7,6 +7,7 @@ from datetime import datetime, timezone
 from lorarl.api.reports.progress import Progress, StepRecord
 from lorarl.api.reports.status import Condition, LoRARLJobStatus, StepMetrics
 from lorarl.api.resource import LoRARLJob
+from lorarl.api.spec.lora import values_here
 from lorarl.server.models import JobSummary, SpecSummary
 
 _METRIC_FIELDS = tuple(StepMetrics.model_fields)
@@ -30,12 +31,13 @@ def parse_rfc3339(text: str | None) -> float | None:
 
 def spec_summary(job: LoRARLJob) -> SpecSummary:
     spec = job.spec
+    lora = values_here(spec.lora)  # an adapter's own rank where its folder is here
     return SpecSummary(
         model=spec.model.path,
         algorithm=spec.algorithm.name,
         group_size=spec.algorithm.group_size,
-        lora_rank=spec.lora.rank,
-        lora_alpha=spec.lora.alpha,
+        lora_rank=lora.rank,
+        lora_alpha=lora.alpha,
         trainer_replicas=spec.trainer.replicas,
         rollout_replicas=spec.rollout.replicas,
         engine=spec.rollout.engine,

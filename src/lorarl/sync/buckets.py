@@ -243,11 +243,15 @@ def unpack_all(
 
 
 def validate_update(
-    header: SyncHeader, base_shapes: Mapping[str, tuple[int, int]], expected_rank: int
+    header: SyncHeader, base_shapes: Mapping[str, tuple[int, int]], expected_rank: int | None
 ) -> None:
-    """Reject an update that would not fit the receiver's base model, naming the bad tensor."""
+    """Reject an update that would not fit the receiver's base model, naming the bad tensor.
+    `expected_rank` None: the receiver cannot tell (an adapter's rank, the adapter not here), so
+    the header's rank, which the trainer read from the adapter, is the one the shapes must have."""
     problems: list[str] = []
-    if header.rank != expected_rank:
+    if expected_rank is None:
+        expected_rank = header.rank
+    elif header.rank != expected_rank:
         problems.append(f"header rank {header.rank} != expected rank {expected_rank}")
     expected_scaling = lora_scaling(header.alpha, header.rank, header.use_rslora)
     if not math.isclose(header.scaling, expected_scaling, rel_tol=1e-6):

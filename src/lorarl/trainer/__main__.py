@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
         if endpoints.sync_world_size > 1:
             key_from_env()  # no sync key, no start: checked before anything loads
         ctx = init_distributed()
-        Trainer(job, endpoints, ctx).run()
+        Trainer.from_job(job, endpoints, ctx).run()
     except USER_ERRORS as exc:
         print(f"lorarl-trainer: error: {exc}", file=sys.stderr, flush=True)
         return 2

@@ -9,11 +9,15 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from functools import partial
+from typing import Any
 
 import httpx
 import torch.distributed as dist
+from peft import PeftModel
 from transformers import AutoTokenizer
 
 from lorarl.api.reports.progress import StepRecord
@@ -25,26 +29,15 @@ from lorarl.rewards.service.client import RewardServiceClient
 from lorarl.sync.adapter_files import adapter_fingerprint
 from lorarl.sync.protocol import adapter_name
 from lorarl.trainer.checkpoint.export import export_final
-from lorarl.trainer.checkpoint.manager import CheckpointManager, job_uid_from_env
-from lorarl.trainer.data.epochs import resolve_total_steps
-from lorarl.trainer.data.prompts import (
-    DataPosition,
-    PromptDataset,
-    PromptSampler,
-    drop_long_prompts,
-    encode_prompts,
-)
+from lorarl.trainer.checkpoint.manager import CheckpointManager
+from lorarl.trainer.data.prompts import DataPosition, PromptDataset
+from lorarl.trainer.data.train_data import TrainData
 from lorarl.trainer.episodes.agents import build_agent_runner
 from lorarl.trainer.episodes.environment import build_episode_runner, episode_prompt_lengths
 from lorarl.trainer.fleet.engine_memory import EngineMemory
 from lorarl.trainer.fleet.membership import Fleet
 from lorarl.trainer.fleet.publish import WeightPublisher, gather_adapter
-from lorarl.trainer.fleet.sync_check import (
-    DEFAULT_TOLERANCE,
-    SyncCheck,
-    expected_logprobs,
-    probe_ids,
-)
+from lorarl.trainer.fleet.sync_check import expected_logprobs, job_probe_ids
 from lorarl.trainer.generation.client import RolloutClient
 from lorarl.trainer.generation.eval import Evaluator, build_evaluator
 from lorarl.trainer.generation.rewards import (
@@ -55,16 +48,15 @@ from lorarl.trainer.generation.rewards import (
 from lorarl.trainer.generation.rollouts import Collected, RolloutWorker
 from lorarl.trainer.generation.sampling import train_sampling
 from lorarl.trainer.model.loading import load_base_model
-from lorarl.trainer.model.parallel import DistContext, compute_dtype
+from lorarl.trainer.model.parallel import DistContext
 from lorarl.trainer.rl.config import advantage_estimator, algorithm_choices
 from lorarl.trainer.rl.overlong import OverlongConfig
 from lorarl.trainer.settings import ConfigError, Endpoints, output_dirs, reward_service_client
 from lorarl.trainer.telemetry.cpu_util import read_cpu_times, utilisation
-from lorarl.trainer.telemetry.progress import ProgressServer, ProgressTracker
+from lorarl.trainer.telemetry.progress import ProgressServer, ProgressTracker, Telemetry
 from lorarl.trainer.telemetry.samples import due as due_samples
 from lorarl.trainer.telemetry.samples import sample_rows
 from lorarl.trainer.telemetry.step_record import step_record
-from lorarl.trainer.telemetry.tracking import build_fanout
 from lorarl.trainer.update.batch import TensorBatch, collate, replica_index, shard_for_rank
 from lorarl.trainer.update.policy import build_policy
 from lorarl.trainer.update.state import StepState
@@ -76,124 +68,53 @@ log = logging.getLogger(__name__)
 SAMPLE_MISMATCH_FACTOR = 5.0
 
 
-class Trainer:
-    def __init__(self, job: LoRARLJob, endpoints: Endpoints, ctx: DistContext):
-        self.job, self.endpoints, self.ctx = job, endpoints, ctx
+@dataclass
+class Rank0Parts:
+    """What only rank 0 runs: progress and the trackers, the replicas (with sidecars), the
+    rollouts, evals and the reward service's client."""
+
+    telemetry: Telemetry
+    fleet: Fleet | None  # with sidecars: the live rollout replicas and the weight publisher
+    worker: RolloutWorker
+    evaluator: Evaluator | None  # when evals are on
+    reward_client: RewardServiceClient | None  # with spec.reward.service
+
+    @classmethod
+    def from_job(
+        cls,
+        job: LoRARLJob,
+        endpoints: Endpoints,
+        ctx: DistContext,
+        data: TrainData,
+        tokenizer: Any,
+        http: httpx.Client,
+        probe: list[int] | None,
+    ) -> Rank0Parts:
+        """In this order: the progress server answers before the fleet waits for sidecars."""
+        output_dir = output_dirs(job)[0]
+        telemetry = Telemetry.from_job(
+            job, output_dir, total_steps=data.total_steps, dropped_prompts=data.dropped,
+            progress_port=endpoints.progress_port,
+        )  # fmt: skip
+        fleet = Fleet.from_job(job, endpoints, http, ctx, probe)
         spec = job.spec
-        self.estimator = advantage_estimator(job)
-        if not endpoints.rollout:
-            raise ConfigError("no rollout endpoints (LORARL_ROLLOUT_ENDPOINTS is empty)")
-        self.output_dir, ckpt_dir, self.adapter_dir = output_dirs(job)
-        self.checkpoints = CheckpointManager(
-            ckpt_dir, spec.training.keep_checkpoints, job_uid=job_uid_from_env()
-        )
-        loaded = PromptDataset.from_files(
-            spec.data.train_files, spec.data.prompt_key, spec.data.answer_key,
-            system_prompt=spec.data.system_prompt,
-            chat_template_kwargs=spec.data.chat_template_kwargs,
-        )  # fmt: skip
-        remote = spec.model.trust_remote_code
-        base = load_base_model(spec.model.path, spec.model.dtype, trust_remote_code=remote)
-        self.tokenizer = AutoTokenizer.from_pretrained(spec.model.path, trust_remote_code=remote)
-        self.dataset, self.dropped_prompts = drop_long_prompts(
-            loaded, self.tokenizer, spec.data.max_prompt_tokens,
-            lengths=self._prompt_lengths(loaded),
-        )  # fmt: skip
-        if self.dropped_prompts and ctx.is_main:
-            log.warning(
-                "dropped %d of %d prompts longer than data.maxPromptTokens=%d",
-                self.dropped_prompts, len(loaded), spec.data.max_prompt_tokens,
-            )  # fmt: skip
-        # training.epochs becomes a step count now that the rows are known; written into this
-        # process's spec, every use below (schedule, evals, the last checkpoint, progress) sees
-        # the real total.
-        total = resolve_total_steps(job, len(self.dataset))
-        if spec.training.epochs is not None and ctx.is_main:
-            log.info(
-                "training.epochs %g over %d prompts at %d per step: %d steps",
-                spec.training.epochs, len(self.dataset), spec.training.prompts_per_step, total,
-            )  # fmt: skip
-        spec.training.total_steps = total
-        self.sampler = PromptSampler(
-            len(self.dataset), spec.training.prompts_per_step, spec.data.seed, spec.data.shuffle
-        )
-        policy = build_policy(job, base, ctx)
-        self.model = policy.model
-        self.updater: Updater = build_updater(job, policy)  # actor-only or PPO
-        self.pad_id = self.tokenizer.pad_token_id
-        if self.pad_id is None:
-            self.pad_id = self.tokenizer.eos_token_id or 0
-        self.state = StepState()
-        self.tracker: ProgressTracker | None = None
-        self.server: ProgressServer | None = None
-        self.publisher: WeightPublisher | None = None
-        self.fleet: Fleet | None = None  # rank 0 with sidecars: the live rollout replicas
-        self.worker: RolloutWorker | None = None
-        self.evaluator: Evaluator | None = None  # rank 0, when evals are on
-        self.reward_client: RewardServiceClient | None = None
-        self._reward_ready = False
-        self._http = httpx.Client(timeout=2.0)
-        # Colocated on GPUs the engines lend their memory to each update (engine_memory.py)
-        self.engine_memory = EngineMemory.for_job(spec, self._http, endpoints, lambda: self.fleet)
-        # One-step off-policy: rank 0 generates the next batch on this thread while the step
-        # trains; only HTTP and scoring run there, every collective stays on the main thread.
-        self._prefetch_pool: ThreadPoolExecutor | None = None
-        self._prefetched: Future[Collected] | None = None
-        self._probe_ids = self._run_probe_ids()
-        self._probe_s = 0.0  # the guard's trainer-side seconds since the last step record
-        if ctx.is_main:
-            self._setup_main()
-
-    def _prompt_lengths(self, loaded: PromptDataset) -> list[int] | None:
-        """With spec.environment, each row's first prompt as the environment sends it (tool
-        description included): measured on rank 0, the same list on every rank."""
-        if self.job.spec.environment is None:
-            return None
-        box: list = [None]
-        if self.ctx.is_main:
-            box[0] = episode_prompt_lengths(self.job, self.tokenizer, list(loaded))
-        if dist.is_initialized():
-            dist.broadcast_object_list(box, src=0)
-        return box[0]
-
-    def _setup_main(self) -> None:
-        spec, ep = self.job.spec, self.endpoints
-        self.tracker = ProgressTracker(self.job.name, self.total_steps, self.output_dir)
-        self.tracker.progress.dropped_prompts = self.dropped_prompts
-        self.tracker.tracking = build_fanout(self.job, self.output_dir)  # spec.logging
-        if ep.progress_port is not None:
-            self.server = ProgressServer(self.tracker, ep.progress_port)
-            self.server.start()
-        if ep.sync_world_size > 1:
-            if ep.sync_addr is None or ep.sync_port is None or ep.sync_backend is None:
-                raise ConfigError(
-                    "LORARL_SYNC_ADDR/LORARL_SYNC_PORT/LORARL_SYNC_BACKEND are required with "
-                    "sidecars"
-                )
-            self.publisher = WeightPublisher(
-                ep.sync_addr, ep.sync_port, spec.rollout.sync_mode, backend=ep.sync_backend,
-                wire_dtype=compute_dtype(self.ctx, spec.trainer.fsdp.mixed_precision),
-            )  # fmt: skip
-            # Who receives each sync and who generates: the replicas registered now, not the
-            # ones in this env (docs/architecture.md#live-membership).
-            self.fleet = Fleet(
-                self.publisher, self._http, initial_members=len(ep.rollout), guard=self._guard()
-            )
-        sampling = train_sampling(spec, self.tokenizer.eos_token_id)
-        ds, choices = spec.algorithm.dynamic_sampling, algorithm_choices(self.job)
+        sampling = train_sampling(spec, tokenizer.eos_token_id)
+        ds, choices = spec.algorithm.dynamic_sampling, algorithm_choices(job)
         client = RolloutClient(
-            ep.rollout, spec.rollout.engine, model_name=SERVED_MODEL_NAME, api_key=ep.engine_api_key
-        )
-        self.tracker.watch_engines(client.endpoint_stats)  # the backlog gauges of GET /metrics
-        episodes = build_episode_runner(self.job, self.tokenizer, client)  # spec.environment
-        agents = build_agent_runner(self.job, self.tokenizer, client)  # spec.agent
-        self.worker = RolloutWorker(
-            dataset=self.dataset,
-            sampler=self.sampler,
-            tokenizer=self.tokenizer,
+            endpoints.rollout, spec.rollout.engine, model_name=SERVED_MODEL_NAME,
+            api_key=endpoints.engine_api_key,
+        )  # fmt: skip
+        telemetry.tracker.watch_engines(client.endpoint_stats)  # the backlog gauges of /metrics
+        episodes = build_episode_runner(job, tokenizer, client)  # spec.environment
+        agents = build_agent_runner(job, tokenizer, client)  # spec.agent
+        scorer, reward_client = build_scorer(job, endpoints.reward)
+        worker = RolloutWorker(
+            dataset=data.dataset,
+            sampler=data.sampler,
+            tokenizer=tokenizer,
             client=client,
-            scorer=self._scorer(),
-            estimator=self.estimator,
+            scorer=scorer,
+            estimator=advantage_estimator(job),
             group_size=spec.algorithm.group_size,
             max_prompt_tokens=spec.data.max_prompt_tokens,
             sampling=sampling,
@@ -212,52 +133,138 @@ class Trainer:
             ),
         )
         # Evals share the train rollouts' client and reward; None when evals are off.
-        self.evaluator = build_evaluator(
-            self.job, self.tokenizer, client, self.worker.scorer, sampling, self.dataset, episodes
+        evaluator = build_evaluator(
+            job, tokenizer, client, worker.scorer, sampling, data.dataset, episodes
         )
+        return cls(telemetry, fleet, worker, evaluator, reward_client)
 
-    def _guard(self) -> SyncCheck | None:
-        """Rank 0's stale-policy guard (spec.rollout.syncCheck), None when it is off."""
-        if self._probe_ids is None:
-            return None
-        spec = self.job.spec
-        check = spec.rollout.sync_check
-        return SyncCheck(
-            self._http,
-            spec.rollout.engine,
-            spec.rollout.sync_mode,
-            SERVED_MODEL_NAME,
-            tolerance=check.tolerance or DEFAULT_TOLERANCE[spec.model.dtype],
-            api_key=self.endpoints.engine_api_key,
+
+def build_scorer(
+    job: LoRARLJob, reward_endpoint: str | None
+) -> tuple[Callable, RewardServiceClient | None]:
+    """The step's scorer: the reward service's (with its client, closed with the trainer) or
+    the spec's reward function in-process."""
+    reward = job.spec.reward
+    client = reward_service_client(job, reward_endpoint)
+    if client is not None:
+        return partial(score_remote, client), client
+    name = reward.function or reward.entrypoint
+    if name is None:  # the spec admits exactly one of them (api/spec/reward.py)
+        raise ConfigError("spec.reward: set exactly one of function or entrypoint")
+    try:
+        fn = get_reward(name, **reward.params)
+    except ValueError as exc:
+        raise ConfigError(f"spec.reward: {exc}") from exc
+    return partial(score_batch, fn), None
+
+
+def shared_prompt_lengths(
+    job: LoRARLJob, ctx: DistContext, tokenizer: Any, loaded: PromptDataset
+) -> list[int] | None:
+    """With spec.environment, each row's first prompt as the environment sends it (tool
+    description included): measured on rank 0, the same list on every rank."""
+    if job.spec.environment is None:
+        return None
+    box: list = [None]
+    if ctx.is_main:
+        box[0] = episode_prompt_lengths(job, tokenizer, list(loaded))
+    if dist.is_initialized():
+        dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def pad_token_id(tokenizer: Any) -> int:
+    pad = tokenizer.pad_token_id
+    return pad if pad is not None else tokenizer.eos_token_id or 0
+
+
+class Trainer:
+    """Runs the steps over parts built elsewhere: `from_job` builds each from the job, in
+    order; tests pass their own."""
+
+    def __init__(
+        self,
+        job: LoRARLJob,
+        endpoints: Endpoints,
+        ctx: DistContext,
+        *,
+        data: TrainData,
+        tokenizer: Any,
+        model: PeftModel,
+        updater: Updater,
+        checkpoints: CheckpointManager,
+        http: httpx.Client,
+        engine_memory: EngineMemory,
+        probe: list[int] | None = None,
+        main: Rank0Parts | None = None,
+    ):
+        """`http`: the client `engine_memory` and the fleet use, closed with the trainer.
+        `probe`: the stale-policy guard's (`job_probe_ids`). `main`: rank 0's parts."""
+        self.job, self.endpoints, self.ctx = job, endpoints, ctx
+        self.output_dir, _, self.adapter_dir = output_dirs(job)
+        self.checkpoints = checkpoints
+        self.tokenizer = tokenizer
+        self.dataset, self.sampler = data.dataset, data.sampler
+        self.dropped_prompts = data.dropped
+        self.model = model
+        self.updater = updater  # actor-only or PPO
+        self.pad_id = pad_token_id(tokenizer)
+        self.state = StepState()
+        self.tracker: ProgressTracker | None = None
+        self.server: ProgressServer | None = None
+        self.publisher: WeightPublisher | None = None
+        self.fleet: Fleet | None = None  # rank 0 with sidecars: the live rollout replicas
+        self.worker: RolloutWorker | None = None
+        self.evaluator: Evaluator | None = None  # rank 0, when evals are on
+        self.reward_client: RewardServiceClient | None = None
+        if main is not None:
+            self.tracker, self.server = main.telemetry.tracker, main.telemetry.server
+            self.fleet = main.fleet
+            self.publisher = main.fleet.publisher if main.fleet is not None else None
+            self.worker, self.evaluator = main.worker, main.evaluator
+            self.reward_client = main.reward_client
+        self._reward_ready = False
+        self._http = http
+        # Colocated on GPUs the engines lend their memory to each update (engine_memory.py)
+        self.engine_memory = engine_memory
+        # One-step off-policy: rank 0 generates the next batch on this thread while the step
+        # trains; only HTTP and scoring run there, every collective stays on the main thread.
+        self._prefetch_pool: ThreadPoolExecutor | None = None
+        self._prefetched: Future[Collected] | None = None
+        self._probe_ids = probe
+        self._probe_s = 0.0  # the guard's trainer-side seconds since the last step record
+
+    @classmethod
+    def from_job(cls, job: LoRARLJob, endpoints: Endpoints, ctx: DistContext) -> Trainer:
+        """Every part built from the job, in the order that matters: the files are read before
+        the model loads, `training.totalSteps` is resolved before the schedules are built, and
+        rank 0's progress server starts before the fleet waits for sidecars."""
+        spec = job.spec
+        if not endpoints.rollout:
+            raise ConfigError("no rollout endpoints (LORARL_ROLLOUT_ENDPOINTS is empty)")
+        checkpoints = CheckpointManager.from_job(job, output_dirs(job)[1])
+        loaded = TrainData.read(job)
+        remote = spec.model.trust_remote_code
+        base = load_base_model(spec.model.path, spec.model.dtype, trust_remote_code=remote)
+        tokenizer = AutoTokenizer.from_pretrained(spec.model.path, trust_remote_code=remote)
+        lengths = shared_prompt_lengths(job, ctx, tokenizer, loaded)  # collective
+        data = TrainData.from_job(job, loaded, tokenizer, lengths=lengths, is_main=ctx.is_main)
+        policy = build_policy(job, base, ctx)
+        updater = build_updater(job, policy)  # its schedules end at data.total_steps
+        http = httpx.Client(timeout=2.0)
+        probe = job_probe_ids(
+            job, endpoints.sync_world_size, data.dataset, tokenizer, pad_token_id(tokenizer)
         )
-
-    def _run_probe_ids(self) -> list[int] | None:
-        """The guard's probe (every rank: each takes part in its forward): the first training
-        prompt and its reference answer, as the engines would tokenize them."""
-        spec = self.job.spec
-        if self.endpoints.sync_world_size <= 1 or not spec.rollout.sync_check.enabled:
-            return None
-        item = self.dataset[0]
-        prompt = encode_prompts(
-            self.tokenizer, [item.prompt], spec.data.max_prompt_tokens, truncate=True,
-            chat_template_kwargs=self.dataset.chat_template_kwargs,
-        )[0]  # fmt: skip
-        answer = item.answer if isinstance(item.answer, str) else ""
-        answer_ids = self.tokenizer(answer, add_special_tokens=False)["input_ids"]
-        if len(prompt) + len(answer_ids) < 2:  # a one-token prompt, no answer: end it
-            answer_ids = [*answer_ids, self.pad_id]
-        return probe_ids(prompt, answer_ids)
-
-    def _scorer(self):
-        reward = self.job.spec.reward
-        self.reward_client = reward_service_client(self.job, self.endpoints.reward)
-        if self.reward_client is not None:
-            return partial(score_remote, self.reward_client)
-        try:
-            fn = get_reward(reward.function or reward.entrypoint, **reward.params)
-        except ValueError as exc:
-            raise ConfigError(f"spec.reward: {exc}") from exc
-        return partial(score_batch, fn)
+        main = None
+        if ctx.is_main:
+            main = Rank0Parts.from_job(job, endpoints, ctx, data, tokenizer, http, probe)
+        fleet = main.fleet if main is not None else None
+        engine_memory = EngineMemory.for_job(spec, http, endpoints, lambda: fleet)
+        return cls(
+            job, endpoints, ctx, data=data, tokenizer=tokenizer, model=policy.model,
+            updater=updater, checkpoints=checkpoints, http=http, engine_memory=engine_memory,
+            probe=probe, main=main,
+        )  # fmt: skip
 
     # ------------------------------------------------------------------ lifecycle
 

@@ -116,7 +116,7 @@ def test_sglang_gets_the_key_through_its_environment_locally(tmp_path):
 def test_engine_sockets_fit_the_unix_path_limit_in_a_deep_run_directory(tmp_path):
     """vLLM's engine core listens on <VLLM_RPC_BASE_PATH>/<uuid4> (ZMQ ipc), at most 107 bytes:
     a run directory 80 characters deep made `lorarl run` fail at engine start."""
-    from lorarl.plan.engines import vllm_rpc_base
+    from lorarl.engines.vllm import vllm_rpc_base
     from lorarl.rollout.vllm_engine import vllm_launch_command
 
     deep = tmp_path / ("d" * 80)

@@ -167,5 +167,7 @@ def test_plan_is_deterministic():
 
 def test_config_is_the_fully_defaulted_job():
     p = plan(make())
-    assert p.config["spec"]["lora"]["rank"] == 32
+    assert p.config["spec"]["algorithm"]["groupSize"] == 8
+    # left unset: an adapterPath's own rank, else 32, decided where the adapter is read
+    assert "rank" not in p.config["spec"]["lora"]
     assert LoRARLJob.model_validate(p.config).spec == make().spec

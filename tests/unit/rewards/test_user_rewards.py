@@ -9,7 +9,6 @@ import math
 import textwrap
 from functools import partial
 from pathlib import Path
-from types import SimpleNamespace
 
 import kubernetes_validate
 import numpy as np
@@ -238,14 +237,14 @@ class TextClient:
 
 
 def test_the_example_reward_file_scores_a_step_and_its_metrics_reach_the_step_record():
-    """The trainer's own wiring (Trainer._scorer) on the example file, through the rollout
+    """The trainer's own wiring (loop.build_scorer) on the example file, through the rollout
     worker's decode and scoring, to the step record, its wire form and the trackers' names."""
-    from lorarl.trainer.loop import Trainer
+    from lorarl.trainer.loop import build_scorer
 
     doc = yaml.safe_load(EXAMPLE_JOB.read_text())
     doc["spec"]["reward"] = {"entrypoint": f"{EXAMPLE_FILE}:compute_score"}
     job = LoRARLJob.model_validate(doc)
-    scorer = Trainer._scorer(SimpleNamespace(job=job, endpoints=SimpleNamespace(reward=None)))
+    scorer, _ = build_scorer(job, None)
     rows = [verl_row(0, "72"), verl_row(1, "1000")]
     tokenizer = make_tokenizer()
     worker = RolloutWorker(

@@ -155,6 +155,10 @@ def test_header_json_round_trip_and_bad_fields():
 def test_valid_update_passes():
     h = header().with_buckets(pack(good_update(), bucket_bytes=64))
     validate_update(h, BASE_SHAPES, expected_rank=2)
+    # a receiver that cannot read the adapter (spec.lora.rank unset): the header's rank
+    validate_update(h, BASE_SHAPES, expected_rank=None)
+    with pytest.raises(UpdateValidationError, match="shape"):
+        validate_update(h.model_copy(update={"rank": 4}), BASE_SHAPES, expected_rank=None)
 
 
 @pytest.mark.parametrize(

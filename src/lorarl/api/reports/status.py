@@ -107,6 +107,14 @@ class SyncStatus(ReportModel):
     )
 
 
+class SourceEval(ReportModel):
+    """An eval's numbers over the prompts of one data source (the rows' `data_source`)."""
+
+    reward_mean: float = Field(description="Mean reward over the source's eval samples.")
+    accuracy: float = Field(ge=0, le=1, description="Fraction of its samples that are correct.")
+    prompts: int = Field(ge=1, description="Validation prompts of this source.")
+
+
 class EvalRecord(ReportModel):
     """One evaluation on data.valFiles: the engines at the weights after `step` steps sample
     `samplesPerPrompt` completions per validation prompt, scored with the job's reward.
@@ -125,14 +133,25 @@ class EvalRecord(ReportModel):
     prompts: int = Field(ge=0, description="Validation prompts evaluated.")
     samples_per_prompt: int = Field(ge=1, description="Samples per prompt (training.eval.n).")
     seconds: float = Field(ge=0, description="Wall time of the eval (generation and scoring).")
+    by_source: dict[str, SourceEval] = Field(
+        default_factory=dict,
+        description="The same numbers per data source, when the validation rows have a "
+        "`data_source` column (rows without one count as `unknown`); empty otherwise.",
+    )
 
     def line(self) -> str:
         """One human line, for the trainer's log and the local console."""
         when = "before training" if self.step == 0 else f"step {self.step}"
         passes = " ".join(f"pass@{k} {v:.3f}" for k, v in self.pass_at_k.items())
+        sources = ""
+        if len(self.by_source) > 1:
+            shown = [f"{name} {s.accuracy:.3f}" for name, s in list(self.by_source.items())[:8]]
+            more = len(self.by_source) - len(shown)
+            sources = "; by source: " + ", ".join(shown) + (f", +{more} more" if more else "")
         return (
             f"eval {when}: accuracy {self.accuracy:.3f}, reward {self.reward_mean:.3f}, "
             f"{passes} ({self.prompts} prompts x {self.samples_per_prompt}, {self.seconds:.1f} s)"
+            f"{sources}"
         )
 
 

@@ -20,6 +20,7 @@ from lorarl.api.spec.environment import (
     EnvironmentSpec,
 )
 from lorarl.api.spec.k8s import VolumeClaim
+from lorarl.api.spec.lora import LoraSpec
 from lorarl.api.spec.placement import PLACEMENT_SPEC_RULES
 from lorarl.api.spec.reward import RewardServiceSpec, RewardSpec
 from lorarl.api.spec.tracking import TRACKING_SPEC_RULES, LoggingSpec
@@ -70,50 +71,6 @@ class ModelSpec(ApiModel):
     )
 
     _rules = enforce(_MODEL_PATH_RULE)
-
-
-_ALL_LINEAR_ALONE = Rule(
-    cel="!('all-linear' in self.targetModules) || size(self.targetModules) == 1",
-    message="'all-linear' cannot be combined with other module names",
-    check=lambda m: "all-linear" not in m.target_modules or len(m.target_modules) == 1,
-    field="targetModules",
-)
-
-
-class LoraSpec(ApiModel):
-    model_config = ConfigDict(json_schema_extra=rules_schema_extra(_ALL_LINEAR_ALONE))
-
-    rank: int = Field(default=32, gt=0, le=1024, description="LoRA rank r.")
-    alpha: float = Field(
-        default=32.0, gt=0, le=65536, description="LoRA alpha; the update is scaled by alpha/r."
-    )
-    dropout: float = Field(
-        default=0.0,
-        ge=0,
-        lt=1,
-        description="Dropout on the LoRA input, written to the exported adapter's config for a "
-        "later supervised fine-tune. Not applied during RL: the engines sample without dropout, "
-        "so every trainer pass runs without it (as TRL and verl do).",
-    )
-    target_modules: list[Annotated[str, Field(min_length=1)]] = Field(
-        default_factory=lambda: ["all-linear"],
-        min_length=1,
-        max_length=64,
-        description="Modules to adapt: ['all-linear'] (every linear layer but the output head, "
-        "as 'LoRA Without Regret' advises) or a list of module names such as q_proj, v_proj.",
-    )
-    exclude_modules: list[str] = Field(
-        default_factory=list, max_length=64, description="Module names to leave without LoRA."
-    )
-    use_rslora: bool = Field(
-        default=False, description="Rank-stabilized LoRA: scale by alpha/sqrt(r) instead."
-    )
-    adapter_path: str | None = Field(
-        default=None,
-        description="Start from this existing PEFT adapter folder (its rank must equal `rank`).",
-    )
-
-    _rules = enforce(_ALL_LINEAR_ALONE)
 
 
 _SEED_WITHOUT_SHUFFLE_RULE = Rule(
@@ -395,6 +352,7 @@ __all__ = [
     "EnvironmentSpec",
     "EvalSpec",
     "LoRARLJobSpec",
+    "LoraSpec",
     "RewardServiceSpec",
     "RewardSpec",
     "TrainingSpec",

@@ -116,6 +116,14 @@ class LoggingSpec(ApiModel):
         "to: tensorboard (event files in outputDir/tensorboard), mlflow, wandb. A tracker that "
         "is down never fails the run: the trainer warns and the history stays in outputDir.",
     )
+    run_name: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=128,
+        description="The run's name in MLflow and W&B (verl's trainer.experiment_name, SkyRL's "
+        "trainer.run_name); the job's name if unset. Only the display name: a restarted "
+        "trainer finds its run by the id kept in outputDir/tracking.json.",
+    )
     mlflow: MlflowSettings | None = Field(default=None, description="MLflow settings.")
     wandb: WandbSettings | None = Field(default=None, description="Weights & Biases settings.")
 

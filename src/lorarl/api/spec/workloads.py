@@ -10,7 +10,6 @@ from pydantic_core import PydanticCustomError
 
 from lorarl.api.base import MAX_SECONDS, ApiModel
 from lorarl.api.rules import Rule, crd_only, enforce, rules_schema_extra
-from lorarl.api.spec.engine_flags import overriding_arg
 from lorarl.api.spec.k8s import (
     DNS1123_LABEL,
     GPU_RESOURCE,
@@ -21,6 +20,7 @@ from lorarl.api.spec.k8s import (
     Toleration,
 )
 from lorarl.api.spec.placement import COLOCATED_MEMORY_FRACTION, COLOCATED_PROCESSES_ENV, Placement
+from lorarl.engines.flags import overriding_arg
 
 # The per-job secrets, delivered by reference (a Secret in a cluster, generated per run locally):
 # the engines' API key, and the key that authenticates the weight-sync channel's announcements.

@@ -50,6 +50,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
+from lorarl.api.resource import LoRARLJob
 from lorarl.api.spec.workloads import JOB_UID_ENV
 from lorarl.sync.adapter_files import ADAPTER_CONFIG, ADAPTER_WEIGHTS, write_adapter_dir
 from lorarl.trainer.checkpoint.files import (
@@ -181,6 +182,12 @@ class CheckpointManager:
         self.keep_last = keep_last
         self.job_uid = job_uid
         self._legacy_warned: set[Path] = set()
+
+    @classmethod
+    def from_job(cls, job: LoRARLJob, root: str | Path) -> CheckpointManager:
+        """The job's checkpoints under `root`: training.keepCheckpoints of them, owned by the
+        job's UID (LORARL_JOB_UID)."""
+        return cls(root, job.spec.training.keep_checkpoints, job_uid=job_uid_from_env())
 
     def path_for(self, step: int) -> Path:
         return self.root / f"step-{step:06d}"

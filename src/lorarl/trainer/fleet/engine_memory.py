@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from lorarl.api.spec.placement import releases_engine_memory
+from lorarl.engines import sglang, vllm
 
 log = logging.getLogger(__name__)
 
@@ -57,10 +58,10 @@ class EngineCall:
 
 # engine -> (release, resume); pinned to each engine's routes by tests/contract.
 CALLS: dict[str, tuple[EngineCall, EngineCall]] = {
-    "vllm": (EngineCall("/sleep", {"level": 1}), EngineCall("/wake_up")),
+    "vllm": (EngineCall(vllm.SLEEP, {"level": 1}), EngineCall(vllm.WAKE_UP)),
     "sglang": (
-        EngineCall("/release_memory_occupation", body={}),  # no tags: all of them
-        EngineCall("/resume_memory_occupation", body={}),
+        EngineCall(sglang.RELEASE_MEMORY_OCCUPATION, body={}),  # no tags: all of them
+        EngineCall(sglang.RESUME_MEMORY_OCCUPATION, body={}),
     ),
 }
 
@@ -132,7 +133,7 @@ class EngineMemory:
             return f"{type(exc).__name__}: {exc}"
         if not reply.is_success:
             return f"HTTP {reply.status_code}: {reply.text[:300]}"
-        if call.path == "/wake_up" and '"awake"' not in reply.text:  # vLLM: else "sleeping"
+        if call.path == vllm.WAKE_UP and '"awake"' not in reply.text:  # vLLM: else "sleeping"
             return f"not fully awake after wake_up: {reply.text[:300]}"
         return None
 

@@ -21,17 +21,21 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import httpx
 import torch
 from peft import PeftModel
 
 from lorarl.api.reports.status import SyncStatus
+from lorarl.api.resource import LoRARLJob
 from lorarl.sync.errors import SyncTransportError
 from lorarl.sync.protocol import adapter_name
 from lorarl.sync.transport import Registration
+from lorarl.trainer.errors import ConfigError
 from lorarl.trainer.fleet.publish import SyncFailed, WeightPublisher
 from lorarl.trainer.fleet.sync_check import StalePolicy, SyncCheck
+from lorarl.trainer.model.parallel import DistContext, compute_dtype
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +46,29 @@ INITIAL_MEMBERS_TIMEOUT_S = 600.0  # the first sync waits this long for the job'
 
 class NoEngineReady(RuntimeError):
     pass
+
+
+class SyncEndpoints(Protocol):
+    """What `Fleet.from_job` reads of the trainer's `settings.Endpoints` (the settings sit above
+    the fleet: docs/architecture.md, Layers)."""
+
+    @property
+    def rollout(self) -> list[str]: ...
+
+    @property
+    def sync_addr(self) -> str | None: ...
+
+    @property
+    def sync_port(self) -> int | None: ...
+
+    @property
+    def sync_world_size(self) -> int: ...
+
+    @property
+    def sync_backend(self) -> str | None: ...
+
+    @property
+    def engine_api_key(self) -> str | None: ...
 
 
 def replica_name(index: int) -> str:
@@ -101,6 +128,34 @@ class Fleet:
         self.retry_s, self._sleep = retry_s, sleep
         self._published = False
         self.names: dict[str, str] = {}  # engine URL -> replica name, of every member seen
+
+    @classmethod
+    def from_job(
+        cls,
+        job: LoRARLJob,
+        endpoints: SyncEndpoints,
+        http: httpx.Client,
+        ctx: DistContext,
+        probe: list[int] | None,
+    ) -> Fleet | None:
+        """Rank 0's fleet with sidecars (None without): the weight publisher, which hosts the
+        sync store the sidecars register in, and the stale-policy guard when `probe` is set
+        (`sync_check.job_probe_ids`). Who receives each sync and who generates: the replicas
+        registered now, not the ones in this env (docs/architecture.md#live-membership)."""
+        if endpoints.sync_world_size <= 1:
+            return None
+        addr, port, backend = endpoints.sync_addr, endpoints.sync_port, endpoints.sync_backend
+        if addr is None or port is None or backend is None:
+            raise ConfigError(
+                "LORARL_SYNC_ADDR/LORARL_SYNC_PORT/LORARL_SYNC_BACKEND are required with sidecars"
+            )
+        spec = job.spec
+        publisher = WeightPublisher(
+            addr, port, spec.rollout.sync_mode, backend=backend,
+            wire_dtype=compute_dtype(ctx, spec.trainer.fsdp.mixed_precision),
+        )  # fmt: skip
+        guard = None if probe is None else SyncCheck.from_job(job, http, endpoints.engine_api_key)
+        return cls(publisher, http, initial_members=len(endpoints.rollout), guard=guard)
 
     # ------------------------------------------------------------------ membership
 

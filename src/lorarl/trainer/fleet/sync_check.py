@@ -29,6 +29,10 @@ import httpx
 import torch
 from torch import nn
 
+from lorarl.api.resource import LoRARLJob
+from lorarl.engines import sglang, vllm
+from lorarl.plan.engines import SERVED_MODEL_NAME
+from lorarl.trainer.data.prompts import PromptDataset, encode_prompts
 from lorarl.trainer.model.logprobs import sequence_logprobs
 
 PROBE_TOKENS = 64
@@ -54,6 +58,27 @@ def probe_ids(prompt_ids: Sequence[int], answer_ids: Sequence[int] = ()) -> list
     return ids
 
 
+def job_probe_ids(
+    job: LoRARLJob, sync_world_size: int, dataset: PromptDataset, tokenizer: Any, pad_id: int
+) -> list[int] | None:
+    """The guard's probe (every rank computes it: each takes part in its forward), None when
+    the guard is off or there are no sidecars: the first training prompt and its reference
+    answer, as the engines would tokenize them."""
+    spec = job.spec
+    if sync_world_size <= 1 or not spec.rollout.sync_check.enabled:
+        return None
+    item = dataset[0]
+    prompt = encode_prompts(
+        tokenizer, [item.prompt], spec.data.max_prompt_tokens, truncate=True,
+        chat_template_kwargs=dataset.chat_template_kwargs,
+    )[0]  # fmt: skip
+    answer = item.answer if isinstance(item.answer, str) else ""
+    answer_ids = tokenizer(answer, add_special_tokens=False)["input_ids"]
+    if len(prompt) + len(answer_ids) < 2:  # a one-token prompt, no answer: end it
+        answer_ids = [*answer_ids, pad_id]
+    return probe_ids(prompt, answer_ids)
+
+
 @torch.no_grad()
 def expected_logprobs(model: nn.Module, ids: Sequence[int], device: torch.device) -> list[float]:
     """log p(ids[t] | ids[<t]) for t >= 1 under `model` at temperature 1 (what an engine's prompt
@@ -71,7 +96,7 @@ def probe_request(
 ) -> tuple[str, dict]:
     """The request that returns `ids`' prompt logprobs, one token generated (greedy)."""
     if engine == "vllm":
-        return "/v1/completions", {
+        return vllm.COMPLETIONS, {
             "model": model,
             "prompt": list(ids),
             "max_tokens": 1,
@@ -86,7 +111,7 @@ def probe_request(
     }
     if lora is not None:
         payload["lora_path"] = lora
-    return "/generate", payload
+    return sglang.GENERATE, payload
 
 
 def parse_probe(engine: str, body: Any, ids: Sequence[int], model: str) -> list[float]:
@@ -174,6 +199,19 @@ class SyncCheck:
         self._proven: dict[tuple[str, str], int] = {}  # (engine URL, incarnation) -> version
         self.seconds = 0.0  # spent probing since `take_seconds`
         self.worst_gap: float | None = None  # largest passing gap since `take_seconds`
+
+    @classmethod
+    def from_job(cls, job: LoRARLJob, http: httpx.Client, api_key: str | None) -> SyncCheck:
+        """Rank 0's guard for the job (spec.rollout.syncCheck)."""
+        rollout = job.spec.rollout
+        return cls(
+            http,
+            rollout.engine,
+            rollout.sync_mode,
+            SERVED_MODEL_NAME,
+            tolerance=rollout.sync_check.tolerance or DEFAULT_TOLERANCE[job.spec.model.dtype],
+            api_key=api_key,
+        )
 
     def expect(self, version: int, ids: Sequence[int], logprobs: Sequence[float]) -> None:
         """What the trainer computed for `version` (after the update that made it)."""

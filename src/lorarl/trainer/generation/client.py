@@ -18,6 +18,7 @@ from typing import Any
 
 import httpx
 
+from lorarl.engines import sglang, vllm
 from lorarl.trainer.generation.calls import (
     describe,
     normalize_url,
@@ -260,9 +261,9 @@ class RolloutClient:
         self, prompt: list[int], n: int, params: SamplingParams, model: str
     ) -> tuple[str, dict[str, Any]]:
         if self.engine == "vllm":
-            return "/v1/completions", build_vllm_completion_request(prompt, n, params, model=model)
+            return vllm.COMPLETIONS, build_vllm_completion_request(prompt, n, params, model=model)
         lora = None if model == self.model_name else model
-        return "/generate", build_sglang_generate_request(prompt, n, params, lora_name=lora)
+        return sglang.GENERATE, build_sglang_generate_request(prompt, n, params, lora_name=lora)
 
     def _parse(
         self,
@@ -373,7 +374,7 @@ class RolloutClient:
 
             async def probe(url: str) -> bool:
                 try:
-                    r = await http.get(url + "/health", timeout=min(self.timeout_s, 5.0))
+                    r = await http.get(url + vllm.HEALTH, timeout=min(self.timeout_s, 5.0))
                 except httpx.TransportError:
                     return False
                 return r.status_code == 200

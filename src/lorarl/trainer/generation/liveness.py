@@ -18,6 +18,8 @@ from typing import TypeVar
 
 import httpx
 
+from lorarl.engines.vllm import HEALTH  # SGLang serves the same path (lorarl.engines.sglang)
+
 T = TypeVar("T")
 PROBE_INTERVAL_S = 2.0
 PROBE_TIMEOUT_S = 5.0
@@ -68,7 +70,7 @@ class Liveness:
         while missed < self.misses:
             await asyncio.sleep(self.interval_s)
             try:
-                await self._http.get(url + "/health", timeout=self.timeout_s)
+                await self._http.get(url + HEALTH, timeout=self.timeout_s)
                 missed = 0
             except httpx.TransportError:  # timeouts included: silence is what a vanished one gives
                 missed += 1

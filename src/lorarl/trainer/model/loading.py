@@ -8,7 +8,6 @@ the adapter disabled.
 from __future__ import annotations
 
 import copy
-import json
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -23,6 +22,8 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from lorarl.api.resource import LoRARLJob
+from lorarl.api.spec.lora import AdapterConfigError, LoraValues
+from lorarl.api.spec.lora import read_adapter_config as read_adapter_file
 
 log = logging.getLogger(__name__)
 
@@ -153,17 +154,11 @@ def resolve_targets(model: nn.Module, config: LoraConfig) -> set[str]:
 
 
 def read_adapter_config(adapter_path: str | Path) -> LoraConfig:
-    path = Path(adapter_path)
-    cfg_file = path / "adapter_config.json"
-    if not cfg_file.is_file():
-        raise AdapterError(f"lora.adapterPath {path} has no adapter_config.json")
     try:
-        raw = json.loads(cfg_file.read_text())
-    except json.JSONDecodeError as exc:
-        raise AdapterError(f"{cfg_file} is not valid JSON: {exc}") from exc
-    if raw.get("peft_type", "LORA") != "LORA":
-        raise AdapterError(f"{cfg_file} is a {raw.get('peft_type')} adapter, not LORA")
-    return LoraConfig.from_pretrained(str(path))
+        read_adapter_file(adapter_path)  # a clear error for a missing, broken or non-LoRA file
+    except AdapterConfigError as exc:
+        raise AdapterError(str(exc)) from exc
+    return LoraConfig.from_pretrained(str(adapter_path))
 
 
 def check_adapter_matches(model: nn.Module, settings: LoraSettings, saved: LoraConfig) -> None:
@@ -341,16 +336,30 @@ def copy_full_into(param: torch.Tensor, full: torch.Tensor, name: str) -> None:
             param.copy_(full.to(device=param.device, dtype=param.dtype))
 
 
-def lora_settings(job: LoRARLJob) -> LoraSettings:
-    """spec.lora as PEFT's settings (\"all-linear\" stays PEFT's keyword)."""
+def lora_values(job: LoRARLJob) -> LoraValues:
+    """spec.lora with every setting decided: with adapterPath, the unset ones from the adapter's
+    adapter_config.json (read here, so a missing or conflicting adapter stops the start)."""
     lora = job.spec.lora
-    targets = lora.target_modules
+    try:
+        return lora.values(read_adapter_file(lora.adapter_path) if lora.adapter_path else None)
+    except AdapterConfigError as exc:
+        raise AdapterError(str(exc)) from exc
+
+
+def lora_settings_of(values: LoraValues) -> LoraSettings:
+    """Decided spec.lora values as PEFT's settings (\"all-linear\" stays PEFT's keyword)."""
+    targets = list(values.target_modules)
     return LoraSettings(
-        rank=lora.rank,
-        alpha=lora.alpha,
-        dropout=lora.dropout,
-        target_modules="all-linear" if targets == ["all-linear"] else list(targets),
-        exclude_modules=list(lora.exclude_modules),
-        use_rslora=lora.use_rslora,
-        adapter_path=lora.adapter_path,
+        rank=values.rank,
+        alpha=values.alpha,
+        dropout=values.dropout,
+        target_modules=ALL_LINEAR if targets == [ALL_LINEAR] else targets,
+        exclude_modules=list(values.exclude_modules),
+        use_rslora=values.use_rslora,
+        adapter_path=values.adapter_path,
     )
+
+
+def lora_settings(job: LoRARLJob) -> LoraSettings:
+    """spec.lora as the trainer applies it (`lora_values`)."""
+    return lora_settings_of(lora_values(job))

@@ -14,6 +14,7 @@ import json
 import logging
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -34,9 +35,10 @@ from lorarl.api.reports.samples import (
     trim_samples,
 )
 from lorarl.api.reports.status import CheckpointStatus, EvalRecord, SyncStatus
+from lorarl.api.resource import LoRARLJob
 from lorarl.jsonhttp import JsonHttpServer, RawBody
 from lorarl.trainer.telemetry import metrics
-from lorarl.trainer.telemetry.tracking import Fanout, flatten
+from lorarl.trainer.telemetry.tracking import Fanout, build_fanout, flatten
 
 log = logging.getLogger(__name__)
 
@@ -213,6 +215,36 @@ class ProgressServer(JsonHttpServer):
             "/metrics": lambda: (200, RawBody(tracker.metrics_text(), metrics.CONTENT_TYPE)),
         }
         super().__init__(routes, port, host)
+
+
+@dataclass
+class Telemetry:
+    """Rank 0's reporting: the tracker (with the job's experiment trackers) and, with a
+    progress port, its server."""
+
+    tracker: ProgressTracker
+    server: ProgressServer | None
+
+    @classmethod
+    def from_job(
+        cls,
+        job: LoRARLJob,
+        output_dir: Path,
+        *,
+        total_steps: int,
+        dropped_prompts: int,
+        progress_port: int | None,
+    ) -> Telemetry:
+        """Built, and the server started, first on rank 0: progress answers while the fleet
+        waits for the sidecars to register."""
+        tracker = ProgressTracker(job.name, total_steps, output_dir)
+        tracker.progress.dropped_prompts = dropped_prompts
+        tracker.tracking = build_fanout(job, output_dir)  # spec.logging
+        server = None
+        if progress_port is not None:
+            server = ProgressServer(tracker, progress_port)
+            server.start()
+        return cls(tracker, server)
 
 
 def _rfc3339(t: float) -> str:

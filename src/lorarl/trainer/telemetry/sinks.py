@@ -46,6 +46,11 @@ def _opened(handle: _Handle | None, sink: str) -> _Handle:
     return handle
 
 
+def run_name(job: LoRARLJob) -> str:
+    """The tracker run's display name: spec.logging.runName, else the job's name."""
+    return job.spec.logging.run_name or job.name
+
+
 def sample_table(rows: list[dict[str, Any]]) -> tuple[list[str], list[list[Any]]]:
     return list(SAMPLE_COLUMNS), [[r.get(c) for c in SAMPLE_COLUMNS] for r in rows]
 
@@ -114,7 +119,9 @@ class MlflowSink:
             return
         exp = client.get_experiment_by_name(self.experiment)
         exp_id = exp.experiment_id if exp else client.create_experiment(self.experiment)
-        run = client.create_run(exp_id, run_name=self.job.name, tags={"lorarl.job": self.job.name})
+        run = client.create_run(
+            exp_id, run_name=run_name(self.job), tags={"lorarl.job": self.job.name}
+        )
         self.client, self.run_id = client, run.info.run_id
         self.ids.set("mlflow_run_id", self.run_id)
         client.log_dict(self.run_id, self.job.spec.wire(), "job_spec.json")
@@ -188,7 +195,7 @@ class WandbSink:
         self.run = wandb.init(
             project=s.project or self.job.name,
             entity=s.entity,
-            name=self.job.name,
+            name=run_name(self.job),
             id=run_id,
             resume="allow",
             mode=self.mode,

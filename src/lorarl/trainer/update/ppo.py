@@ -19,7 +19,7 @@ from peft import PeftModel
 from lorarl.api.resource import LoRARLJob
 from lorarl.api.spec.critic import CriticSpec
 from lorarl.trainer.model.critic import critic_parameters, sequence_values
-from lorarl.trainer.model.loading import LoraSettings
+from lorarl.trainer.model.loading import LoraSettings, lora_values
 from lorarl.trainer.model.logprobs import sequence_logprobs
 from lorarl.trainer.rl.advantages import gae, last_token_rewards, value_loss
 from lorarl.trainer.rl.config import KLRewardSettings, kl_reward_settings
@@ -60,8 +60,8 @@ class CriticSettings:
 def critic_settings(job: LoRARLJob) -> CriticSettings:
     """The critic as the trainer builds it. Unset (spec.critic None) means every default."""
     critic = job.spec.critic or CriticSpec()
-    actor, own = job.spec.lora, critic.lora
-    targets = own.target_modules if own.target_modules is not None else actor.target_modules
+    actor, own = lora_values(job), critic.lora  # the actor's as applied (adapter included)
+    targets = list(own.target_modules if own.target_modules is not None else actor.target_modules)
     return CriticSettings(
         lora=LoraSettings(
             rank=own.rank if own.rank is not None else actor.rank,

@@ -18,9 +18,9 @@ import httpx
 import pytest
 import torch
 
-from lorarl.api.spec.engine_flags import managed_flags, overriding_arg
 from lorarl.api.spec.placement import releases_engine_memory
 from lorarl.api.validation import parse_job
+from lorarl.engines.flags import managed_flags, overriding_arg
 from lorarl.local.ports import free_port
 from lorarl.plan.engines import engine_command
 from lorarl.trainer import loop

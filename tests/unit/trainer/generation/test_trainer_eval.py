@@ -22,8 +22,22 @@ from lorarl.operator.status import apply_progress
 from lorarl.server.views import status_from_progress
 from lorarl.trainer.data.prompts import PromptDataset
 from lorarl.trainer.generation.client import RolloutClient
-from lorarl.trainer.generation.eval import Evaluator, aggregate, ks_for, pass_at_k, shared_prompts
-from lorarl.trainer.generation.types import SamplingParams
+from lorarl.trainer.generation.eval import (
+    MAX_SOURCES,
+    SAVED_TEXT_LIMIT,
+    Evaluator,
+    aggregate,
+    eval_file,
+    generation_rows,
+    ks_for,
+    pass_at_k,
+    read_generations,
+    shared_prompts,
+    source_key,
+    source_metrics,
+    write_generations,
+)
+from lorarl.trainer.generation.types import Sample, SamplingParams
 from lorarl.trainer.loop import StepState, Trainer
 from lorarl.trainer.settings import Endpoints
 from lorarl.trainer.telemetry.progress import ProgressTracker
@@ -79,6 +93,100 @@ def test_aggregate_refuses_ragged_or_empty_groups() -> None:
         aggregate([[1.0, 0.0], [1.0]], 1.0, step=1, seconds=0)
     with pytest.raises(ValueError, match="at least one prompt"):
         aggregate([], 1.0, step=1, seconds=0)
+
+
+def test_eval_numbers_by_data_source() -> None:
+    rewards = [[1.0, 0.0], [1.0, 1.0], [0.0, 0.0], [0.5, 1.0]]
+    sources = ["openai/gsm8k", "math", "openai/gsm8k", None]
+    rec = aggregate(rewards, 1.0, step=3, seconds=0, sources=sources)
+    got = {k: (v.reward_mean, v.accuracy, v.prompts) for k, v in rec.by_source.items()}
+    assert got == {"math": (1.0, 1.0, 1), "openai/gsm8k": (0.25, 0.25, 2),
+                   "unknown": (0.75, 0.5, 1)}  # fmt: skip
+    assert list(rec.by_source) == sorted(rec.by_source)
+    assert rec.line().endswith("; by source: math 1.000, openai/gsm8k 0.250, unknown 0.500")
+    # No prompt names a source (or none given): no per-source numbers.
+    assert aggregate(rewards, 1.0, step=3, seconds=0, sources=[None] * 4).by_source == {}
+    assert aggregate(rewards, 1.0, step=3, seconds=0).by_source == {}
+    wire = rec.wire()["bySource"]
+    assert wire["openai/gsm8k"] == {"rewardMean": 0.25, "accuracy": 0.25, "prompts": 2}
+    with pytest.raises(ValueError, match="4 prompts but 3 data sources"):
+        source_metrics(rewards, sources[:3], 1.0)
+
+
+def test_many_data_sources_keep_the_largest_and_count_the_rest_as_other() -> None:
+    sources = ["big"] * 3 + [f"s{i:03d}" for i in range(MAX_SOURCES + 5)]
+    out = source_metrics([[1.0]] * len(sources), sources, 1.0)
+    assert len(out) == MAX_SOURCES and out["big"].prompts == 3
+    assert out["other"].prompts == len(sources) - 3 - (MAX_SOURCES - 2)
+
+
+@pytest.mark.parametrize(
+    ("source", "key"),
+    [("openai/gsm8k", "openai/gsm8k"), ("lighteval/MATH-v1.2", "lighteval/MATH-v1.2"),
+     ("a b:c?", "a_b_c_"), ("/x//../y/", "x/y"), ("..", "unknown"), (None, "unknown"),
+     (7, "7"), ("x" * 300, "x" * 100)],
+)  # fmt: skip
+def test_source_names_are_metric_names_every_tracker_takes(source, key) -> None:
+    assert source_key(source) == key
+
+
+def prompts(*sources):
+    rows = [{"prompt": f"after {i}", "answer": str(i), "data_source": s}
+            for i, s in enumerate(sources)]  # fmt: skip
+    return list(PromptDataset.from_rows(rows, "prompt", "answer"))
+
+
+def test_eval_files_hold_whole_prompt_groups_up_to_the_cap(tmp_path) -> None:
+    items = prompts("gsm8k", None, "math")
+    texts = [["a" * (SAVED_TEXT_LIMIT + 5), "b"], ["c", "d"], ["e", "f"]]
+    rows = generation_rows(10, items, texts, [[1.0, 0.0], [0.0, 0.0], [1.0, 1.0]], limit=4)
+    assert [r["index"] for r in rows] == [0, 1]  # the third group would pass the cap
+    assert rows[0]["data_source"] == "gsm8k" and rows[1]["data_source"] is None
+    assert len(rows[0]["completions"][0]) == SAVED_TEXT_LIMIT
+    assert (rows[0]["prompt"], rows[0]["answer"], rows[1]["rewards"]) == ("after 0", "0", [0, 0])
+    assert len(generation_rows(1, items, texts, [[0.0] * 2] * 3, limit=1)[0]["completions"]) == 1
+
+    path = eval_file(tmp_path / "evals", 10)
+    assert path.name == "step-000010.jsonl"
+    write_generations(path, rows)
+    write_generations(path, rows[:1])  # a redone eval replaces the file whole
+    assert read_generations(path) == rows[:1]
+    assert [p.name for p in path.parent.iterdir()] == [path.name]  # no temp file left
+
+
+def test_each_eval_saves_its_completions_and_rewards(tmp_path, caplog) -> None:
+    tok = make_tokenizer()
+    words = iter(["yes", "no", "yes", "yes"])
+
+    def generate(prompt_ids, n, sampling, *, model, expected_version):
+        def sample():
+            ids = tok.encode(next(words), add_special_tokens=False)
+            return Sample([1], ids, [0.0] * len(ids), "stop", expected_version, "e")
+
+        return [[sample() for _ in range(n)] for _ in prompt_ids]
+
+    def scorer(prompts, completions, truths, metas):
+        return [SimpleNamespace(score=float(c == "yes")) for c in completions]
+
+    ev = Evaluator(
+        dataset=PromptDataset(prompts("gsm8k", "math")), tokenizer=tok,
+        client=SimpleNamespace(generate=generate), scorer=scorer, n=2,
+        sampling=SamplingParams(max_tokens=4), max_prompt_tokens=32, threshold=1.0,
+        save_dir=tmp_path / "evals",
+    )  # fmt: skip
+    rec = ev.run(step=4, version=4, model_name="m")
+    assert rec.accuracy == 0.75 and rec.by_source["gsm8k"].accuracy == 0.5
+    rows = read_generations(tmp_path / "evals" / "step-000004.jsonl")
+    assert [(r["data_source"], r["completions"], r["rewards"]) for r in rows] == [
+        ("gsm8k", ["yes", "no"], [1.0, 0.0]),
+        ("math", ["yes", "yes"], [1.0, 1.0]),
+    ]
+    # A folder it cannot write: the numbers are still reported, with a warning.
+    (tmp_path / "file").write_text("")
+    ev.save_dir, words = tmp_path / "file" / "evals", iter(["no"] * 4)
+    with caplog.at_level(logging.WARNING, logger="lorarl.trainer.generation.eval"):
+        assert ev.run(step=5, version=5, model_name="m").accuracy == 0.0
+    assert "could not save the eval's completions" in caplog.text
 
 
 def record(step: int, accuracy: float) -> EvalRecord:

@@ -18,7 +18,9 @@ from lorarl.trainer.model.loading import (
     apply_lora,
     count_parameters,
     load_base_model,
+    lora_config,
     lora_parameters,
+    lora_settings,
     lora_state_dict,
     set_lora_state_dict,
 )
@@ -222,6 +224,46 @@ def test_adapter_path_resumes_weights_trainable(llama_dir, saved_adapter):
     assert all(torch.equal(got[k], weights[k]) for k in got)
     trainable = {n for n, p in model.named_parameters() if p.requires_grad}
     assert trainable == {n for n, _ in lora_parameters(model)}
+
+
+def _job_with_lora(lora: dict):
+    from lorarl.api import LoRARLJob
+
+    return LoRARLJob.model_validate({
+        "apiVersion": "lorarl.dev/v1alpha1", "kind": "LoRARLJob",
+        "metadata": {"name": "job", "namespace": "ml"},
+        "spec": {"model": {"path": "/models/m"}, "data": {"trainFiles": ["t.jsonl"]},
+                 "lora": lora},
+    })  # fmt: skip
+
+
+def test_adapter_path_supplies_the_settings_the_spec_leaves_unset(llama_dir, saved_adapter):
+    path, weights = saved_adapter
+    settings = lora_settings(_job_with_lora({"adapterPath": str(path)}))
+    assert (settings.rank, settings.alpha, settings.use_rslora) == (4, 8.0, False)
+    assert settings.target_modules == sorted(LINEAR_SUFFIXES)
+    model = apply_lora(load_base_model(llama_dir), settings)
+    assert lora_config(model).r == 4
+    got = lora_state_dict(model)
+    assert all(torch.equal(got[k], weights[k]) for k in weights)
+    # the same values written out are no conflict
+    same = {"adapterPath": str(path), "rank": 4, "alpha": 8, "useRslora": False}
+    assert lora_settings(_job_with_lora(same)) == settings
+
+
+def test_adapter_path_conflict_with_a_set_field_names_it_and_both_values(saved_adapter):
+    path, _ = saved_adapter
+    with pytest.raises(
+        AdapterError, match=rf"^spec.lora.rank: 16 but the adapter at {path} says r=4$"
+    ):
+        lora_settings(_job_with_lora({"adapterPath": str(path), "rank": 16}))
+    with pytest.raises(AdapterError, match=r"has no adapter_config.json"):
+        lora_settings(_job_with_lora({"adapterPath": str(path / "missing")}))
+
+
+def test_without_an_adapter_unset_fields_take_the_defaults():
+    settings = lora_settings(_job_with_lora({}))
+    assert settings == LoraSettings(rank=32, alpha=32.0, target_modules="all-linear")
 
 
 # ------------------------------------------------------------------ logprobs

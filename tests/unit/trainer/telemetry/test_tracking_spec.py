@@ -1,11 +1,13 @@
 """spec.logging: tracker credentials reach the trainer container, and only it, by Secret reference;
-sample completions are picked, cut and trimmed as documented."""
+the tracker run is named as the user says; sample completions are picked, cut and trimmed as
+documented."""
 
 from __future__ import annotations
 
 import copy
 import json
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -18,13 +20,15 @@ from lorarl.api.reports.samples import (
     read_samples,
     trim_samples,
 )
+from lorarl.api.spec.tracking import WandbSettings
 from lorarl.api.validation import check_manifest, parse_job
 from lorarl.local.tiny import make_tokenizer
 from lorarl.operator import builders
 from lorarl.plan import plan
 from lorarl.trainer.rl.samples import TrainSample
 from lorarl.trainer.telemetry.samples import TEXT_LIMIT, due, sample_rows
-from lorarl.trainer.telemetry.tracking import flatten
+from lorarl.trainer.telemetry.sinks import MlflowSink, WandbSink, run_name
+from lorarl.trainer.telemetry.tracking import RunIds, flatten
 
 ROOT = Path(__file__).resolve().parents[4]
 QUICKSTART = yaml.safe_load((ROOT / "examples" / "quickstart.yaml").read_text())
@@ -111,6 +115,53 @@ def test_an_online_key_from_trainer_env_is_accepted():
     assert check_manifest(doc) == []
 
 
+def test_the_tracker_run_name_is_logging_run_name_else_the_job_name():
+    named = parse_job(_doc(logging={"backends": ["wandb"], "runName": "qwen2.5_3b grpo/v2"}))
+    assert run_name(named) == "qwen2.5_3b grpo/v2"
+    unnamed = parse_job(_doc(logging={"backends": ["wandb"]}))
+    assert run_name(unnamed) == unnamed.name == QUICKSTART["metadata"]["name"]
+    problems = [str(p) for p in check_manifest(_doc(logging={"runName": ""}))]
+    assert any("spec.logging.runName" in p for p in problems), problems
+    mlflow = {"backends": ["mlflow"], "runName": "x", "mlflow": {"trackingUri": "file:///m"}}
+    assert check_manifest(_doc(logging=mlflow)) == []
+
+
+def test_wandb_and_mlflow_runs_are_opened_with_the_run_name(tmp_path: Path, monkeypatch):
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    job = parse_job(_doc(logging={"backends": ["wandb", "mlflow"], "runName": "my run",
+                                  "mlflow": {"trackingUri": "file:///tmp/m"}}))  # fmt: skip
+    wandb = WandbSink(WandbSettings(), job, tmp_path, RunIds(tmp_path))
+    inits: list[dict[str, Any]] = []
+    wandb._wandb = SimpleNamespace(init=lambda **kw: inits.append(kw), Settings=dict)
+    wandb.open()
+    assert inits[0]["name"] == "my run" and inits[0]["project"] == job.name
+
+    runs: list[dict[str, Any]] = []
+
+    class Client:
+        def __init__(self, tracking_uri: str):
+            pass
+
+        def get_experiment_by_name(self, name):
+            return None
+
+        def create_experiment(self, name):
+            return "1"
+
+        def create_run(self, exp_id, run_name, tags):
+            runs.append({"run_name": run_name, "tags": tags})
+            return SimpleNamespace(info=SimpleNamespace(run_id="r1"))
+
+        def log_dict(self, *args):
+            pass
+
+    assert job.spec.logging.mlflow is not None
+    mlflow = MlflowSink(job.spec.logging.mlflow, job, RunIds(tmp_path))
+    mlflow._mlflow = SimpleNamespace(MlflowClient=Client)
+    mlflow.open()
+    assert runs == [{"run_name": "my run", "tags": {"lorarl.job": job.name}}]
+
+
 def test_flatten_keeps_numbers_nests_with_slashes_and_drops_the_axes():
     record = {
         "step": 3,
@@ -119,13 +170,16 @@ def test_flatten_keeps_numbers_nests_with_slashes_and_drops_the_axes():
         "kl": None,
         "phase": "x",
         "flag": True,
-        "eval": {"step": 3, "accuracy": 0.25, "passAtK": {"1": 0.25, "2": 0.5}},
-    }
+        "eval": {"step": 3, "accuracy": 0.25, "passAtK": {"1": 0.25, "2": 0.5},
+                 "by_source": {"openai/gsm8k": {"accuracy": 0.5, "prompts": 2}}},
+    }  # fmt: skip
     assert flatten(record) == {
         "rewardMean": 0.5,
         "eval/accuracy": 0.25,
         "eval/passAtK/1": 0.25,
         "eval/passAtK/2": 0.5,
+        "eval/by_source/openai/gsm8k/accuracy": 0.5,
+        "eval/by_source/openai/gsm8k/prompts": 2.0,
     }
 
 

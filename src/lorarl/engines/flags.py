@@ -9,34 +9,21 @@ the same normalization, and any prefix of a managed name is refused. `--config` 
 the file it names can set every flag. A test keeps these lists equal to the flags the plan emits.
 The sleep / memory-saver flags are managed because a colocated job's trainer depends on them
 (`--no-enable-sleep-mode` would make every release fail); elsewhere nothing would use them.
+The names themselves live with each engine (lorarl.engines.vllm, lorarl.engines.sglang).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-# Long option names (without `--`), every alias each engine's parser has for them.
-_VLLM = (
-    "model", "served-model-name", "host", "port", "uds", "dtype", "tensor-parallel-size",
-    "logprobs-mode", "seed", "max-model-len", "trust-remote-code", "no-trust-remote-code",
-    "enable-lora", "no-enable-lora", "max-lora-rank", "max-loras", "worker-extension-cls",
-    "api-key", "config", "gpu-memory-utilization", "device-memory-utilization",
-    "enable-sleep-mode", "no-enable-sleep-mode",
-)  # fmt: skip
-# Set only for a CPU engine (its batch budget, eager mode); free to tune on GPUs.
-_VLLM_CPU = ("enforce-eager", "no-enforce-eager", "max-num-seqs", "max-num-batched-tokens")
-_VLLM_SHORT = ("tp",)  # -tp is --tensor-parallel-size
-_SGLANG = (
-    "model-path", "model", "served-model-name", "host", "port", "dtype", "tp-size",
-    "tensor-parallel-size", "mem-fraction-static", "random-seed", "api-key", "trust-remote-code",
-    "enable-lora", "max-lora-rank", "max-loras-per-batch", "lora-target-modules", "config",
-    "enable-memory-saver", "enable-weights-cpu-backup",
-)  # fmt: skip
+from lorarl.engines import sglang, vllm
 
 
 def managed_flags(engine: str, *, cpu: bool) -> tuple[str, ...]:
     """The long flags (`--name`) the plan owns for this engine."""
-    names = _SGLANG if engine == "sglang" else _VLLM + (_VLLM_CPU if cpu else ())
+    if engine == "sglang":
+        return tuple(f"--{n}" for n in sglang.MANAGED_FLAGS)
+    names = vllm.MANAGED_FLAGS + (vllm.MANAGED_CPU_FLAGS if cpu else ())
     return tuple(f"--{n}" for n in names)
 
 
@@ -48,7 +35,7 @@ def _flag_name(arg: str) -> str:
 def overriding_arg(engine: str, args: Sequence[str], *, cpu: bool) -> str | None:
     """The first of `args` that sets, or abbreviates, a flag the plan owns; None if none does."""
     managed = [f[2:] for f in managed_flags(engine, cpu=cpu)]
-    shorts = _VLLM_SHORT if engine == "vllm" else ()
+    shorts = vllm.MANAGED_SHORT_FLAGS if engine == "vllm" else ()
     for arg in args:
         if arg.startswith("--"):
             name = _flag_name(arg)
