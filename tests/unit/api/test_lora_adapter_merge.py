@@ -52,7 +52,6 @@ def test_fields_set_to_the_adapters_values_are_no_conflict():
     [
         ("rank", 16, "spec.lora.rank: 16 but the adapter at /a says r=8"),
         ("alpha", 32, "spec.lora.alpha: 32 but the adapter at /a says lora_alpha=16"),
-        ("dropout", 0.1, "spec.lora.dropout: 0.1 but the adapter at /a says lora_dropout=0.05"),
         (
             "use_rslora",
             False,
@@ -96,3 +95,9 @@ def test_the_file_is_read_where_it_is_here(tmp_path: Path):
     (tmp_path / "adapter_config.json").write_text(json.dumps({**PEFT, "peft_type": "IA3"}))
     with pytest.raises(AdapterConfigError, match="IA3 adapter, not LORA"):
         read_adapter_config(tmp_path)
+
+
+def test_dropout_set_in_the_spec_wins_over_the_adapters():
+    """Dropout is neither in the weights nor in the scale (and RL runs without it)."""
+    got = merge_adapter_config(LoraSpec(adapter_path="/a", dropout=0.1), PEFT)
+    assert (got.dropout, got.rank) == (0.1, 8)

@@ -80,8 +80,8 @@ class LoraSpec(ApiModel):
     adapter_path: str | None = Field(
         default=None,
         description="Start from this existing PEFT adapter folder. Its adapter_config.json "
-        "supplies rank, alpha, dropout, targetModules and useRslora left unset here; one set "
-        "here to a different value is refused.",
+        "supplies rank, alpha, dropout, targetModules and useRslora left unset here; rank, "
+        "alpha or useRslora set here to a different value is refused (dropout set here wins).",
     )
 
     _rules = enforce(_ALL_LINEAR_ALONE)
@@ -116,6 +116,8 @@ _SCALARS: tuple[tuple[str, str, str, type | tuple[type, ...]], ...] = (
     ("dropout", "dropout", "lora_dropout", (int, float)),
     ("useRslora", "use_rslora", "use_rslora", bool),
 )
+# Settings that change neither the adapter's weights nor its scale: the spec's value wins.
+_OVERRIDABLE = frozenset({"dropout"})
 
 
 def _module_names(value: Any, key: str, where: str) -> tuple[str, ...] | None:
@@ -138,7 +140,8 @@ def _module_names(value: Any, key: str, where: str) -> tuple[str, ...] | None:
 def merge_adapter_config(lora: LoraSpec, adapter: Mapping[str, Any] | None) -> LoraValues:
     """The spec's LoRA settings completed from the adapter's parsed `adapter_config.json`.
 
-    A scalar the spec sets must equal the adapter's. Target modules are not compared here:
+    A scalar the spec sets must equal the adapter's (dropout excepted: it is not in the
+    weights, and RL runs without it). Target modules are not compared here:
     'all-linear' and a list of names can mean the same modules, which only the model can tell
     (the trainer's `check_adapter_matches` compares the resolved modules).
     """
@@ -151,7 +154,7 @@ def merge_adapter_config(lora: LoraSpec, adapter: Mapping[str, Any] | None) -> L
             not isinstance(theirs, kind) or (kind is not bool and isinstance(theirs, bool))
         ):
             raise AdapterConfigError(f"{where} has {key}={theirs!r}, not a {field} value")
-        if mine is not None and theirs is not None and mine != theirs:
+        if mine is not None and theirs is not None and mine != theirs and attr not in _OVERRIDABLE:
             shown = str(mine).lower() if isinstance(mine, bool) else f"{mine:g}"
             raise AdapterConfigError(
                 f"spec.lora.{field}: {shown} but {where} says {key}={json.dumps(theirs)}"
