@@ -3,10 +3,12 @@ spec leaves unset, and a field the spec sets to another value is refused, naming
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 
 import pytest
+import yaml
 
 from lorarl.api.spec.lora import (
     AdapterConfigError,
@@ -27,6 +29,8 @@ PEFT = {
     "exclude_modules": None,
     "use_rslora": True,
 }
+
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_unset_fields_take_the_adapters_values():
@@ -101,3 +105,21 @@ def test_dropout_set_in_the_spec_wins_over_the_adapters():
     """Dropout is neither in the weights nor in the scale (and RL runs without it)."""
     got = merge_adapter_config(LoraSpec(adapter_path="/a", dropout=0.1), PEFT)
     assert (got.dropout, got.rank) == (0.1, 8)
+
+
+def test_a_cluster_adapter_job_serving_the_adapter_names_its_rank():
+    """On a cluster nothing that renders the engines can read the adapter, so with syncMode
+    adapter the rank that sizes their LoRA slots must be in the spec; merged mode, a set rank
+    and a local run (whose plan reads the adapter) need none."""
+    from lorarl.api.validation import ManifestError, parse_job
+
+    doc = yaml.safe_load((ROOT / "examples/bad/adapter-rank-unset-on-cluster.yaml").read_text())
+    with pytest.raises(ManifestError, match=r"spec\.lora\.rank: required with lora\.adapterPath"):
+        parse_job(doc, cluster=True)
+    assert parse_job(doc).spec.lora.rank is None  # local
+    ranked = copy.deepcopy(doc)
+    ranked["spec"]["lora"]["rank"] = 8
+    parse_job(ranked, cluster=True)
+    merged = copy.deepcopy(doc)
+    merged["spec"]["rollout"]["syncMode"] = "merged"
+    parse_job(merged, cluster=True)

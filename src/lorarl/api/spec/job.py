@@ -274,6 +274,21 @@ _SHAPED_SAMPLING_RULE = Rule(
     ),
     field="rollout.sampling.repetitionPenalty",
 )
+# The engines reserve LoRA slots of lora.rank when they start, before any adapter is read; in a
+# cluster nothing that renders the pods can read the adapter (it sits on the trainer's volume), so
+# the adapter's r cannot size them. Locally the plan reads it (api/spec/lora.py `values_here`).
+_ADAPTER_RANK_RULE = Rule(
+    cel="!has(self.lora) || !has(self.lora.adapterPath) || has(self.lora.rank) || "
+    "!has(self.rollout) || !has(self.rollout.syncMode) || self.rollout.syncMode != 'adapter'",
+    message="required with lora.adapterPath and rollout.syncMode adapter on a cluster: the "
+    "engines reserve LoRA slots of this rank before the adapter is read; set it to the "
+    "adapter's r",
+    check=lambda m: (
+        m.lora.adapter_path is None or m.lora.rank is not None or m.rollout.sync_mode != "adapter"
+    ),
+    field="lora.rank",
+    cluster=True,
+)
 _SPEC_RULES = (
     _EVAL_NEEDS_VAL_RULE,
     _VAL_FILES_UNUSED_RULE,
@@ -289,6 +304,7 @@ _SPEC_RULES = (
     _OUTPUT_VOLUME_RULE,
     _OUTPUT_ON_VOLUME_RULE,
     _MOUNT_PATHS_RULE,
+    _ADAPTER_RANK_RULE,
 )
 
 
