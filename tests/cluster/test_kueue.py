@@ -127,11 +127,19 @@ def test_a_queue_with_room_for_one_job_runs_two_jobs_one_after_the_other(tmp_pat
                 f"{engine} deleted by the operator",
             )
             c.kube.set_pod_phase(NS, engine, "Failed", exit_code=143, reason="Error")
-        marked = c.kube.list_objects("v1/pods", NS, "lorarl.dev/job=first")
-        assert all(
-            p["metadata"]["annotations"].get("kueue.x-k8s.io/retriable-in-group") == "false"
-            for p in marked
-        ), [p["metadata"]["annotations"] for p in marked]
+
+        # The operator marks the pods one by one after it writes the final status, so the
+        # last mark can land just after the engines are seen deleted: wait for every one (a pod
+        # Kueue has already let go of is gone from the list).
+        def all_marked() -> bool:
+            marked = c.kube.list_objects("v1/pods", NS, "lorarl.dev/job=first")
+            return all(
+                p["metadata"].get("annotations", {}).get("kueue.x-k8s.io/retriable-in-group")
+                == "false"
+                for p in marked
+            )
+
+        wait_for(all_marked, 15, "every pod of the first job marked not retriable")
         wait_for(
             lambda: not any(_gated(p) for p in _pods(c, "second").values()),
             90,
