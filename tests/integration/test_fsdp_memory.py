@@ -86,7 +86,12 @@ def test_checkpointing_and_the_token_budget_lower_the_updates_measured_peak(tmp_
     tokens, 4 layers x 256 hidden, fp32). Checkpointing keeps one hidden state per layer instead
     of every layer's intermediates; the budget (768 tokens) runs a few samples at a time."""
     model = make_tiny_model(tmp_path / "m", arch="llama", layers=4, hidden=256)
-    runs = {c: _update_peak(model, c) for c in ("plain", "checkpointing", "token_budget")}
+    # The least of two runs each: noise (the allocator, a busy machine) only ever adds to a peak
+    # (one CI run measured checkpointing at 241 MiB where it is ~203).
+    runs = {
+        c: min((_update_peak(model, c) for _ in range(2)), key=lambda r: r["update_peak_mib"])
+        for c in ("plain", "checkpointing", "token_budget")
+    }
     if not all(r["peak_is_update_only"] for r in runs.values()):
         pytest.skip("this kernel cannot reset the peak-RSS counter (/proc/self/clear_refs)")
     plain = runs["plain"]["update_peak_mib"]
