@@ -40,7 +40,7 @@ def engine_command(spec: LoRARLJobSpec, model_path: str, host: str, port: int) -
 
 
 def sglang_command(spec: LoRARLJobSpec, model_path: str, host: str, port: int) -> list[str]:
-    r = spec.rollout
+    r, lora = spec.rollout, values_here(spec.lora)  # read once: the adapter's config, if here
     args = sglang_server_args(
         model_path,
         host,
@@ -52,8 +52,8 @@ def sglang_command(spec: LoRARLJobSpec, model_path: str, host: str, port: int) -
         seed=spec.training.seed,
         api_key=ENGINE_API_KEY_REF,
         trust_remote_code=spec.model.trust_remote_code,
-        lora_rank=values_here(spec.lora).rank if r.sync_mode == "adapter" else None,
-        lora_target_modules=values_here(spec.lora).target_modules,
+        lora_rank=lora.rank if r.sync_mode == "adapter" else None,
+        lora_target_modules=lora.target_modules,
         memory_saver=releases_engine_memory(spec),
         extra_args=r.engine_args,
     )
