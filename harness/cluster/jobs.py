@@ -22,7 +22,7 @@ from harness.cluster.cluster import Cluster
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = yaml.safe_load((ROOT / "examples" / "quickstart.yaml").read_text())
-CLAIMS = {"models": "/models", "data": "/data", "outputs": "/outputs"}
+CLAIMS = {"models": "/models", "data": "/data", "outputs": "/outputs", "hub-cache": "/hub"}
 JOB_LABEL = "lorarl.dev/job"
 Obj = dict[str, Any]
 

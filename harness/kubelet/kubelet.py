@@ -4,10 +4,10 @@ thread.
 It registers its Node and renews its Lease (node.py) and talks to the API server as
 `system:node:<name>`, so the Node authorizer and NodeRestriction judge every request it makes.
 Each pass lists the pods the scheduler bound to it and starts new ones (volumes -> netns ->
-service and policy rules -> containers); reaps and restarts containers; writes each pod's status
-through `pods/status` when it changes; and honours graceful deletion: a pod with a
-deletionTimestamp gets SIGTERM, its grace period (capped by `max_grace`), SIGKILL, and then the
-kubelet's own final DELETE, as a real kubelet ends it.
+service and policy rules -> init containers, one at a time -> containers); reaps and restarts
+containers; writes each pod's status through `pods/status` when it changes; and honours
+graceful deletion: a pod with a deletionTimestamp gets SIGTERM, its grace period (capped by
+`max_grace`), SIGKILL, and then the kubelet's own final DELETE, as a real kubelet ends it.
 
 What a cluster's node agents besides the kubelet do runs here too, under an identity of their
 own with only the reads and writes they need (a ClusterRole made at start): the CNI's
@@ -151,7 +151,7 @@ class Kubelet:
     def log_path(self, namespace: str, name: str, container: str) -> Path:
         run = self.pod(namespace, name)
         assert run is not None, f"no pod {namespace}/{name} ran here"
-        (c,) = [c for c in run.containers if c.name == container]
+        (c,) = [c for c in [*run.init_containers, *run.containers] if c.name == container]
         return c.log_path
 
     def logs(self, namespace: str, name: str, container: str) -> str:

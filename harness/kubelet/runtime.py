@@ -182,7 +182,8 @@ class ContainerRun:
 
     def state(self) -> dict[str, Any]:
         if self.waiting is not None:
-            return {"waiting": {"reason": self.waiting[0], "message": self.waiting[1]}}
+            reason, message = self.waiting
+            return {"waiting": {"reason": reason, **({"message": message} if message else {})}}
         if self.terminated is not None:
             if self.restart_at is not None:
                 return {"waiting": {"reason": "CrashLoopBackOff", "message": (

@@ -32,7 +32,6 @@ _DEFAULT_KL_COEF = {VERL: 0.001, SKYRL: 0.001}
 _DEFAULT_KL_LOSS = {VERL: False, SKYRL: True}  # use_kl_loss
 _ANSWER_KEY = {VERL: "reward_model.ground_truth", SKYRL: "reward_spec.ground_truth"}
 _OUTPUT_CLAIM = {"claimName": "rl-outputs", "mountPath": "/output"}
-_MODEL_CLAIM = {"claimName": "models", "mountPath": "/models", "readOnly": True}
 
 
 class ScriptError(ValueError):
@@ -208,22 +207,16 @@ def _as_list(ctx: _Ctx, e: ForeignName, value: Any) -> Any:
 
 
 def _model(ctx: _Ctx, e: ForeignName, value: Any) -> Any:
-    from lorarl.api.spec.job import ModelSpec
+    from lorarl.api.spec.job import is_hub_id
 
-    try:
-        ModelSpec.model_validate({"path": value})
-        return value
-    except ValueError:
-        pass
-    local = "/models/" + str(value).rstrip("/").split("/")[-1]
-    _set(ctx, "spec.model.volume", dict(_MODEL_CLAIM))
-    ctx.out.note(
-        "spec.model.path",
-        f"was {value}, a Hugging Face hub id: lorarl reads a local folder (on a PVC in a "
-        f"cluster) today; download it there, e.g. huggingface-cli download {value} "
-        f"--local-dir {local}, on the claim named in model.volume",
-    )
-    return local
+    if isinstance(value, str) and is_hub_id(value):
+        ctx.out.note(
+            "spec.model.path",
+            f"{value} is a hub id: an init container downloads it before each pod starts "
+            "(set spec.model.volume to a claim the pods share to download it once, "
+            "spec.model.revision to pin a commit, spec.model.hub.tokenSecret for a gated model)",
+        )
+    return value
 
 
 def _prompts_to_samples(ctx: _Ctx, e: ForeignName, value: Any) -> Any:
@@ -418,7 +411,7 @@ class _Done(Exception):
 CONVERSIONS: dict[str, tuple[Conversion, str]] = {
     "": (_plain, "as written"),
     "list": (_as_list, "a single name becomes a one-item list"),
-    "model": (_model, "a hub id becomes a local path under /models, with a comment"),
+    "model": (_model, "as written; a hub id gets a comment on its cache and revision"),
     "prompts": (_prompts_to_samples, "x groupSize (prompts to samples)"),
     "epochs": (_epochs, "not with total_training_steps"),
     "offload": (_offload, "on when either is true"),

@@ -33,6 +33,7 @@ from harness.cluster.jobs import (
     run_job,
     write_val_file,
 )
+from harness.services.hub_server import HubServer
 
 pytestmark = pytest.mark.slow
 
@@ -109,6 +110,8 @@ def test_merged_job_learns_on_the_cluster_path(c: Cluster) -> None:
     c.kubelet.wait(lambda: not job_pods(c, "e2e-merged"), 60, "the job's pods collected")
 
 
+HUB_REPO, HUB_TOKEN = "lorarl-test/tiny-letters", "hf_cluster_test_token"
+
 # The quickstart's regex_match reward as a verl user writes it: a file with verl's signature,
 # a dict return; the quickstart rows have no extra_info column, so extra_info is their other
 # fields (the per-row pattern).
@@ -134,15 +137,45 @@ def test_colocated_adapter_sync_scored_by_the_reward_service_pod(c: Cluster) -> 
         "data": {"letters_verl.py": VERL_LETTER_REWARD},
     }))  # fmt: skip
     job = cluster_job("e2e-adapter", training__totalSteps=5)
+    # The model as a gated hub id (issue 37 #3), served over the hub's protocol from this node
+    # (harness/services/hub_server.py); the token comes from a Secret; the pods share a cache.
+    c.apply(json.dumps({
+        "apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+        "metadata": {"name": "hf-token", "namespace": "default"},
+        "stringData": {"token": HUB_TOKEN},
+    }))  # fmt: skip
+    model = c.kubelet.claim_dir("default", "models") / Path(job["spec"]["model"]["path"]).name
+    hub = HubServer({HUB_REPO: model}, tokens={HUB_REPO: HUB_TOKEN}, host="0.0.0.0").start()
+    job["spec"]["model"] = {
+        "path": HUB_REPO,
+        "dtype": job["spec"]["model"]["dtype"],
+        "hub": {
+            "endpoint": f"http://{c.kubelet.host_ip}:{hub.port}",
+            "tokenSecret": {"name": "hf-token", "key": "token"},
+        },
+        "volume": {"claimName": "hub-cache", "mountPath": "/hub"},
+    }
     job["spec"]["rollout"].update(syncMode="adapter", replicas=1, placement="colocated")
     job["spec"]["reward"] = {
         "entrypoint": "/rewards/letters_verl.py:compute_score",
         "configMap": {"name": "letter-reward", "mountPath": "/rewards"},
         "service": {"replicas": 1},
     }
-    run = run_job(c, job, timeout=900)
+    try:
+        run = run_job(c, job, timeout=900)
+    finally:
+        hub.stop()
     status = run.job["status"]
     assert status["step"] == 5 and status["lastSync"]["mode"] == "adapter"
+    # Fetched once into the shared cache, by the init container, at the commit in the status.
+    assert status["model"] == {"source": HUB_REPO, "revision": hub.sha(HUB_REPO)}
+    assert hub.count("get", path="model.safetensors", repo=HUB_REPO) == 1
+    trainer_pod = c.kube.get("v1/pods", "default", "e2e-adapter-trainer-0")
+    (fetch,) = trainer_pod["status"]["initContainerStatuses"]
+    assert fetch["name"] == "fetch-model" and fetch["state"]["terminated"]["exitCode"] == 0
+    cached = c.kubelet.claim_dir("default", "hub-cache")
+    snapshot = cached / "models--lorarl-test--tiny-letters" / "snapshots" / hub.sha(HUB_REPO)
+    assert (snapshot / "model.safetensors").is_file()
     assert printed_column(c, "e2e-adapter", "Steps").strip() == "5/5"  # no eval: Eval is blank
     # No rollout pod: the trainer pod's own engine generated every step.
     assert set(run.pods_running_s) == {"e2e-adapter-trainer-0", "e2e-adapter-reward-0"}

@@ -1,8 +1,8 @@
 """The process kubelet (harness/kubelet/) does what a kubelet does, or the cluster tests
 built on it would prove nothing: a Node the scheduler binds pods to, a read-only root, volumes
 (claims bound by the provisioner, projected ServiceAccount tokens), env and secret references,
-pod DNS names, Services, NetworkPolicy enforcement, status and exit codes, graceful deletion,
-the Node authorizer's limits, cleanup.
+pod DNS names, Services, NetworkPolicy enforcement, init containers, status and exit codes,
+graceful deletion, the Node authorizer's limits, cleanup.
 
 The cluster is the real one (harness/cluster/controlplane.py): API server, controller-manager and
 scheduler. Each test uses its own namespace, so policies and names never cross tests.
@@ -258,17 +258,15 @@ def test_missing_claim_keeps_the_pod_pending_until_it_exists(
 
 def test_what_the_harness_cannot_run_is_said(cluster: tuple[KubeClient, Kubelet], ns: str) -> None:
     kube, kubelet = cluster
-    spec = pod(ns, "init", "print(1)")
-    spec["spec"]["initContainers"] = [dict(spec["spec"]["containers"][0], name="init")]
-    create(kube, spec)
+    create(kube, pod(ns, "shared", "print(1)", shareProcessNamespace=True))
 
     def condition() -> Obj | None:
-        p = kube.get("v1/pods", ns, "init")
+        p = kube.get("v1/pods", ns, "shared")
         conds = (p.get("status") or {}).get("conditions") or []
         return next((c for c in conds if c.get("reason") == "UnsupportedByHarness"), None)
 
     cond = kubelet.wait(condition, 30, "UnsupportedByHarness")
-    assert "initContainers" in cond["message"]
+    assert "shareProcessNamespace" in cond["message"]
 
 
 # -- env ---------------------------------------------------------------------------------------
@@ -598,6 +596,115 @@ def test_on_failure_restarts_the_container(cluster: tuple[KubeClient, Kubelet], 
     assert cs["lastState"]["terminated"]["exitCode"] == 1  # the emptyDir outlived the restart
 
 
+# -- init containers ---------------------------------------------------------------------------
+
+INITIALIZING = {"waiting": {"reason": "PodInitializing"}}  # a main container's, until init is done
+
+
+def with_init(spec: Obj, *scripts: tuple[str, str], mounts: list[Obj] = ()) -> Obj:
+    """`spec` with init containers (name, script) shaped like its main container."""
+    main = spec["spec"]["containers"][0]
+    spec["spec"]["initContainers"] = [
+        dict(main, name=name, command=["python", "-c", script],
+             volumeMounts=[*main["volumeMounts"], *mounts])
+        for name, script in scripts
+    ]  # fmt: skip
+    return spec
+
+
+def init_status(p: Obj, name: str) -> Obj:
+    (cs,) = [c for c in p["status"]["initContainerStatuses"] if c["name"] == name]
+    return cs
+
+
+def condition(p: Obj, kind: str) -> Obj:
+    return next(c for c in p["status"]["conditions"] if c["type"] == kind)
+
+
+def test_init_containers_run_in_order_before_the_main_container(
+    cluster: tuple[KubeClient, Kubelet], ns: str
+) -> None:
+    """The operator's model download: init containers one after the other on the pod's volumes,
+    the second held at a gate the test opens, its termination message (the resolved commit) in
+    initContainerStatuses; the main container starts only after both succeeded."""
+    kube, kubelet = cluster
+    create(kube, claim(ns, "gate"))
+    first = "open('/tmp/order', 'w').write('first ')"
+    second = (
+        "import os, time\n"
+        "assert open('/tmp/order').read() == 'first ', 'ran before the first'\n"
+        "while not os.path.exists('/gate/open'): time.sleep(0.1)\n"
+        "open('/tmp/order', 'a').write('second')\n"
+        "open('/dev/termination-log', 'w').write('sha-0123abc')"
+    )
+    main = "import json; print(json.dumps({'order': open('/tmp/order').read()}))"
+    spec = with_init(pod(ns, "inits", main), ("first", first), ("second", second),
+                     mounts=[{"name": "gate", "mountPath": "/gate"}])  # fmt: skip
+    spec["spec"]["volumes"].append({"name": "gate", "persistentVolumeClaim": {"claimName": "gate"}})
+    create(kube, spec)
+
+    def at_the_gate() -> Obj | None:
+        p = kube.get("v1/pods", ns, "inits")
+        statuses = (p.get("status") or {}).get("initContainerStatuses") or []
+        return p if len(statuses) == 2 and "running" in statuses[1]["state"] else None
+
+    p = kubelet.wait(at_the_gate, 60, "the second init container running")
+    assert p["status"]["phase"] == "Pending"
+    assert "terminated" in init_status(p, "first")["state"]
+    initialized = condition(p, "Initialized")
+    assert (initialized["status"], initialized["reason"]) == ("False", "ContainersNotInitialized")
+    assert "second" in initialized["message"] and "first" not in initialized["message"]
+    assert p["status"]["containerStatuses"][0]["state"] == INITIALIZING
+    (kubelet.claim_dir(ns, "gate") / "open").write_text("")
+    p = finished(kube, kubelet, ns, "inits")
+    assert p["status"]["phase"] == "Succeeded", kubelet.logs(ns, "inits", "second")
+    assert out(kubelet, ns, "inits") == {"order": "first second"}
+    for name, message in (("first", None), ("second", "sha-0123abc")):
+        cs = init_status(p, name)
+        term = cs["state"]["terminated"]
+        assert (term["exitCode"], term["reason"], term.get("message")) == (0, "Completed", message)
+        assert cs["restartCount"] == 0 and cs["ready"]  # kubelet: ready once it succeeded
+    assert condition(p, "Initialized")["status"] == "True"
+    assert terminated(p)["exitCode"] == 0
+
+
+def test_a_failed_init_container_fails_the_pod_under_never(
+    cluster: tuple[KubeClient, Kubelet], ns: str
+) -> None:
+    kube, kubelet = cluster
+    fail = "open('/dev/termination-log', 'w').write('no such revision'); exit(3)"
+    create(kube, with_init(pod(ns, "noinit", "open('/tmp/main-ran', 'w')"), ("fetch", fail)))
+    p = finished(kube, kubelet, ns, "noinit")
+    assert p["status"]["phase"] == "Failed"
+    cs = init_status(p, "fetch")
+    term = cs["state"]["terminated"]
+    assert (term["exitCode"], term["reason"], term["message"]) == (3, "Error", "no such revision")
+    assert cs["restartCount"] == 0 and not cs["ready"]
+    assert condition(p, "Initialized")["status"] == "False"
+    time.sleep(1.0)  # a few kubelet passes: the main container must still not start
+    p = kube.get("v1/pods", ns, "noinit")
+    assert p["status"]["containerStatuses"][0]["state"] == INITIALIZING
+    assert not (kubelet.pod(ns, "noinit").volumes["tmp"].path / "main-ran").exists()
+
+
+def test_on_failure_restarts_a_failed_init_container(
+    cluster: tuple[KubeClient, Kubelet], ns: str
+) -> None:
+    kube, kubelet = cluster
+    flaky = (
+        "import os, sys; first = not os.path.exists('/tmp/tried'); open('/tmp/tried', 'w'); "
+        "sys.exit(1 if first else 0)"
+    )
+    spec = pod(ns, "retried", "print('main')", restartPolicy="OnFailure")
+    create(kube, with_init(spec, ("fetch", flaky)))
+    p = finished(kube, kubelet, ns, "retried")
+    assert p["status"]["phase"] == "Succeeded"
+    cs = init_status(p, "fetch")
+    assert cs["restartCount"] == 1 and cs["state"]["terminated"]["exitCode"] == 0
+    assert cs["lastState"]["terminated"]["exitCode"] == 1  # the emptyDir outlived the restart
+    assert kubelet.logs(ns, "retried", "main").strip() == "main"
+
+
 # -- deletion, garbage collection, cleanup -----------------------------------------------------
 
 SLEEPER = "import subprocess, time; subprocess.Popen(['sleep', '600']); time.sleep(600)"
@@ -632,6 +739,29 @@ def test_deleting_a_pod_kills_its_processes(cluster: tuple[KubeClient, Kubelet],
     kubelet.wait(lambda: not alive(pids), 10, f"processes {alive(pids)} gone")
     assert netns not in kubelet_network.run("ip", "netns", "list")
     kube.wait_gone("v1/pods", ns, "sleeper", 10)  # the kubelet's final DELETE
+
+
+def test_deleting_a_pod_during_init_kills_the_init_container(
+    cluster: tuple[KubeClient, Kubelet], ns: str
+) -> None:
+    kube, kubelet = cluster
+    create(kube, with_init(pod(ns, "slowinit", "print(1)"), ("fetch", SLEEPER)))
+
+    def fetching() -> bool:
+        p = kube.get("v1/pods", ns, "slowinit")
+        statuses = (p.get("status") or {}).get("initContainerStatuses") or []
+        return bool(statuses) and "running" in statuses[0]["state"]
+
+    kubelet.wait(fetching, 60, "the init container running")
+    netns = kubelet.pod(ns, "slowinit").net.netns
+    kubelet.wait(lambda: len(pids_of(netns)) >= 2, 20, "python and its child")
+    pids = pids_of(netns)
+    kube.delete("v1/pods", ns, "slowinit")
+    kubelet.wait(lambda: kubelet.pod(ns, "slowinit").stopped.is_set(), 30, "pod stopped")
+    kubelet.wait(lambda: not alive(pids), 10, f"processes {alive(pids)} gone")
+    kube.wait_gone("v1/pods", ns, "slowinit", 10)
+    (main,) = kubelet.pod(ns, "slowinit").containers
+    assert not main.started_once
 
 
 GRACEFUL = """

@@ -226,6 +226,11 @@ def _foreign_hint(found: tuple[str, str | None, tuple[str, ...], str]) -> str:
     return f"did you mean {field}? that is {frameworks} {suffix}{tail}"
 
 
+# A Secret or ConfigMap reference's own fields: `spec.model.name` is not meant to be
+# spec.model.hub.tokenSecret.name, whatever the spelling says.
+_REFERENCE_FIELDS = frozenset(("name", "key", "optional"))
+
+
 def unknown_field_hint(loc: Sequence[str | int], value: Any) -> str:
     """What the key at `loc` (refused as unknown) was probably meant to be: a parenthesis to
     append to the problem, or ''."""
@@ -266,7 +271,7 @@ def unknown_field_hint(loc: Sequence[str | int], value: Any) -> str:
     below = [
         (_distance(norm, _norm(name), limit), depth, path)
         for name, path, depth in _descendants(parent or {}, _path(parent_loc))
-        if depth > 1
+        if depth > 1 and name not in _REFERENCE_FIELDS
     ]
     here = [(_distance(norm, _norm(name), limit), 0, name) for name in siblings]
     for candidates, exact in ((below, True), (here, False), (below, False)):

@@ -50,7 +50,7 @@ def _names(framework: str, prefix: str, pairs: Sequence[tuple]) -> list[ForeignN
 # the first is the one suggested unless the manifest's location says otherwise.
 FOREIGN_NAMES: tuple[ForeignName, ...] = (
     *_names(VERL, "actor_rollout_ref.model.", [
-        ("path", "spec.model.path", "a hub id needs a local copy", "model"),
+        ("path", "spec.model.path", "", "model"),
         ("trust_remote_code", "spec.model.trustRemoteCode"),
         ("lora_rank", "spec.lora.rank"),
         ("lora_alpha", "spec.lora.alpha"),
@@ -163,7 +163,7 @@ FOREIGN_NAMES: tuple[ForeignName, ...] = (
         ("model.exclude_modules", "spec.critic.lora.excludeModules"),
     ]),
     *_names(SKYRL, "trainer.policy.", [
-        ("model.path", "spec.model.path", "a hub id needs a local copy", "model"),
+        ("model.path", "spec.model.path", "", "model"),
         ("model.lora.rank", "spec.lora.rank"),
         ("model.lora.alpha", "spec.lora.alpha"),
         ("model.lora.dropout", "spec.lora.dropout"),

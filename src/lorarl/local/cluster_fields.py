@@ -30,6 +30,7 @@ CLUSTER_ONLY: tuple[str, ...] = (
     "reward.service.resources",
     "reward.configMap",
     "model.volume",
+    "model.hub.tokenSecret",  # locally: HF_TOKEN or `hf auth login`
     "data.volume",
     "training.volume",
     "training.outputDir",

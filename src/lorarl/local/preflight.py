@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from lorarl.api.resource import LoRARLJob
+from lorarl.api.spec.job import is_hub_id
 from lorarl.entrypoints import is_file_entrypoint, split_entrypoint
 from lorarl.errors import UserError
 
@@ -22,17 +23,12 @@ class LocalInputMissing(UserError):
     pass
 
 
-def looks_like_hub_id(path: str) -> bool:
-    """`org/name` (a hub id baked into an image or a local HF cache), not a folder path."""
-    return path.count("/") == 1 and not path.startswith((".", "/", "~"))
-
-
 def missing_inputs(job: LoRARLJob) -> list[str]:
     """One line per local file or folder the job names that does not exist."""
     spec = job.spec
     problems = []
     model = spec.model.path
-    if not looks_like_hub_id(model) and not Path(model).is_dir():
+    if not is_hub_id(model) and not Path(model).is_dir():  # a hub id is fetched (hub_model.py)
         problems.append(f"spec.model.path: {model} is not a folder here")
     if spec.lora.adapter_path and not Path(spec.lora.adapter_path).is_dir():
         problems.append(f"spec.lora.adapterPath: {spec.lora.adapter_path} is not a folder here")

@@ -30,6 +30,7 @@ from lorarl.api.resource import LoRARLJob
 from lorarl.api.spec.workloads import JOB_UID_ENV, SYNC_KEY_ENV
 from lorarl.engines.vllm import VLLM_RPC_BASE_ENV, vllm_rpc_base
 from lorarl.local.env_refs import api_key_from_env, expand, with_job_keys
+from lorarl.local.hub_model import fetch_job_model, record_model
 from lorarl.local.ports import free_port_block
 from lorarl.local.processes import Child
 from lorarl.plan import ContainerPlan, JobPlan, LocalAddressing, ReplicaPlan, RolePlan, plan
@@ -146,6 +147,9 @@ class LocalRun:
     def start(self) -> JobPlan:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.job_uid = run_job_uid(self.run_dir)
+        self.job, snapshot = fetch_job_model(self.job)  # a hub id: its snapshot folder
+        if snapshot is not None:
+            record_model(self.run_dir, snapshot)
         if not ray_temp_fits(self.ray_temp_dir):
             self.ray_temp_dir = Path(tempfile.mkdtemp(prefix="lorarl-ray-", dir="/tmp"))
             self._own_ray_temp = True

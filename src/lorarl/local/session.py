@@ -14,6 +14,7 @@ from lorarl.local.cluster_fields import local_warning
 from lorarl.local.console import LiveView, summary
 from lorarl.local.cpu_dtype import emulated_bf16_warning, read_cpuinfo
 from lorarl.local.engine_python import find_engine_python
+from lorarl.local.hub_model import fetch_job_model, record_model
 from lorarl.local.preflight import check_inputs
 from lorarl.local.prior_run import prepare_run_dir
 from lorarl.local.runner import LocalRun, RunFailed
@@ -34,12 +35,19 @@ def run_local(
     "fresh": local/prior_run.py) before any process starts."""
     console = console or Console()
     check_inputs(job)
+    # A hub id: fetched before the run folder changes (a HubError is one line); the warnings
+    # below still read the job as written.
+    fetched, snapshot = fetch_job_model(job)
+    if snapshot is not None:
+        console.print(f"model {snapshot.repo} at commit {snapshot.revision}", highlight=False)
     engine_python = find_engine_python(engine_python, module=job.spec.rollout.engine)
     folder = Path(run_dir or Path("runs") / job.name)
     note = prepare_run_dir(folder, existing, job.spec.training.resume)
     if note:
         console.print(note, highlight=False)
-    run = LocalRun(job, folder, engine_python=engine_python)
+    run = LocalRun(fetched, folder, engine_python=engine_python)
+    if snapshot is not None:
+        record_model(run.run_dir, snapshot)
     stop_status = None
     code = 1
     # SIGTERM (e.g. from a CI timeout, or `lorarl stop`) takes the same path as Ctrl-C: stop

@@ -18,6 +18,7 @@ from lorarl.api.tenancy import engine_key_secret_name
 from lorarl.plan.addressing import CLUSTER_PORTS
 from lorarl.plan.build import CONFIG_FILE
 from lorarl.plan.engines import ENGINE_API_KEY_ENV
+from lorarl.plan.hub import FETCH_CONTAINER, pinned
 from lorarl.plan.model import ContainerPlan, JobPlan, ReplicaPlan, RolePlan, VolumePlan
 from lorarl.rewards.service.auth import REWARD_API_KEY_ENV, REWARD_KEY_CONTAINERS
 from lorarl.sync.protocol import SYNC_KEY_CONTAINERS
@@ -198,11 +199,19 @@ def pod_group(plan: JobPlan, job: LoRARLJob) -> Obj | None:
 
 
 def pod(
-    plan: JobPlan, job: LoRARLJob, role: str, index: int, *, attempt: int = 0, job_uid: str = ""
+    plan: JobPlan,
+    job: LoRARLJob,
+    role: str,
+    index: int,
+    *,
+    attempt: int = 0,
+    job_uid: str = "",
+    model_revision: str | None = None,
 ) -> Obj:
     """One replica's Pod. `attempt` tells pods of a restarted trainer group from older ones;
     `job_uid` (the job's metadata.uid) labels the pod for the NetworkPolicy and reaches every
-    container as LORARL_JOB_UID, which the trainer stamps into its checkpoints."""
+    container as LORARL_JOB_UID, which the trainer stamps into its checkpoints;
+    `model_revision` (status.model.revision) pins a hub id's fetch to the job's commit."""
     role_plan = plan.role(role)  # type: ignore[arg-type]
     if role_plan is None or not 0 <= index < len(role_plan.replicas):
         raise ValueError(f"job {plan.name} has no {role} replica {index}")
@@ -252,6 +261,11 @@ def pod(
         ],
         "volumes": [_volume(v) for v in role_plan.volumes] + [_tmp_volume()],
     }
+    if replica.init_containers:
+        spec["initContainers"] = [
+            _container(plan, _pinned(c, model_revision), engine_key=False, job_uid=job_uid)
+            for c in replica.init_containers
+        ]
     if role_plan.node_selector:
         spec["nodeSelector"] = dict(role_plan.node_selector)
     if role_plan.tolerations:
@@ -386,6 +400,12 @@ def _colocated_process(c: ContainerPlan, trainer: ContainerPlan, engine_ports: l
     return item
 
 
+def _pinned(c: ContainerPlan, revision: str | None) -> ContainerPlan:
+    if revision is None or c.name != FETCH_CONTAINER:
+        return c
+    return c.model_copy(update={"command": pinned(c.command, revision)})
+
+
 def _resources(r: ResourceRequirements) -> Obj:
     out: Obj = {}
     if r.requests:
@@ -407,6 +427,8 @@ def _volume(v: VolumePlan) -> Obj:
         if v.read_only:
             claim["readOnly"] = True
         return {"name": v.name, "persistentVolumeClaim": claim}
+    if v.kind == "empty":
+        return {"name": v.name, "emptyDir": {}}
     return {"name": v.name, "emptyDir": {"medium": "Memory"}}
 
 

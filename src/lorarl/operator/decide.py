@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from lorarl.api.reports.progress import Progress
-from lorarl.api.reports.status import LoRARLJobStatus, Phase
+from lorarl.api.reports.status import LoRARLJobStatus, ModelStatus, Phase
 from lorarl.api.resource import LoRARLJob
 from lorarl.operator.builders import rollout_selector
 from lorarl.operator.status import (
@@ -225,6 +225,9 @@ def decide(obs: Observed) -> Decision:
         )
         return p.d
 
+    if spec.model.from_hub and _pin_model(p):
+        return p.d
+
     restarting = st.phase == "Restarting"
     trainers = [x for x in p.live if x.role == "trainer"]
     p.delete([x for x in trainers if x.attempt < st.restarts])  # left over from a restart
@@ -348,6 +351,37 @@ def decide(obs: Observed) -> Decision:
     p.set_phase(phase, messages[phase])
     p.count_rollouts(extra=sum(r == "rollout" for r, _ in p.d.create))
     return p.d
+
+
+def _pin_model(p: _Pass) -> bool:
+    """status.model.revision: the first commit a pod's fetch-model reports. Later pods fetch
+    that commit (the reconciler pins their command); a pod that loaded another one (the hub's
+    branch moved while pods with their own caches started) would train or serve other weights,
+    so the job fails and says how to avoid it. True: the job has finished."""
+    model, st = p.obs.job.spec.model, p.st
+    for x in p.live:
+        if not x.model_revision:
+            continue
+        if st.model is None:
+            st.model = ModelStatus(source=model.path, revision=x.model_revision)
+            p.event(
+                "Normal",
+                "ModelFetched",
+                f"{model.path} at commit {x.model_revision} (pod {x.name}): every pod of the "
+                "job loads this commit",
+            )
+        elif x.model_revision != st.model.revision:
+            p.finish(
+                "Failed",
+                "ModelRevisionMismatch",
+                f"pod {x.name} fetched {model.path} at commit {x.model_revision[:12]}, the "
+                f"job's other pods {st.model.revision[:12]}: {model.revision or 'main'} moved "
+                "on the hub while the pods started; set spec.model.revision to a commit, or "
+                "spec.model.volume so the pods share one cache",
+                stop_running=True,
+            )
+            return True
+    return False
 
 
 def preempted(pod: PodView) -> bool:

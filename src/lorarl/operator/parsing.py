@@ -72,17 +72,21 @@ class Parsed:
 
 
 def job_input(body: Mapping[str, Any]) -> dict[str, Any]:
-    """What the job's model is built from: only name, namespace and labels of the metadata (so
-    kopf's bookkeeping annotations never change the rendered config)."""
+    """What the job's model is built from: only name, namespace, uid and labels of the metadata
+    (so kopf's bookkeeping annotations never change the rendered config; the uid names a hub id
+    model's pin in a shared cache, plan/hub.py)."""
     meta = body.get("metadata") or {}
+    metadata = {
+        "name": meta.get("name"),
+        "namespace": meta.get("namespace"),
+        "labels": dict(meta.get("labels") or {}),
+    }
+    if meta.get("uid"):
+        metadata["uid"] = str(meta["uid"])
     return {
         "apiVersion": body.get("apiVersion"),
         "kind": body.get("kind"),
-        "metadata": {
-            "name": meta.get("name"),
-            "namespace": meta.get("namespace"),
-            "labels": dict(meta.get("labels") or {}),
-        },
+        "metadata": metadata,
         "spec": plain(body.get("spec") or {}),
     }
 

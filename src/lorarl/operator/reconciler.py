@@ -328,10 +328,19 @@ class Reconciler:
                 state.deleted[uids[name]] = time.monotonic()
             state.created.pop(name, None)
         pods_to_make = []
+        model = decision.status.model  # a hub id's pinned commit, once a pod has fetched it
         for role, index in decision.create:
             attempt = decision.attempt if role == "trainer" else 0
             pods_to_make.append(
-                builders.pod(job_plan, job, role, index, attempt=attempt, job_uid=state.uid)
+                builders.pod(
+                    job_plan,
+                    job,
+                    role,
+                    index,
+                    attempt=attempt,
+                    job_uid=state.uid,
+                    model_revision=model.revision if model else None,
+                )
             )
         kopf.adopt(pods_to_make, owner=_kopf_body(state.body))
         made = []

@@ -14,6 +14,7 @@ from typing import Any, Literal
 from lorarl.api.reports.progress import Progress
 from lorarl.api.reports.status import Condition, LoRARLJobStatus, Phase, StepMetrics
 from lorarl.operator.builders import ATTEMPT_LABEL, INDEX_LABEL, JOB_LABEL, ROLE_LABEL
+from lorarl.plan.hub import FETCH_CONTAINER
 
 _REASON = re.compile(r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")
 MAX_MESSAGE = 1024
@@ -40,6 +41,7 @@ class PodView:
     # (PreemptionByScheduler, DeletionByTaintManager, TerminationByKubelet, DeletionByPodGC...).
     pod_reason: str = ""
     disruption: str = ""
+    model_revision: str = ""  # the commit its fetch-model init container fetched (a hub id)
 
     @property
     def running(self) -> bool:
@@ -72,6 +74,7 @@ def pod_view(pod: Mapping[str, Any]) -> PodView | None:
         gated=bool((pod.get("spec") or {}).get("schedulingGates")),
         pod_reason=str(status.get("reason") or ""),
         disruption=_disruption(status),
+        model_revision=fetched_revision(status, FETCH_CONTAINER) or "",
     )
 
 
@@ -92,14 +95,27 @@ def termination(status: Mapping[str, Any]) -> tuple[str, str, int | None]:
     """(reason, message, exit code) of the first container that terminated unsuccessfully, else
     of the first that terminated at all: what a person needs to see why a pod ended."""
     found: list[tuple[str, str, int | None]] = []
-    for cs in status.get("containerStatuses") or []:
+    # An init container that failed (a hub download, say) is why the others never ran; one that
+    # succeeded is not a reason for anything.
+    inits = [(cs, True) for cs in status.get("initContainerStatuses") or []]
+    for cs, init in [*inits, *((cs, False) for cs in status.get("containerStatuses") or [])]:
         term = (cs.get("state") or {}).get("terminated") or (cs.get("lastState") or {}).get(
             "terminated"
         )
-        if term:
+        if term and not (init and term.get("exitCode") == 0):
             found.append((term.get("reason", ""), term.get("message", ""), term.get("exitCode")))
     failed = [f for f in found if f[2] not in (0, None)]
     return (failed or found or [("", "", None)])[0]
+
+
+def fetched_revision(status: Mapping[str, Any], container: str) -> str | None:
+    """The commit an init container fetched: its termination message, once it succeeded."""
+    for cs in status.get("initContainerStatuses") or []:
+        term = (cs.get("state") or {}).get("terminated") or {}
+        if cs.get("name") == container and term.get("exitCode") == 0:
+            message = str(term.get("message") or "").strip()
+            return message if re.fullmatch(r"[0-9a-f]{40}", message) else None
+    return None
 
 
 def final_progress(message: str) -> Progress | None:

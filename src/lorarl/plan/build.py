@@ -11,6 +11,7 @@ from lorarl.api.spec.placement import colocated
 from lorarl.api.spec.tracking import tracking_env
 from lorarl.plan.addressing import Addressing, ClusterAddressing
 from lorarl.plan.engines import engine_command, engine_env
+from lorarl.plan.hub import MODEL_VOLUME, cache_dir, fetch_container, with_pod_model
 from lorarl.plan.model import (
     ContainerPlan,
     JobPlan,
@@ -46,6 +47,10 @@ def plan(
     config_path: str = f"{CONFIG_DIR}/{CONFIG_FILE}",
 ) -> JobPlan:
     addressing = addressing or ClusterAddressing()
+    # A hub id: the pods' init containers fetch it (plan/hub.py); everything else reads a folder.
+    source = job
+    if job.spec.model.from_hub:
+        job = with_pod_model(job)
     spec, name = job.spec, job.name
     _check_user_env(spec)
     labels = {
@@ -85,6 +90,8 @@ def plan(
     roles = [_trainer_role(job, addressing, common, sync_env, *urls)]
     if not colocated(spec):
         roles.append(_rollout_role(job, addressing, common, sync_env))
+    if source.spec.model.from_hub:
+        roles = [_with_model_fetch(r, source) for r in roles]
     if spec.reward.service is not None and spec.reward.service.url is None:
         roles.append(_reward_role(job, addressing, common))
     return JobPlan(
@@ -98,6 +105,36 @@ def plan(
         roles=roles,
         config=rendered_config(job),
     )
+
+
+def _with_model_fetch(role: RolePlan, source: LoRARLJob) -> RolePlan:
+    """Each pod fetches the hub id first (into a shared claim, or its own emptyDir), in its own
+    image; the containers read the cache read-only."""
+    if role.role == "reward":  # the reward service never reads the model
+        return role
+    volumes = [v for v in role.volumes if v.name != MODEL_VOLUME]
+    claim = source.spec.model.volume
+    cache = (
+        VolumePlan(name=MODEL_VOLUME, kind="pvc", source=claim.claim_name)
+        if claim
+        else VolumePlan(name=MODEL_VOLUME, kind="empty")
+    )
+    replicas = []
+    for replica in role.replicas:
+        containers = [
+            c.model_copy(
+                update={
+                    "mounts": [m for m in c.mounts if m.volume != MODEL_VOLUME]
+                    + [MountPlan(volume=MODEL_VOLUME, path=cache_dir(source), read_only=True)]
+                }
+            )
+            for c in replica.containers
+        ]
+        fetch = fetch_container(source, containers[0].image)
+        replicas.append(
+            replica.model_copy(update={"containers": containers, "init_containers": [fetch]})
+        )
+    return role.model_copy(update={"volumes": [*volumes, cache], "replicas": replicas})
 
 
 def sync_backend(spec: LoRARLJobSpec) -> Literal["gloo"]:

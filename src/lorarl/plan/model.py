@@ -14,7 +14,7 @@ Role = Literal["trainer", "rollout", "reward"]
 
 class VolumePlan(ApiModel):
     name: str
-    kind: Literal["pvc", "configMap", "memory"]
+    kind: Literal["pvc", "configMap", "memory", "empty"]  # empty: an emptyDir on disk
     source: str | None = Field(default=None, description="Claim or ConfigMap name.")
     read_only: bool = False
 
@@ -42,6 +42,9 @@ class ReplicaPlan(ApiModel):
     name: str = Field(description="Pod name; also its hostname under the headless Service.")
     host: str = Field(description="Address other replicas use to reach this one.")
     containers: list[ContainerPlan]
+    init_containers: list[ContainerPlan] = Field(
+        default_factory=list, description="Run to completion, in order, before the containers."
+    )
 
 
 class RolePlan(ApiModel):

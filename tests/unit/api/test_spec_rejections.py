@@ -49,20 +49,31 @@ def verdicts(doc: dict, cel: CrdServer) -> tuple[bool, bool]:
 
 
 @pytest.mark.parametrize(
-    ("path", "ok"),
+    ("model", "ok"),
     [
-        ("/models/Qwen2.5-3B", True),
-        ("./qwen", True),
-        (".cache/lorarl/models/tiny", True),
-        ("~/models/qwen", True),
-        ("runs/models/qwen", True),  # three parts: no hub id has them
-        ("Qwen/Qwen2.5-3B-Instruct", False),
-        ("gpt2", False),
-        ("models/qwen", False),  # reads as a hub id: write ./models/qwen
+        ({"path": "/models/Qwen2.5-3B"}, True),
+        ({"path": "./qwen"}, True),
+        ({"path": "Qwen/Qwen2.5-3B-Instruct"}, True),  # a hub id: fetched by an init container
+        ({"path": "gpt2", "revision": "v1.0"}, True),
+        ({"path": "Qwen/Qwen3-0.6B", "hub": {"endpoint": "https://hf-mirror.com"}}, True),
+        ({"path": "Qwen/Qwen3-0.6B", "hub": {"endpoint": "ftp://mirror"}}, False),
+        ({"path": "Qwen/Qwen3-0.6B", "revision": "main; rm -rf /"}, False),
+        # revision and hub say where a hub id comes from: on a folder they would be ignored
+        ({"path": "/models/Qwen2.5-3B", "revision": "main"}, False),
+        ({"path": "runs/models/qwen", "hub": {"endpoint": "https://hf-mirror.com"}}, False),
+        ({"path": "./qwen", "hub": {"tokenSecret": {"name": "hf", "key": "token"}}}, False),
     ],
 )
-def test_model_path_must_be_a_folder_not_a_hub_id(path, ok, cel):
-    assert verdicts(with_spec("model", {"path": path}), cel) == (ok, ok)
+def test_model_path_is_a_folder_or_a_hub_id_and_hub_settings_need_a_hub_id(model, ok, cel):
+    assert verdicts(with_spec("model", model), cel) == (ok, ok)
+
+
+def test_the_hub_id_pattern_is_the_fetchers():
+    """api (the CRD's CEL, validate) and lorarl.hub (the init container) read ids alike."""
+    from lorarl import hub
+    from lorarl.api.spec import job
+
+    assert hub.HUB_ID_PATTERN == job.HUB_ID_PATTERN
 
 
 @pytest.mark.parametrize(

@@ -87,7 +87,8 @@ def test_a_snake_case_key_is_refused_with_its_camel_case_name():
         ),
         (
             "model/name",
-            "spec.model.name: unknown field (known fields: path, volume, dtype, trustRemoteCode)",
+            "spec.model.name: unknown field (known fields: path, revision, hub, volume, dtype, "
+            "trustRemoteCode)",
         ),
     ],
 )

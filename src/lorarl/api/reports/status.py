@@ -161,6 +161,13 @@ class CheckpointStatus(ReportModel):
     time: str | None = Field(default=None, description="When it was written.")
 
 
+class ModelStatus(ReportModel):
+    """A hub id's download: what every pod of the job loads."""
+
+    source: str = Field(description="The hub id (spec.model.path).")
+    revision: str = Field(description="The commit the job's pods load (pinned at first fetch).")
+
+
 class PrinterColumns(ReportModel):
     """The status as `kubectl get lrj` prints it (a printer column cannot format a number)."""
 
@@ -182,6 +189,9 @@ class LoRARLJobStatus(ReportModel):
     metrics: StepMetrics | None = Field(default=None, description="Latest step metrics.")
     last_sync: SyncStatus | None = Field(default=None, description="Latest weight sync.")
     checkpoint: CheckpointStatus | None = Field(default=None, description="Newest checkpoint.")
+    model: ModelStatus | None = Field(
+        default=None, description="The commit of a hub id model that every pod loads."
+    )
     eval: EvalRecord | None = Field(default=None, description="Latest eval on data.valFiles.")
     baseline_eval: EvalRecord | None = Field(
         default=None, description="The eval before training (training.evalBeforeTrain)."

@@ -19,7 +19,7 @@ from lorarl.api.spec.environment import (
     ENVIRONMENT_SPEC_RULES,
     EnvironmentSpec,
 )
-from lorarl.api.spec.k8s import VolumeClaim
+from lorarl.api.spec.k8s import SecretKeySelector, VolumeClaim
 from lorarl.api.spec.lora import LoraSpec
 from lorarl.api.spec.placement import PLACEMENT_SPEC_RULES
 from lorarl.api.spec.reward import RewardServiceSpec, RewardSpec
@@ -37,27 +37,67 @@ Dtype = Literal["float32", "bfloat16", "float16"]
 
 
 # A hub id ("gpt2", "org/name") is at most two plain parts; a folder is absolute, starts with
-# "." or "~", or has more parts. Nothing is downloaded at run time, so a hub id is refused.
-_HUB_ID_RE = r"^[^./~][^/]*(/[^/]*)?$"
-_MODEL_PATH_RULE = Rule(
-    cel=f"!self.path.matches('{_HUB_ID_RE}')",
-    message="must be a folder path (absolute, or relative starting with ./), not a Hugging Face "
-    "hub id: nothing is downloaded at run time",
-    check=lambda m: re.match(_HUB_ID_RE, m.path) is None,
-    field="path",
-)
+# "." or "~", or has more parts. lorarl.hub.HUB_ID_PATTERN is the same (a test keeps them equal).
+HUB_ID_PATTERN = r"^[^./~][^/]*(/[^/]*)?$"
+
+
+def is_hub_id(path: str) -> bool:
+    return re.match(HUB_ID_PATTERN, path) is not None
+
+
+def _hub_only(field: str) -> Rule:
+    return Rule(
+        cel=f"!has(self.{field}) || self.path.matches('{HUB_ID_PATTERN}')",
+        message="applies to a hub id only, and path is a folder",
+        check=lambda m: getattr(m, field) is None or is_hub_id(m.path),
+        field=field,
+    )
+
+
+_HUB_ONLY_RULES = (_hub_only("revision"), _hub_only("hub"))
+
+
+class HubSpec(ApiModel):
+    endpoint: str | None = Field(
+        default=None,
+        max_length=2048,
+        pattern=r"^https?://[^\s]+$",
+        description="Hub to download from (HF_ENDPOINT): a mirror or a private hub. Default: "
+        "huggingface.co.",
+    )
+    token_secret: SecretKeySelector | None = Field(
+        default=None,
+        description="Secret key holding the hub token (HF_TOKEN) for gated or private models; "
+        "only the download init container sees it. Locally: HF_TOKEN or `hf auth login`.",
+    )
 
 
 class ModelSpec(ApiModel):
-    model_config = ConfigDict(json_schema_extra=rules_schema_extra(_MODEL_PATH_RULE))
+    model_config = ConfigDict(json_schema_extra=rules_schema_extra(*_HUB_ONLY_RULES))
 
     path: str = Field(
         min_length=1,
-        description="Base model: a local folder (on `volume` in a cluster) holding a Hugging Face "
-        "model in safetensors. Hub ids are refused: nothing is downloaded at run time.",
+        max_length=1024,
+        description="Base model: a folder holding a Hugging Face model in safetensors (on "
+        "`volume` in a cluster), or a hub id (`org/name`). A hub id is downloaded once into a "
+        "cache (locally the user's hub cache; in a cluster `volume`, else one per pod) by an "
+        "init container before the pods start; status.model.revision records the commit.",
+    )
+    revision: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=255,
+        pattern=r"^[A-Za-z0-9][-A-Za-z0-9_./]*$",
+        description="Branch, tag or commit of a hub id (default main). Every pod of the job "
+        "loads the commit it resolves to first (status.model.revision).",
+    )
+    hub: HubSpec | None = Field(
+        default=None, description="Where a hub id comes from, and the token it needs."
     )
     volume: VolumeClaim | None = Field(
-        default=None, description="PersistentVolumeClaim the model lives on, mounted read-only."
+        default=None,
+        description="PersistentVolumeClaim the model lives on, mounted read-only. With a hub "
+        "id: the hub cache the pods share (the download init container writes it).",
     )
     dtype: Dtype = Field(
         default="bfloat16",
@@ -70,7 +110,11 @@ class ModelSpec(ApiModel):
         "(off: safer).",
     )
 
-    _rules = enforce(_MODEL_PATH_RULE)
+    _rules = enforce(*_HUB_ONLY_RULES)
+
+    @property
+    def from_hub(self) -> bool:
+        return is_hub_id(self.path)
 
 
 _SEED_WITHOUT_SHUFFLE_RULE = Rule(
