@@ -17,6 +17,7 @@ import yaml
 from harness.services.hub_server import HubServer
 from harness.workloads.local_jobs import hf_engine, letter_job, read_history
 from lorarl.local import LocalRun
+from lorarl.local.runs import run_info
 from lorarl.plan import ContainerPlan, ReplicaPlan
 
 pytestmark = pytest.mark.slow
@@ -77,6 +78,8 @@ def test_a_gated_hub_model_runs_from_the_users_cache_and_again_offline(
     config = yaml.safe_load((tmp_path / "run" / "job.yaml").read_text())
     assert config["spec"]["model"]["path"] == str(snapshot)
     assert [h["step"] for h in read_history(tmp_path / "run")] == [1, 2, 3]
+    shown = run_info(tmp_path / "run").status.model  # what `lorarl status` prints
+    assert shown is not None and (shown.source, shown.revision) == (REPO, commit)
 
     # The hub is gone: the branch it resolved last time is in the cache, nothing is fetched.
     again = hub_job(tmp_path, endpoint, name="hub-offline")

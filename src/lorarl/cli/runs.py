@@ -124,6 +124,8 @@ def _print_status(name: str, phase: str | None, st: LoRARLJobStatus, where: str)
     if st.baseline_eval is not None:
         click.echo(f"  {st.baseline_eval.line()}")
     click.echo(f"  last {st.eval.line()}" if st.eval is not None else "  last eval:  none yet")
+    if st.model is not None:
+        click.echo(f"  model:      {st.model.source} at commit {st.model.revision}")
     if st.checkpoint is not None:
         click.echo(f"  checkpoint: step {st.checkpoint.step}")
     if st.adapter_path:

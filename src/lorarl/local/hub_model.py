@@ -13,9 +13,9 @@ from pathlib import Path
 
 from lorarl.api.resource import LoRARLJob
 from lorarl.hub import Snapshot, fetch
+from lorarl.local.runs import MODEL_RECORD
 
 log = logging.getLogger(__name__)
-MODEL_RECORD = "model.json"
 
 
 def fetch_job_model(job: LoRARLJob) -> tuple[LoRARLJob, Snapshot | None]:
@@ -44,3 +44,4 @@ def record_model(run_dir: Path, snapshot: Snapshot) -> None:
     record = {"source": snapshot.repo, "revision": snapshot.revision, "path": str(snapshot.path)}
     tmp.write_text(json.dumps(record) + "\n")
     os.replace(tmp, path)
+

@@ -25,7 +25,7 @@ from pathlib import Path
 from lorarl.api import safe_yaml
 from lorarl.api.reports import run_files
 from lorarl.api.reports.progress import Progress
-from lorarl.api.reports.status import Condition, LoRARLJobStatus
+from lorarl.api.reports.status import Condition, LoRARLJobStatus, ModelStatus
 from lorarl.api.resource import LoRARLJob
 from lorarl.errors import UserError
 
@@ -192,6 +192,18 @@ def live_pid(state: dict | None) -> int | None:
     return pid
 
 
+MODEL_RECORD = "model.json"  # a hub id run's model and commit (local/hub_model.py writes it)
+
+
+def recorded_model(run_dir: Path) -> ModelStatus | None:
+    """The hub id and commit a run loaded (`status.model`), if it loaded one."""
+    try:
+        record = json.loads((run_dir / MODEL_RECORD).read_text())
+        return ModelStatus(source=record["source"], revision=record["revision"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def checkpoint_steps(run_dir: Path) -> list[int]:
     """Steps of the checkpoints in the folder (complete or not; the trainer verifies them)."""
     steps = []
@@ -217,6 +229,7 @@ def run_info(run_dir: Path) -> RunInfo:
         status = LoRARLJobStatus(phase="Pending")
         with contextlib.suppress(UserError):
             status.total_steps = load_manifest(run_dir).spec.training.steps
+    status.model = recorded_model(run_dir)
     phase: str = status.phase or "Pending"  # a local run may also be "Stopped"
     if pid is None and phase not in ("Succeeded", "Failed"):
         # progress.json says the run goes on, but its process is gone: how it ended
