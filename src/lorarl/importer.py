@@ -1,9 +1,11 @@
-"""`lorarl import verl|skyrl FILE`: a verl or SkyRL launch script as a LoRARLJob manifest.
+"""`lorarl import verl|skyrl|rlinf FILE`: a verl or SkyRL launch script, or an RLinf YAML config,
+as a LoRARLJob manifest.
 
 The script is read as bash only as far as these scripts go: line continuations, comments,
 `VAR=value` / `export VAR=value` assignments and `$VAR`, `${VAR}`, `${VAR:-default}` expansions;
 the trainer's command (`python3 -m verl.trainer.main_ppo ...`, `uv run ... -m
-skyrl_train.entrypoints.main_base ...`) gives the Hydra overrides `key=value`. Each override is
+skyrl_train.entrypoints.main_base ...`) gives the Hydra overrides `key=value`. An RLinf config is
+YAML: its nested keys become dotted names, as Hydra's overrides name them. Each parameter is
 looked up in lorarl.api.porting's table (the one `lorarl validate`'s hints and docs/porting.md
 use) and converted (`CONVERSIONS`: units, value names); what cannot be carried becomes a comment
 in the manifest saying why. The manifest is validated before it is written: a value lorarl
@@ -21,15 +23,16 @@ from typing import Any
 
 import yaml
 
-from lorarl.api.porting import FOREIGN_NAMES, SKYRL, VERL, ForeignName
+from lorarl.api.porting import FOREIGN_NAMES, RLINF, SKYRL, VERL, ForeignName
 
-FRAMEWORKS = {"verl": VERL, "skyrl": SKYRL}
+FRAMEWORKS = {"verl": VERL, "skyrl": SKYRL, "rlinf": RLINF}
 _MODULES = {VERL: ("verl.trainer.main_ppo",), SKYRL: ("skyrl_train.entrypoints.main_base",)}
 _TABLE: dict[tuple[str, str], ForeignName] = {(e.framework, e.name): e for e in FOREIGN_NAMES}
 
 # What the frameworks default to where the script does not say (only those the import needs).
 _DEFAULT_KL_COEF = {VERL: 0.001, SKYRL: 0.001}
 _DEFAULT_KL_LOSS = {VERL: False, SKYRL: True}  # use_kl_loss
+# Where each framework's preprocessed data keeps the answer (RLinf's configs name their own).
 _ANSWER_KEY = {VERL: "reward_model.ground_truth", SKYRL: "reward_spec.ground_truth"}
 _OUTPUT_CLAIM = {"claimName": "rl-outputs", "mountPath": "/output"}
 
@@ -128,6 +131,49 @@ def read_overrides(
     raise ScriptError(f"no `python -m {names}` command found: is this a {framework} script?")
 
 
+_INTERPOLATION = re.compile(r"^\$\{(\.*)([A-Za-z_][\w.]*)\}$")
+
+
+def read_config(text: str) -> list[tuple[str, str, Any]]:
+    """An RLinf (Hydra YAML) config's settings `(dotted key, value as written, value)`: nested
+    keys flattened, Hydra's own sections (`defaults`, `hydra`) and nulls (unset) left out, and a
+    `${other.key}` reference replaced by that key's value."""
+    try:
+        tree = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ScriptError(f"not YAML: {exc}") from None
+    if not isinstance(tree, dict):
+        raise ScriptError("not a YAML mapping: is this an RLinf config?")
+    flat: dict[str, Any] = {}
+
+    def walk(node: dict[Any, Any], prefix: str) -> None:
+        for key, value in node.items():
+            name = f"{prefix}{key}"
+            if isinstance(value, dict) and value:
+                walk(value, f"{name}.")
+            elif value is not None:
+                flat[name] = value
+
+    walk({k: v for k, v in tree.items() if k not in ("defaults", "hydra")}, "")
+    if not any(k.startswith(("actor.", "rollout.", "runner.")) for k in flat):
+        raise ScriptError("no actor, rollout or runner section: is this an RLinf config?")
+    out = []
+    for key, value in flat.items():
+        for _ in range(8):  # a reference to a reference
+            m = _INTERPOLATION.match(value) if isinstance(value, str) else None
+            if m is None:
+                break
+            dots, target = m.groups()
+            if dots:  # relative: `${.x}` is a sibling, each further dot one level up
+                parent = key.split(".")[: -len(dots)]
+                target = ".".join([*parent, target])
+            if target not in flat:
+                break
+            value = flat[target]
+        out.append((key, _scalar(value), value))
+    return out
+
+
 def hydra_value(raw: str) -> Any:
     """A Hydra override's value as Hydra types it: null, booleans, numbers, [lists], strings."""
     text = raw.strip()
@@ -183,7 +229,11 @@ def _get(ctx: _Ctx, path: str, default: Any = None) -> Any:
 
 
 def _group_size(ctx: _Ctx) -> int | None:
-    for key in ("actor_rollout_ref.rollout.n", "generator.n_samples_per_prompt"):
+    for key in (
+        "actor_rollout_ref.rollout.n",
+        "generator.n_samples_per_prompt",
+        "algorithm.group_size",
+    ):
         if isinstance(ctx.values.get(key), int):
             return ctx.values[key]
     return None
@@ -233,6 +283,9 @@ def _prompts_to_samples(ctx: _Ctx, e: ForeignName, value: Any) -> Any:
 def _epochs(ctx: _Ctx, e: ForeignName, value: Any) -> Any:
     if "trainer.total_training_steps" in ctx.values:
         raise _Skip("total_training_steps is given and wins (as in verl)")
+    steps = ctx.values.get("runner.max_steps")
+    if isinstance(steps, int) and steps > 0:
+        raise _Skip("max_steps is given and wins (as in RLinf)")
     ctx.out.note(
         e.field or "",
         f"{e.name}={value}: the trainer runs ceil(epochs x rows / promptsPerStep) steps, where "
@@ -241,9 +294,14 @@ def _epochs(ctx: _Ctx, e: ForeignName, value: Any) -> Any:
     return value
 
 
+_OFFLOAD_KEYS = (
+    "fsdp_config.param_offload", "fsdp_config.optimizer_offload",
+    "megatron.param_offload", "megatron.grad_offload", "megatron.optimizer_offload",
+)  # fmt: skip
+
+
 def _offload(ctx: _Ctx, e: ForeignName, value: Any) -> Any:
-    both = [k for k in ctx.values if k.endswith(("fsdp_config.param_offload",
-                                                   "fsdp_config.optimizer_offload"))
+    both = [k for k in ctx.values if k.endswith(_OFFLOAD_KEYS)
             and k.startswith("actor_rollout_ref.actor.")]  # fmt: skip
     on = any(ctx.values[k] is True for k in both)
     if on and value is not True:
@@ -254,9 +312,81 @@ def _offload(ctx: _Ctx, e: ForeignName, value: Any) -> Any:
 
 
 def _dynamic_bsz(ctx: _Ctx, e: ForeignName, value: Any) -> Any:
-    if ctx.values.get("actor_rollout_ref.actor.use_dynamic_bsz") is not True:
-        raise _Skip("applies with use_dynamic_bsz=True only")
+    switch = _DYNAMIC_BSZ[e.framework]
+    if ctx.values.get(switch) is not True:
+        raise _Skip(f"applies with {switch.rsplit('.', 1)[-1]}=True only")
     return value
+
+
+_DYNAMIC_BSZ = {VERL: "actor_rollout_ref.actor.use_dynamic_bsz",
+                RLINF: "runner.enable_dynamic_batch_size"}  # fmt: skip
+
+
+def _steps(ctx: _Ctx, e: ForeignName, value: Any) -> Any:
+    if value == -1:
+        raise _Done  # unset: the epochs count
+    return value
+
+
+def _seq_length(ctx: _Ctx, e: ForeignName, value: Any) -> Any:
+    if isinstance(ctx.values.get("algorithm.sampling_params.max_new_tokens"), int):
+        raise _Done  # max_new_tokens says it
+    prompt = ctx.values.get("data.max_prompt_length")
+    if not isinstance(value, int) or not isinstance(prompt, int):
+        raise _Skip("prompt and response together, and the config gives no max_prompt_length")
+    ctx.out.note(e.field or "", f"{e.name}={value} - data.max_prompt_length={prompt}")
+    return value - prompt
+
+
+def _new_tokens(ctx: _Ctx, e: ForeignName, value: Any) -> Any:
+    if isinstance(value, str) and value.startswith("${"):
+        if "runner.seq_length" in ctx.values:
+            raise _Done  # RLinf's own formula, seq_length - max_prompt_length: _seq_length's
+        raise _Skip("a Hydra interpolation the import cannot resolve")
+    return value
+
+
+def _minibatches(ctx: _Ctx, e: ForeignName, value: Any) -> Any:
+    prompts, group = ctx.values.get("data.rollout_batch_size"), _group_size(ctx)
+    if not isinstance(value, int) or value < 1 or not isinstance(prompts, int) or group is None:
+        raise _Skip("splits each step's samples, and the config gives no rollout_batch_size "
+                    "and group_size to size them with")  # fmt: skip
+    ctx.out.note(
+        e.field or "", f"{e.name}={value}: {prompts} prompts x groupSize {group} / {value} samples"
+    )
+    return prompts * group // value
+
+
+def _top_k(ctx: _Ctx, e: ForeignName, value: Any) -> Any:
+    if isinstance(value, int) and value >= 100_000:  # more than any vocabulary: off
+        ctx.out.note(e.field or "", f"{e.name}={value}: more than the vocabulary, so off (-1)")
+        return -1
+    return value
+
+
+def _beta(ctx: _Ctx, e: ForeignName, value: Any) -> Any:
+    prefix = e.name.rsplit(".", 1)[0]
+    if e.name.endswith("beta2") and f"{prefix}.adam_beta1" in ctx.values:
+        raise _Done  # carried with beta1
+    beta1 = ctx.values.get(f"{prefix}.adam_beta1", 0.9)
+    beta2 = ctx.values.get(f"{prefix}.adam_beta2", 0.999)
+    return [beta1, beta2]
+
+
+def _placement(ctx: _Ctx, e: ForeignName, value: Any) -> Any:
+    if value != "all":
+        raise _Skip("placing roles on named GPU ranges: lorarl's placement is colocated or "
+                    "separate (spec.rollout.placement)")  # fmt: skip
+    return "colocated"
+
+
+_REWARD_TYPES = {"math": "math_answer", "gsm8k": "gsm8k"}
+
+
+def _reward_type(ctx: _Ctx, e: ForeignName, value: Any) -> Any:
+    if value not in _REWARD_TYPES:
+        raise _Skip("an RLinf reward: write it for lorarl as reward.entrypoint (docs/rewards.md)")
+    return _REWARD_TYPES[value]
 
 
 _RESUME = {"auto": "auto", "latest": "auto", "disable": "never", None: "never"}
@@ -273,7 +403,8 @@ def _resume(ctx: _Ctx, e: ForeignName, value: Any) -> Any:
 
 _ALGORITHMS = {
     "grpo": "grpo", "gae": "ppo", "ppo": "ppo", "rloo": "rloo", "reinforce_plus_plus":
-    "reinforce_pp", "reinforce_pp": "reinforce_pp", "dr_grpo": "dr_grpo", "dapo": "dapo",
+    "reinforce_pp", "reinforce_pp": "reinforce_pp", "reinpp": "reinforce_pp", "dr_grpo": "dr_grpo",
+    "dapo": "dapo",
 }  # fmt: skip
 
 
@@ -327,7 +458,10 @@ def _engine(ctx: _Ctx, e: ForeignName, value: Any) -> Any:
 
 
 def _tp(ctx: _Ctx, e: ForeignName, value: Any) -> Any:
-    if ctx.values.get("trainer.placement.colocate_all") is True:
+    if (
+        ctx.values.get("trainer.placement.colocate_all") is True
+        or ctx.values.get("cluster.component_placement.actor,rollout,reward") == "all"
+    ):
         return value
     _set(ctx, "spec.rollout.gpusPerReplica", value)
     ctx.out.note(
@@ -391,6 +525,68 @@ def _entrypoint(ctx: _Ctx, e: ForeignName, value: Any) -> Any:
     return f"{path}:{name}"
 
 
+# Megatron's fused module names, as verl's Megatron LoRA names them, in Hugging Face's names.
+_MEGATRON_MODULES = {
+    "linear_qkv": ["q_proj", "k_proj", "v_proj"], "linear_proj": ["o_proj"],
+    "linear_fc1": ["gate_proj", "up_proj"], "linear_fc2": ["down_proj"],
+}  # fmt: skip
+
+
+def _modules(ctx: _Ctx, e: ForeignName, value: Any) -> Any:
+    names = value if isinstance(value, list) else [value]
+    out = [hf for n in names for hf in _MEGATRON_MODULES.get(n, [n])]
+    if out != names:
+        ctx.out.note(
+            e.field or "", f"{e.name}={_scalar(names)}: Megatron's fused layers, in the "
+            "Hugging Face module names lorarl's adapter uses"
+        )  # fmt: skip
+    return out
+
+
+_MULTI_TURN = "actor_rollout_ref.rollout.multi_turn.enable"
+
+
+def _multi_turn(ctx: _Ctx, e: ForeignName, value: Any) -> Any:
+    if value is not True:
+        raise _Done
+    tools = ctx.values.get("actor_rollout_ref.rollout.multi_turn.tool_config_path")
+    ctx.out.note(
+        "spec.environment.entrypoint",
+        f"{e.name}=True: tool_calling, whose tools are built in (params.tools: calculator, "
+        "python)" + (f"; the script's tools ({tools}) need an environment class of your own "
+        "(module:Class, docs/environments.md)" if tools else ""),
+    )  # fmt: skip
+    return "tool_calling"
+
+
+def _environment(ctx: _Ctx, e: ForeignName, value: Any) -> Any:
+    if ctx.values.get(_MULTI_TURN) is not True:
+        raise _Skip(f"applies with {_MULTI_TURN}=True only")
+    return value
+
+
+# verl's multi-turn settings that are params of the tool_calling environment.
+_ENV_PARAMS = {
+    "actor_rollout_ref.rollout.multi_turn.max_parallel_calls": "max_calls_per_turn",
+    "actor_rollout_ref.rollout.multi_turn.max_tool_response_length": "max_response_chars",
+}
+
+
+def _env_param(ctx: _Ctx, e: ForeignName, value: Any) -> Any:
+    _environment(ctx, e, value)
+    _set(ctx, f"spec.environment.params.{_ENV_PARAMS[e.name]}", value)
+    raise _Done
+
+
+def _dump(ctx: _Ctx, e: ForeignName, value: Any) -> Any:
+    ctx.out.note(
+        e.field or "",
+        f"{e.name}={value}: every step stores training.samplesPerStep samples (prompt, "
+        "completion, reward, advantage) in outputDir/samples.jsonl, not every rollout",
+    )
+    return 1
+
+
 def _colocate(ctx: _Ctx, e: ForeignName, value: Any) -> Any:
     return "colocated" if value is True else "separate"
 
@@ -413,7 +609,7 @@ CONVERSIONS: dict[str, tuple[Conversion, str]] = {
     "list": (_as_list, "a single name becomes a one-item list"),
     "model": (_model, "as written; a hub id gets a comment on its cache and revision"),
     "prompts": (_prompts_to_samples, "x groupSize (prompts to samples)"),
-    "epochs": (_epochs, "not with total_training_steps"),
+    "epochs": (_epochs, "not with a step count (total_training_steps, max_steps)"),
     "offload": (_offload, "on when either is true"),
     "dynamic_bsz": (_dynamic_bsz, "only with use_dynamic_bsz=True"),
     "resume": (_resume, "auto, latest: auto; disable, null: never"),
@@ -430,10 +626,27 @@ CONVERSIONS: dict[str, tuple[Conversion, str]] = {
     "entrypoint": (_entrypoint, "path.py:name (name defaults to compute_score)"),
     "colocate": (_colocate, "true: colocated"),
     "env_class": (_env_class, "gsm8k only"),
+    "modules": (
+        _modules,
+        "Megatron's linear_qkv, linear_proj, linear_fc1, linear_fc2: the Hugging Face names",
+    ),
+    "multi_turn": (_multi_turn, "True: tool_calling"),
+    "environment": (_environment, "with multi_turn.enable=True"),
+    "env_param": (_env_param, "with multi_turn.enable=True, as tool_calling's param"),
+    "dump": (_dump, "samplesInterval 1 (samples, not every rollout)"),
+    "steps": (_steps, "-1: unset (the epochs count)"),
+    "seq_length": (_seq_length, "minus data.max_prompt_length (unless max_new_tokens is set)"),
+    "new_tokens": (_new_tokens, "as written (from seq_length where it refers to it)"),
+    "minibatches": (_minibatches, "rollout_batch_size x group_size / n_minibatches samples"),
+    "top_k": (_top_k, "100000 or more: off (-1)"),
+    "beta": (_beta, "[adam_beta1, adam_beta2]"),
+    "placement": (_placement, "all: colocated"),
+    "reward_type": (_reward_type, "math: math_answer"),
 }
 _SPECIAL = {"kl_loss_coef": _kl_coef}
 # Conversions that write their own comment (the table's note would repeat it).
-_OWN_NOTES = ("prompts", "epochs", "model", "gpus", "entrypoint", "offload", "resume")
+_OWN_NOTES = ("prompts", "epochs", "model", "gpus", "entrypoint", "offload", "resume", "modules",
+              "multi_turn", "dump", "seq_length", "minibatches", "top_k")  # fmt: skip
 
 
 # --- building the manifest -----------------------------------------------------------------------
@@ -448,11 +661,18 @@ def import_script(
     env: Mapping[str, str] | None = None,
     cluster: bool = True,
 ) -> Imported:
-    """The manifest a launch script becomes; `framework` is "verl" or "skyrl"."""
+    """The manifest a launch script (an RLinf config) becomes; `framework` is "verl", "skyrl"
+    or "rlinf"."""
     fw = FRAMEWORKS[framework]
-    overrides, missing = read_overrides(text, fw, env)
+    missing: set[str] = set()
+    if fw == RLINF:
+        settings = read_config(text)
+        overrides = [(k, raw) for k, raw, _ in settings]
+        values = {k: v for k, _, v in settings}
+    else:
+        overrides, missing = read_overrides(text, fw, env)
+        values = {k: hydra_value(v) for k, v in overrides}
     out = Imported(manifest={}, framework=fw)
-    values = {k: hydra_value(v) for k, v in overrides}
     ctx = _Ctx(values, out)
     for var in sorted(missing):
         out.skip(
@@ -466,6 +686,13 @@ def import_script(
             out.skip(key, raw, "holds an unset shell variable")
             continue
         entry = _TABLE.get((fw, key))
+        if (
+            isinstance(values[key], str)
+            and values[key].startswith("${")
+            and not (entry and entry.convert == "new_tokens")
+        ):
+            out.skip(key, raw, "a Hydra interpolation the import cannot resolve")
+            continue
         if entry is None:
             out.skip(key, raw, f"no lorarl setting known for this {fw} parameter")
             continue
@@ -492,15 +719,22 @@ def import_script(
 
 
 def _algo(values: dict[str, Any]) -> Any:
-    return values.get(
-        "algorithm.adv_estimator", values.get("trainer.algorithm.advantage_estimator")
-    )
+    for key in ("algorithm.adv_estimator", "trainer.algorithm.advantage_estimator",
+                "algorithm.adv_type"):  # fmt: skip
+        if key in values:
+            return values[key]
+    return None
 
 
 def _job_name(ctx: _Ctx, name: str | None, default_name: str) -> str:
     from lorarl.api.resource import MAX_NAME_LENGTH
 
-    raw = name or ctx.values.get("trainer.experiment_name") or ctx.values.get("trainer.run_name")
+    raw = (
+        name
+        or ctx.values.get("trainer.experiment_name")
+        or ctx.values.get("trainer.run_name")
+        or ctx.values.get("runner.experiment_name")
+    )
     slug = re.sub(r"[^a-z0-9]+", "-", str(raw or default_name).lower()).strip("-")
     slug = slug[:MAX_NAME_LENGTH].rstrip("-")
     return slug if slug and slug[0].isalpha() else f"job-{slug}"[:MAX_NAME_LENGTH].rstrip("-")
@@ -518,7 +752,7 @@ def _defaults(ctx: _Ctx, fw: str, name: str | None, default_name: str, cluster: 
         spec.setdefault("model", {})["path"] = "/models/base-model"
         out.note("spec.model.path", "the script names no model: a placeholder")
     data = spec.setdefault("data", {})
-    if "answerKey" not in data:
+    if "answerKey" not in data and fw in _ANSWER_KEY:
         data["answerKey"] = _ANSWER_KEY[fw]
         out.note("spec.data.answerKey", f"where {fw}'s preprocessed data keeps the answer")
     if "trainFiles" not in data:
@@ -526,13 +760,28 @@ def _defaults(ctx: _Ctx, fw: str, name: str | None, default_name: str, cluster: 
         out.note("spec.data.trainFiles", "the script names no training data: a placeholder")
     reward = spec.get("reward", {})
     if "entrypoint" not in reward and "function" not in reward:
-        files = " ".join(data.get("trainFiles", [])).lower()
-        function = "gsm8k" if "gsm8k" in files else "math_answer"
+        files = [f.lower() for f in data.get("trainFiles", [])]
+        gsm8k = [f for f in files if "gsm8k" in f]
+        function = "gsm8k" if gsm8k and len(gsm8k) == len(files) else "math_answer"
         spec.setdefault("reward", {})["function"] = function
         out.note(
             "spec.reward.function",
             f"{fw} scores by each row's data_source by default; "
-            f"chosen from the data's name: check it",
+            + (
+                "chosen from the data's name: check it"
+                if function == "gsm8k" or not gsm8k
+                else "the data mixes GSM8K with other sources, and lorarl scores every row "
+                "with one reward: check it"
+            ),
+        )
+    environment = spec.get("environment", {})
+    if environment and "maxResponseTokens" in data:
+        # verl's max_response_length bounds the whole episode (every turn, tool results too)
+        environment["maxTotalTokens"] = data["maxResponseTokens"]
+        out.note(
+            "spec.environment.maxTotalTokens",
+            "the script's max_response_length: in multi-turn verl it bounds the whole episode; "
+            "each turn may use data.maxResponseTokens of what is left",
         )
     kl = spec.get("algorithm", {}).get("kl", {})
     if fw == VERL and kl.get("coef") and "estimator" not in kl:
@@ -666,7 +915,9 @@ def render(out: Imported, source: str = "") -> str:
     was not carried."""
     fw = out.framework
     lines = [
-        f"# Imported by `lorarl import` from {fw}" + (f" script {source}" if source else "") + "."
+        f"# Imported by `lorarl import` from {fw}"
+        + (f" {'config' if fw == RLINF else 'script'} {source}" if source else "")
+        + "."
     ]
     lines.append(
         "# Check the comments, then `lorarl validate` (add --deep on the machine that "
@@ -689,10 +940,10 @@ def _md(text: str) -> str:
 
 
 def porting_tables() -> str:
-    """The generated part of docs/porting.md: one table per framework, then the parameters with
-    no equivalent."""
+    """The generated part of docs/porting.md: one table per framework, then the parameters lorarl
+    needs none of, then those that cannot apply to its design."""
     out = []
-    for fw in (VERL, SKYRL):
+    for fw in (VERL, SKYRL, RLINF):
         out += [f"### {fw}", "", f"| {fw} parameter | lorarl field | conversion / note |",
                 "|---|---|---|"]  # fmt: skip
         for e in FOREIGN_NAMES:
@@ -702,11 +953,13 @@ def porting_tables() -> str:
             note = "; ".join(x for x in (how, e.note) if x)
             out.append(f"| `{e.name}` | `{e.field}` | {_md(note)} |")
         out.append("")
-    out += ["### No equivalent", "", "| framework | parameter | why |", "|---|---|---|"]
-    for e in FOREIGN_NAMES:
-        if e.field is None:
-            out.append(f"| {e.framework} | `{e.name}` | {_md(e.note)} |")
-    return "\n".join(out) + "\n"
+    for title, cannot in (("Needs none", False), ("No equivalent", True)):
+        out += [f"### {title}", "", "| framework | parameter | why |", "|---|---|---|"]
+        for e in FOREIGN_NAMES:
+            if e.field is None and e.cannot_apply is cannot:
+                out.append(f"| {e.framework} | `{e.name}` | {_md(e.note)} |")
+        out.append("")
+    return "\n".join(out[:-1]) + "\n"
 
 
 EXAMPLE_SCRIPT = "tests/fixtures/porting/verl_gsm8k_grpo_lora.sh"

@@ -1,10 +1,10 @@
-"""verl and SkyRL parameter names, and the LoRARLJob field each one is.
+"""verl, SkyRL and RLinf parameter names, and the LoRARLJob field each one is.
 
 One table, so `lorarl validate` can answer a verl user's `lora_rank` with `spec.lora.rank` (and
 anything else that ports a job can read the same facts). `field` is None where lorarl has no
 setting for the parameter; `note` says what differs (a unit, a name) or why there is none.
-Names are the frameworks' dotted config paths (Hydra overrides); a user may write a full path, a
-nested tree of it, or only its last part.
+Names are the frameworks' dotted config paths (Hydra overrides; RLinf's YAML keys, flattened);
+a user may write a full path, a nested tree of it, or only its last part.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 VERL = "verl"
 SKYRL = "SkyRL"
+RLINF = "RLinf"
 
 _PROMPTS_NOT_SAMPLES = (
     "which counts prompts, where miniBatchSize counts samples (prompts x spec.algorithm.groupSize)"
@@ -28,6 +29,19 @@ _OWN_BATCHING = "lorarl batches by spec.training.microBatchSize (and maxTokensPe
 _MICRO = "log-probs are computed in spec.training.microBatchSize batches"
 _SYNC = "weights reach the engines by lorarl's own sync (spec.rollout.syncMode)"
 _ENGINE_ARGS = "an engine flag: pass it in spec.rollout.engineArgs if needed"
+_FSDP2 = "lorarl's trainer is FSDP2 (sharded data parallel): no Megatron model parallelism"
+_NO_SP = "lorarl has no sequence parallelism"
+_TOOLS = ("verl tool classes: tool_calling has built-in tools (environment.params.tools); "
+          "others need your own environment class")  # fmt: skip
+_ENGINE_PP = "lorarl's engines shard by tensor parallelism only"
+_KERNELS = "lorarl chooses its own kernels"
+_SAMPLE = "engines always sample (temperature 0 is greedy)"
+_MATPO = (
+    "MATPO's sub-agent summaries: a behaviour of its environment; write one as your own "
+    "environment class (spec.environment.entrypoint)"
+)
+# The notes of the settings that cannot apply to lorarl's design (ForeignName.cannot_apply).
+_CANNOT = (_FSDP2, _NO_SP, _TOOLS, _MATPO, _ENGINE_PP)
 _REF = "the reference policy is the base model with the LoRA adapter off: no worker of its own"
 
 
@@ -40,10 +54,19 @@ class ForeignName:
     # How `lorarl import` turns the value into the field's (lorarl.importer.CONVERSIONS names
     # each); "": the value as it is.
     convert: str = ""
+    # No field, because the setting cannot apply to lorarl's design (its note says why); other
+    # rows without a field are settings lorarl needs none of.
+    cannot_apply: bool = False
 
 
 def _names(framework: str, prefix: str, pairs: Sequence[tuple]) -> list[ForeignName]:
-    return [ForeignName(framework, f"{prefix}{p[0]}", *p[1:]) for p in pairs]
+    """Rows `(name, field[, note[, convert]])` under `prefix`."""
+    out = []
+    for name, field, *rest in pairs:
+        note, convert = (*rest, "", "")[:2]
+        cannot = field is None and note in _CANNOT
+        out.append(ForeignName(framework, f"{prefix}{name}", field, note, convert, cannot))
+    return out
 
 
 # The actor's (policy's) names come before the critic's: where a short name fits both (`lr`),
@@ -60,8 +83,8 @@ FOREIGN_NAMES: tuple[ForeignName, ...] = (
         ("lora.rank", "spec.lora.rank"),
         ("lora.alpha", "spec.lora.alpha"),
         ("lora.dropout", "spec.lora.dropout"),
-        ("lora.target_modules", "spec.lora.targetModules"),
-        ("lora.exclude_modules", "spec.lora.excludeModules"),
+        ("lora.target_modules", "spec.lora.targetModules", "", "modules"),
+        ("lora.exclude_modules", "spec.lora.excludeModules", "", "modules"),
         ("lora.adapter_path", "spec.lora.adapterPath"),
         ("use_shm", None, "the model is read from spec.model.path as it is (no copy to /dev/shm)"),
         ("enable_gradient_checkpointing", "spec.trainer.activationCheckpointing"),
@@ -233,6 +256,107 @@ FOREIGN_NAMES: tuple[ForeignName, ...] = (
         ("train_data", "spec.data.trainFiles", "", "list"),
         ("val_data", "spec.data.valFiles", "", "list"),
     ]),
+    *_names(RLINF, "runner.", [
+        ("experiment_name", "spec.logging.runName",
+         "also metadata.name, as a DNS name (unless --name)"),
+        ("logger.project_name", "spec.logging.wandb.project"),
+        ("logger.experiment_name", "spec.logging.runName"),
+        ("task_type", None, "lorarl trains language models: reasoning only (no embodied tasks)"),
+        ("logger.logger_backends", "spec.logging.backends", "", "backends"),
+        ("max_epochs", "spec.training.epochs", _EPOCHS, "epochs"),
+        ("max_steps", "spec.training.totalSteps", "", "steps"),
+        ("val_check_interval", "spec.training.evalInterval"),
+        ("save_interval", "spec.training.checkpointInterval"),
+        ("seq_length", "spec.data.maxResponseTokens", "", "seq_length"),
+        ("enable_dynamic_batch_size", None, "on when spec.training.maxTokensPerMicroBatch is set"),
+        ("max_tokens_per_mbs", "spec.training.maxTokensPerMicroBatch",
+         "with enable_dynamic_batch_size=True", "dynamic_bsz"),
+        ("resume_dir", "spec.training.resume", "", "resume"),
+        ("output_dir", "spec.training.outputDir"),
+    ]),
+    *_names(RLINF, "cluster.", [
+        ("num_nodes", "spec.trainer.replicas"),
+        ("component_placement.actor,rollout,reward", "spec.rollout.placement",
+         "all: colocated", "placement"),
+    ]),
+    *_names(RLINF, "algorithm.", [
+        ("adv_type", "spec.algorithm.name", "RLinf's gae is ppo, reinpp is reinforce_pp",
+         "algorithm"),
+        ("group_size", "spec.algorithm.groupSize"),
+        ("n_minibatches", "spec.training.miniBatchSize", "", "minibatches"),
+        ("training_batch_size_per_gpu", "spec.training.microBatchSize"),
+        ("loss_agg_func", "spec.algorithm.lossAggregation"),
+        ("kl_beta", "spec.algorithm.kl.coef"),
+        ("kl_penalty_type", "spec.algorithm.kl.estimator", "", "kl_estimator"),
+        ("ratio_clip_eps", "spec.algorithm.clipRatioLow", "set clipRatioLow and clipRatioHigh",
+         "clip"),
+        ("clip_ratio_low", "spec.algorithm.clipRatioLow"),
+        ("clip_ratio_high", "spec.algorithm.clipRatioHigh"),
+        ("clip_ratio_c", "spec.algorithm.dualClip"),
+        ("entropy_bonus", "spec.algorithm.entropyCoef"),
+        ("sampling_params.temperature", "spec.rollout.sampling.temperature"),
+        ("sampling_params.top_p", "spec.rollout.sampling.topP"),
+        ("sampling_params.top_k", "spec.rollout.sampling.topK", "", "top_k"),
+        ("sampling_params.repetition_penalty", "spec.rollout.sampling.repetitionPenalty"),
+        ("sampling_params.max_new_tokens", "spec.data.maxResponseTokens", "", "new_tokens"),
+        ("sampling_params.do_sample", None, _SAMPLE),
+        ("logprob_forward_micro_batch_size", None, _MICRO),
+        ("val_rollout_batch_size_per_gpu", None, "evals send every validation prompt at once"),
+    ]),
+    *_names(RLINF, "rollout.", [
+        ("model.model_path", "spec.model.path", "", "model"),
+        ("rollout_backend", "spec.rollout.engine", "", "engine"),
+        ("tensor_parallel_size", "spec.rollout.tensorParallelSize", "", "tp"),
+        ("pipeline_parallel_size", None, _ENGINE_PP),
+        ("gpu_memory_utilization", "spec.rollout.memoryFraction"),
+        ("enforce_eager", None, _ENGINE_ARGS),
+        ("max_running_requests", None, _ENGINE_ARGS),
+        ("vllm.enable_chunked_prefill", None, _ENGINE_ARGS),
+        ("vllm.enable_prefix_caching", None, _ENGINE_ARGS),
+    ]),
+    *_names(RLINF, "data.", [
+        ("train_data_paths", "spec.data.trainFiles", "", "list"),
+        ("val_data_paths", "spec.data.valFiles", "", "list"),
+        ("prompt_key", "spec.data.promptKey"),
+        ("answer_key", "spec.data.answerKey"),
+        ("max_prompt_length", "spec.data.maxPromptTokens", "longer prompts are dropped"),
+        ("rollout_batch_size", "spec.training.promptsPerStep"),
+        ("shuffle", "spec.data.shuffle"),
+        ("seed", "spec.data.seed"),
+        ("type", None, "lorarl reads any dataset's prompt and answer columns "
+         "(data.promptKey, data.answerKey)"),
+        ("filter_prompt_by_length", None, "always on: prompts over maxPromptTokens are dropped"),
+        ("num_workers", None, "lorarl's data loading has no worker count"),
+    ]),
+    *_names(RLINF, "actor.", [
+        ("training_backend", None, "lorarl's trainer is FSDP2 only"),
+        ("enable_offload", "spec.trainer.fsdp.offloadParams", _OFFLOAD),
+        ("seed", "spec.training.seed"),
+        ("model.model_path", "spec.model.path", "", "model"),
+        ("model.is_lora", None, "lorarl always trains a LoRA adapter (spec.lora)"),
+        ("model.lora_rank", "spec.lora.rank"),
+        ("model.lora_path", "spec.lora.adapterPath"),
+        ("optim.lr", "spec.optim.lr"),
+        ("optim.adam_beta1", "spec.optim.betas", "with adam_beta2", "beta"),
+        ("optim.adam_beta2", "spec.optim.betas", "with adam_beta1", "beta"),
+        ("optim.weight_decay", "spec.optim.weightDecay"),
+        ("optim.clip_grad", "spec.optim.gradClip"),
+        ("lr_sched.lr_warmup_iters", "spec.optim.warmupSteps"),
+        ("lr_sched.lr_decay_style", "spec.optim.scheduler", "", "scheduler"),
+        ("fsdp_config.strategy", None, "lorarl's trainer is FSDP2 only"),
+        ("fsdp_config.cpu_offload", "spec.trainer.fsdp.offloadParams", _OFFLOAD),
+        ("fsdp_config.reshard_after_forward", "spec.trainer.fsdp.reshardAfterForward"),
+        ("fsdp_config.use_liger_kernel", None, _KERNELS),
+        ("tokenizer.trust_remote_code", "spec.model.trustRemoteCode"),
+    ]),
+    *_names(RLINF, "reward.", [
+        ("reward_type", "spec.reward.function", "math: math_answer", "reward_type"),
+        ("use_reward_model", None, "rewards are functions or a reward service "
+         "(spec.reward.service), no reward model worker"),
+    ]),
+    *_names(RLINF, "critic.", [
+        ("use_critic_model", None, "a critic is spec.critic, with algorithm ppo"),
+    ]),
     # Settings lorarl needs none of, or has no equivalent for: `lorarl import` writes each as a
     # comment saying why, and docs/porting.md lists them.
     *_names(VERL, "actor_rollout_ref.", [
@@ -245,7 +369,7 @@ FOREIGN_NAMES: tuple[ForeignName, ...] = (
          "offload"),
         ("actor.fsdp_config.optimizer_offload", "spec.trainer.fsdp.offloadParams", _OFFLOAD,
          "offload"),
-        ("actor.ulysses_sequence_parallel_size", None, "lorarl has no sequence parallelism"),
+        ("actor.ulysses_sequence_parallel_size", None, _NO_SP),
         ("rollout.log_prob_micro_batch_size_per_gpu", None, _MICRO),
         ("rollout.load_format", None, _SYNC),
         ("rollout.layered_summon", None, _SYNC),
@@ -255,17 +379,63 @@ FOREIGN_NAMES: tuple[ForeignName, ...] = (
         ("rollout.max_num_batched_tokens", None, _ENGINE_ARGS),
         ("ref.log_prob_micro_batch_size_per_gpu", None, _REF),
         ("ref.fsdp_config.param_offload", None, _REF),
+        # verl's Megatron backend (ppo_megatron_trainer)
+        ("model.lora.type", None, "lorarl trains a LoRA adapter (no other adapter types)"),
+        ("model.use_liger", None, _KERNELS),
+        ("model.use_fused_kernels", None, _KERNELS),
+        ("actor.strategy", None, _FSDP2),
+        ("actor.megatron.use_mbridge", None, "lorarl loads Hugging Face weights as they are "
+         "(no Megatron conversion)"),
+        ("actor.megatron.tensor_model_parallel_size", None, _FSDP2),
+        ("actor.megatron.pipeline_model_parallel_size", None, _FSDP2),
+        ("actor.megatron.virtual_pipeline_model_parallel_size", None, _FSDP2),
+        ("actor.megatron.expert_model_parallel_size", None, _FSDP2),
+        ("actor.megatron.context_parallel_size", None, _NO_SP),
+        ("actor.megatron.sequence_parallel", None, _NO_SP),
+        ("actor.megatron.param_offload", "spec.trainer.fsdp.offloadParams", _OFFLOAD, "offload"),
+        ("actor.megatron.grad_offload", "spec.trainer.fsdp.offloadParams", _OFFLOAD, "offload"),
+        ("actor.megatron.optimizer_offload", "spec.trainer.fsdp.offloadParams", _OFFLOAD,
+         "offload"),
+        ("ref.megatron.tensor_model_parallel_size", None, _REF),
+        ("ref.megatron.pipeline_model_parallel_size", None, _REF),
+        ("ref.megatron.param_offload", None, _REF),
+        # verl's multi-turn rollouts (SGLang agent loop; MATPO's jobs)
+        ("rollout.mode", None, "lorarl's engines are always asynchronous servers"),
+        ("rollout.do_sample", None, _SAMPLE),
+        ("rollout.val_kwargs.do_sample", None, _SAMPLE),
+        ("rollout.multi_turn.enable", "spec.environment.entrypoint", "the tool_calling "
+         "environment", "multi_turn"),
+        ("rollout.multi_turn.max_assistant_turns", "spec.environment.maxTurns", "",
+         "environment"),
+        ("rollout.multi_turn.max_parallel_calls", "spec.environment.params",
+         "tool_calling's max_calls_per_turn", "env_param"),
+        ("rollout.multi_turn.max_tool_response_length", "spec.environment.params",
+         "tool_calling's max_response_chars", "env_param"),
+        ("rollout.multi_turn.max_user_turns", None, "the environment ends an episode; "
+         "environment.maxTurns counts the model's turns"),
+        ("rollout.multi_turn.format", None, "tool_calling reads Hermes-style <tool_call> tags "
+         "(its only format)"),
+        ("rollout.multi_turn.tool_config_path", None, _TOOLS),
+        ("rollout.multi_turn.enable_tokenization_sanity_check", None, "a verl debugging check"),
+        ("rollout.multi_turn.enable_final_summary", None, _MATPO),
+        ("rollout.multi_turn.disable_final_summary_for_main_agent", None, _MATPO),
+        ("rollout.multi_turn.max_summary_length", None, _MATPO),
+        ("rollout.multi_turn.delete_think_from_subagent_tools", None, _MATPO),
     ]),
     *_names(VERL, "data.", [
         ("filter_overlong_prompts", None, "always on: prompts over maxPromptTokens are dropped"),
         ("truncation", None, "prompts over maxPromptTokens are dropped, never cut"),
         ("val_batch_size", None, "evals send every validation prompt at once"),
+        ("return_raw_chat", None, "episodes always start from the prompt's chat messages"),
     ]),
     *_names(VERL, "trainer.", [
         ("experiment_name", "spec.logging.runName",
          "also metadata.name, as a DNS name (unless --name)"),
         ("device", None, "pods get GPUs from trainer.gpusPerReplica"),
         ("resume_mode", "spec.training.resume", "", "resume"),
+        ("rollout_data_dir", "spec.training.samplesInterval", "", "dump"),
+        ("validation_data_dir", None, "every eval's completions are kept in "
+         "outputDir/evals/step-N.jsonl"),
     ]),
     *_names(VERL, "custom_reward_function.", [
         ("reward_kwargs", "spec.reward.params"),

@@ -1,5 +1,6 @@
-"""`lorarl import verl|skyrl FILE`: a verl or SkyRL launch script as a LoRARLJob manifest
-(lorarl.importer); `lorarl import --table`: the parameter tables of docs/porting.md."""
+"""`lorarl import verl|skyrl|rlinf FILE`: a verl or SkyRL launch script, or an RLinf YAML config,
+as a LoRARLJob manifest (lorarl.importer); `lorarl import --table`: the parameter tables of
+docs/porting.md."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from lorarl.errors import UserError
 
 
 @click.command("import")
-@click.argument("framework", required=False, type=click.Choice(["verl", "skyrl"]))
+@click.argument("framework", required=False, type=click.Choice(["verl", "skyrl", "rlinf"]))
 @click.argument("file", required=False, type=click.Path(dir_okay=False))
 @click.option(
     "-o",
@@ -20,16 +21,18 @@ from lorarl.errors import UserError
     type=click.Path(dir_okay=False),
     help="Default: stdout. With --table: a doc whose generated regions are rewritten.",
 )
-@click.option("--name", help="metadata.name (default: the script's experiment/run name).")
+@click.option(
+    "--name", help="metadata.name (default: the script's or config's experiment/run name)."
+)
 @click.option(
     "--local", is_flag=True, help="For `lorarl run --local` (no output PersistentVolumeClaim)."
 )
 @click.option(
-    "--table", is_flag=True, help="Print the verl/SkyRL parameter tables (docs/porting.md)."
+    "--table", is_flag=True, help="Print the verl/SkyRL/RLinf parameter tables (docs/porting.md)."
 )
 def import_cmd(framework, file, output, name, local, table) -> None:
-    """Write a LoRARLJob manifest from a verl or SkyRL launch script (Hydra overrides), with a
-    comment on each parameter it could not carry and why."""
+    """Write a LoRARLJob manifest from a verl or SkyRL launch script (Hydra overrides) or an
+    RLinf YAML config, with a comment on each parameter it could not carry and why."""
     from lorarl import importer
 
     if table:
@@ -43,7 +46,7 @@ def import_cmd(framework, file, output, name, local, table) -> None:
             click.echo(importer.porting_tables(), nl=False)
         return
     if not framework or not file:
-        raise click.UsageError("give FRAMEWORK (verl or skyrl) and FILE, or --table")
+        raise click.UsageError("give FRAMEWORK (verl, skyrl or rlinf) and FILE, or --table")
     text = Path(file).read_text()
     try:
         result = importer.import_script(

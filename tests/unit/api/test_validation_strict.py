@@ -103,7 +103,7 @@ def test_an_unknown_key_names_the_field_it_probably_is(path: str, expected: str)
 @pytest.mark.parametrize(
     ("path", "expected"),
     [
-        ("lora/lora_rank", "(did you mean spec.lora.rank? that is verl's lora_rank)"),
+        ("lora/lora_rank", "(did you mean spec.lora.rank? that is verl's and RLinf's lora_rank)"),
         ("lora_alpha", "(did you mean spec.lora.alpha? that is verl's lora_alpha)"),
         (
             "kl_loss_coef",
