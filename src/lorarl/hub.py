@@ -255,6 +255,19 @@ def fetch(
     return Snapshot(repo=repo, revision=path.name, path=path)
 
 
+def cached(
+    repo: str, *, revision: str | None = None, cache_dir: str | Path | None = None
+) -> Snapshot | None:
+    """The snapshot the cache holds for `revision` (a commit, or the branch or tag it last
+    resolved to), without asking the hub; None when it holds none."""
+    cache = _cache(cache_dir)
+    try:
+        path = _download(repo, revision or _DEFAULT_REVISION, cache, _endpoint(None), None, True)
+    except (LocalEntryNotFoundError, OSError, ValueError):
+        return None
+    return Snapshot(repo=repo, revision=path.name, path=path)
+
+
 def _atomic_write(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(text)

@@ -39,11 +39,24 @@ class _Unloadable(Exception):
     pass
 
 
+def model_dir(job: LoRARLJob) -> Path:
+    """Where the model is on this machine: its folder, or for a hub id the snapshot the user's
+    hub cache holds (looked up without the network); it may not exist."""
+    model = job.spec.model
+    if model.from_hub:
+        from lorarl.hub import cached
+
+        snapshot = cached(model.path, revision=model.revision)
+        if snapshot is not None:
+            return snapshot.path
+    return Path(model.path)
+
+
 def model_problems(job: LoRARLJob, *, cluster: bool) -> list[str]:
     """One line per problem, each naming the field. `cluster` is unused: what is not here is
     skipped for every job (`lorarl run --local` names a local run's missing file before it
-    starts), what is here is checked alike."""
-    path = Path(job.spec.model.path)
+    starts; a hub id not in the hub cache is fetched then), what is here is checked alike."""
+    path = model_dir(job)
     problems: list[str] = []
     tokenizer = None
     if path.is_dir():
@@ -273,7 +286,7 @@ def plan_memory(
     from lorarl.api.spec.lora import values_here
     from lorarl.trainer.model.loading import lora_settings_of
 
-    source = job.spec.model.path if config is None else config
+    source = model_dir(job) if config is None else config
     try:
         data = read_config(source)
     except (OSError, ValueError) as exc:

@@ -18,6 +18,7 @@ from harness.services.hub_server import HubServer
 from harness.workloads.local_jobs import hf_engine, letter_job, read_history
 from lorarl.local import LocalRun
 from lorarl.local.runs import run_info
+from lorarl.model_checks import model_problems
 from lorarl.plan import ContainerPlan, ReplicaPlan
 
 pytestmark = pytest.mark.slow
@@ -80,6 +81,12 @@ def test_a_gated_hub_model_runs_from_the_users_cache_and_again_offline(
     assert [h["step"] for h in read_history(tmp_path / "run")] == [1, 2, 3]
     shown = run_info(tmp_path / "run").status.model  # what `lorarl status` prints
     assert shown is not None and (shown.source, shown.revision) == (REPO, commit)
+
+    # `lorarl validate --deep` reads the cached snapshot (no network): module names are checked.
+    deep = hub_job(tmp_path, endpoint, name="hub-deep")
+    deep.spec.lora.target_modules = ["no_such_proj"]
+    problems = model_problems(deep, cluster=False)
+    assert any("no_such_proj names no module" in p for p in problems), problems
 
     # The hub is gone: the branch it resolved last time is in the cache, nothing is fetched.
     again = hub_job(tmp_path, endpoint, name="hub-offline")

@@ -418,10 +418,10 @@ def _memory_plan_or_die(file: str, job, gpu_memory: str, model_config: str | Non
 def _memory_problems(job, gpu_memory: str | None) -> tuple[list[str], list[str]]:
     """(warnings, refusals) of the job's memory plan; none when its model's config.json is not
     on this machine (a cluster job's model usually lives on a volume)."""
-    from lorarl.model_checks import plan_memory
+    from lorarl.model_checks import model_dir, plan_memory
     from lorarl.plan.memory import DEFAULT_GPU_MEMORY
 
-    if not (Path(job.spec.model.path) / "config.json").is_file():
+    if not (model_dir(job) / "config.json").is_file():
         return [], []
     gpu = DEFAULT_GPU_MEMORY if gpu_memory is None else _gpu_bytes(gpu_memory)
     try:
