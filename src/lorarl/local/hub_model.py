@@ -18,16 +18,18 @@ from lorarl.local.runs import MODEL_RECORD
 log = logging.getLogger(__name__)
 
 
-def fetch_job_model(job: LoRARLJob) -> tuple[LoRARLJob, Snapshot | None]:
-    """The job with a hub id replaced by its snapshot folder (unchanged for a folder). The
-    token is the user's (HF_TOKEN or `hf auth login`); spec.model.hub.tokenSecret is a
-    cluster's Secret. Raises HubError (one line) when the model can be neither downloaded nor
-    found in the cache."""
+def fetch_job_model(
+    job: LoRARLJob, revision: str | None = None
+) -> tuple[LoRARLJob, Snapshot | None]:
+    """The job with a hub id replaced by its snapshot folder (unchanged for a folder);
+    `revision` (a continued run's commit) overrides the spec's. The token is the user's
+    (HF_TOKEN or `hf auth login`); spec.model.hub.tokenSecret is a cluster's Secret. Raises
+    HubError (one line) when the model can be neither downloaded nor found in the cache."""
     model = job.spec.model
     if not model.from_hub:
         return job, None
     endpoint = model.hub.endpoint if model.hub is not None else None
-    snapshot = fetch(model.path, revision=model.revision, endpoint=endpoint)
+    snapshot = fetch(model.path, revision=revision or model.revision, endpoint=endpoint)
     log.info("%s at commit %s: %s", model.path, snapshot.revision, snapshot.path)
     local = job.model_copy(deep=True)
     local.spec.model = model.model_copy(
@@ -44,4 +46,3 @@ def record_model(run_dir: Path, snapshot: Snapshot) -> None:
     record = {"source": snapshot.repo, "revision": snapshot.revision, "path": str(snapshot.path)}
     tmp.write_text(json.dumps(record) + "\n")
     os.replace(tmp, path)
-

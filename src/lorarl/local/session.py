@@ -18,7 +18,7 @@ from lorarl.local.hub_model import fetch_job_model, record_model
 from lorarl.local.preflight import check_inputs
 from lorarl.local.prior_run import prepare_run_dir
 from lorarl.local.runner import LocalRun, RunFailed
-from lorarl.local.runs import record_end, record_start, record_status_url
+from lorarl.local.runs import record_end, record_start, record_status_url, recorded_model
 
 
 def run_local(
@@ -45,6 +45,18 @@ def run_local(
     note = prepare_run_dir(folder, existing, job.spec.training.resume)
     if note:
         console.print(note, highlight=False)
+    recorded = recorded_model(folder)  # a run continued: its checkpoints are on that commit
+    if (
+        snapshot is not None
+        and recorded is not None
+        and (recorded.source, recorded.revision) != (snapshot.repo, snapshot.revision)
+        and recorded.source == snapshot.repo
+    ):
+        fetched, snapshot = fetch_job_model(job, revision=recorded.revision)
+        console.print(
+            f"the continued run loaded commit {recorded.revision}: it goes on with it",
+            highlight=False,
+        )
     run = LocalRun(fetched, folder, engine_python=engine_python)
     if snapshot is not None:
         record_model(run.run_dir, snapshot)
