@@ -13,7 +13,8 @@ etcd and the controller-manager apart, the operator's RSS, the API requests it s
 server's audit log, per verb and resource) and the progress polls it made. Each job's trainer
 advances a step every `--step-seconds`, so some polls change the status (a patch) and most do not.
 Writes bench/results/operator_steady.json. Where the CPU goes: `python -m bench.operator_profile
-steady`.
+steady` (cProfile over the whole run, ramp included), or `--py-spy FILE` (py-spy samples of the
+measured window only, as collapsed stacks).
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ import copy
 import json
 import multiprocessing as mp
 import os
+import subprocess
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -132,6 +135,14 @@ def _wait(what: str, check: Any, timeout: float, proc: Any, log: Path | None) ->
     return time.monotonic() - t0
 
 
+def _py_spy(pid: int, seconds: float, out: Path) -> subprocess.Popen[bytes]:
+    """py-spy sampling `pid` for `seconds`, without pausing it, as collapsed stacks."""
+    spy = Path(sys.executable).parent / "py-spy"
+    cmd = [str(spy), "record", "--pid", str(pid), "--duration", str(int(seconds))]
+    cmd += ["--format", "raw", "--nonblocking", "--rate", "50", "--output", str(out)]
+    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--jobs", type=int, default=1000)
@@ -142,6 +153,13 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--profile", help="write the operator's cProfile stats to this file")
     parser.add_argument("--log", type=Path, help="keep the operator's log here")
+    parser.add_argument("--note", help="what this run changed, kept in the results as `change`")
+    parser.add_argument(
+        "--py-spy",
+        type=Path,
+        help="sample the operator with py-spy during the window only (collapsed stacks to this "
+        "file; the figures of such a run are not the benchmark's)",
+    )
     args = parser.parse_args()
     base = yaml.safe_load((ROOT / "examples" / "quickstart.yaml").read_text())
     names = [f"steady-{i:04d}" for i in range(args.jobs)]
@@ -202,8 +220,11 @@ def main() -> None:
                 cpu0 |= {c: cpu_seconds(pid) for c, pid in pids.items()}
                 hits0, wall0 = hits.value, time.time()
                 t0 = time.monotonic()
+                spy = _py_spy(proc.pid, args.window, args.py_spy) if args.py_spy else None
                 time.sleep(args.window)
                 window = time.monotonic() - t0
+                if spy is not None:
+                    spy.wait()
                 wall1 = time.time()
                 cpu = {"operator": cpu_seconds(proc.pid) - cpu0["operator"]}
                 cpu |= {c: cpu_seconds(pid) - cpu0[c] for c, pid in pids.items()}
@@ -243,6 +264,7 @@ def main() -> None:
             v: round(n * per_min, 1) for v, n in sorted(verbs.items())
         },
         "progress_polls_per_job_per_min": round(polls * per_min / args.jobs, 2),
+        **({"change": args.note} if args.note else {}),
         "machine": {
             **info,
             "load_avg_1m_at_start": round(load0, 2),

@@ -17,10 +17,10 @@ import aiohttp
 from lorarl.bounded_fetch import DEADLINE_S, FetchError
 
 
-async def fetch_json(
+async def fetch_bytes(
     session: aiohttp.ClientSession, url: str, *, max_bytes: int, deadline_s: float = DEADLINE_S
-) -> Any:
-    """The parsed JSON at `url`, or FetchError (not up, an error status, too big, too slow)."""
+) -> bytes:
+    """The body at `url`, or FetchError (not up, an error status, too big, too slow)."""
     try:
         async with asyncio.timeout(deadline_s):
             async with session.get(url, headers={"Accept-Encoding": "identity"}) as response:
@@ -40,10 +40,23 @@ async def fetch_json(
         raise FetchError(f"{url}: no complete answer within {deadline_s:g} s") from exc
     except (aiohttp.ClientError, ValueError) as exc:
         raise FetchError(f"{url}: {exc or type(exc).__name__}") from exc
+    return body
+
+
+def parse_json(url: str, body: bytes) -> Any:
+    """`body` parsed, or FetchError naming `url`."""
     try:
         return json.loads(body)
     except (ValueError, RecursionError) as exc:
         raise FetchError(f"{url}: not JSON ({type(exc).__name__})") from exc
+
+
+async def fetch_json(
+    session: aiohttp.ClientSession, url: str, *, max_bytes: int, deadline_s: float = DEADLINE_S
+) -> Any:
+    """The parsed JSON at `url`, or FetchError (not up, an error status, too big, too slow)."""
+    body = await fetch_bytes(session, url, max_bytes=max_bytes, deadline_s=deadline_s)
+    return parse_json(url, body)
 
 
 def session(timeout: float, connections: int) -> aiohttp.ClientSession:

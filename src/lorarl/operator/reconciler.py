@@ -62,6 +62,8 @@ class JobState:
     created: dict[str, tuple[PodView, float]] = field(default_factory=dict)
     deleted: dict[str, float] = field(default_factory=dict)
     parsed: Parsed | None = None  # the spec's parse, plan and config, reused while it is unchanged
+    parsed_version: tuple[Any, ...] | None = None  # `_spec_version` of the body `parsed` read
+    progress_raw: bytes | None = None  # the body `progress` was parsed from
     # Pod events not yet reconciled: the newest pod list, and whether a pass is already waiting.
     pending: list[PodView] | None = None
     poking: bool = False
@@ -122,7 +124,7 @@ class Reconciler:
         state = self.jobs.get(key)
         if state is None or state.uid != meta.get("uid"):  # new, or deleted and re-created
             state = self.jobs[key] = JobState(uid=meta.get("uid", ""), body=plain(body))
-        else:
+        elif not _same_version(state.body, meta):  # a timer tick mostly sees the body it kept
             state.body = plain(body)
         if state.phase is None:
             state.phase = (body.get("status") or {}).get("phase")
@@ -198,11 +200,14 @@ class Reconciler:
         if meta.get("deletionTimestamp"):
             return None
         previous = state.status or _stored_status(body)
-        try:
-            state.parsed = parsed(body, state.parsed)
-        except (ManifestError, ValueError) as exc:
-            await self._invalid(state, previous, str(exc))
-            return None
+        version = _spec_version(body)
+        if state.parsed is None or version is None or version != state.parsed_version:
+            try:
+                state.parsed = parsed(body, state.parsed)
+            except (ManifestError, ValueError) as exc:
+                await self._invalid(state, previous, str(exc))
+                return None
+            state.parsed_version = version
         job, job_plan = state.parsed.job, state.parsed.plan
         if previous.phase not in TERMINAL:
             try:
@@ -212,7 +217,7 @@ class Reconciler:
                     raise
                 return None
         if poll and previous.phase not in (*TERMINAL, "Suspended"):
-            state.progress = await self._poll(job) or state.progress
+            state.progress = await self._poll(job, state) or state.progress
         decision = decide(
             Observed(
                 job=job,
@@ -378,12 +383,17 @@ class Reconciler:
     async def _write_status(self, state: JobState, status: LoRARLJobStatus) -> None:
         meta = state.body["metadata"]
         status = status.with_columns()  # what `kubectl get lrj` prints
-        await self.kube.merge_patch(
+        written = await self.kube.merge_patch(
             job_path(meta.get("namespace") or "default", meta["name"], "status"),
             {"status": status.wire()},
             what=f"status of {meta['name']}",
         )
         state.status, state.phase = status, status.phase
+        # The object as the server now has it (parsed JSON: plain already). Kept as the body,
+        # the next timer tick finds its version here once the watch delivers it, and does not
+        # copy the whole body again.
+        if isinstance(written, dict) and (written.get("metadata") or {}).get("uid") == state.uid:
+            state.body = written
 
     async def _rejected(self, state: JobState, previous: LoRARLJobStatus, exc: KubeError) -> bool:
         """The API server refused a child as invalid (400, 422): the same write would be
@@ -424,19 +434,46 @@ class Reconciler:
         await self._write_status(state, status)
         kopf.event(_kopf_body(state.body), type="Warning", reason=reason, message=problem)
 
-    async def _poll(self, job: LoRARLJob) -> Progress | None:
+    async def _poll(self, job: LoRARLJob, state: JobState | None = None) -> Progress | None:
+        """The trainer's report; the one `state` holds when the trainer sent the same bytes
+        again (between two steps it does: the same report is not parsed and validated again,
+        and the pass sees the very same object)."""
         url = f"{self.config.progress_base(job.namespace, job.name)}/progress"
         try:  # capped in bytes and total time: a slow or huge answer must not stall reconciles
             async with self._polls:
                 if self._progress is None:
                     self._progress = progress_fetch.session(self.config.progress_timeout, POLLS)
-                body = await progress_fetch.fetch_json(
+                raw = await progress_fetch.fetch_bytes(
                     self._progress, url, max_bytes=MAX_PROGRESS_BYTES
                 )
-            return Progress.model_validate(body)
+            if state is not None and state.progress is not None and raw == state.progress_raw:
+                return state.progress
+            progress = Progress.model_validate(progress_fetch.parse_json(url, raw))
         except (FetchError, ValueError) as exc:  # not up yet, restarting, gone, or junk
             log.debug("no progress from %s: %s", url, exc)
             return None
+        if state is not None:
+            state.progress_raw = raw
+        return progress
+
+
+def _same_version(kept: Mapping[str, Any], meta: Mapping[str, Any]) -> bool:
+    """Whether `meta` is of the object version `kept` was copied from: the API server gives
+    every write a new resourceVersion, so the same one is the same content."""
+    version = meta.get("resourceVersion")
+    return bool(version) and version == (kept.get("metadata") or {}).get("resourceVersion")
+
+
+def _spec_version(body: Mapping[str, Any]) -> tuple[Any, ...] | None:
+    """What `parsed` reads from the body, by version: the API server moves a custom
+    resource's `metadata.generation` on every spec change (the status subresource is on), and
+    labels do not move it, so they are compared. None (parse again) without a generation."""
+    meta = body.get("metadata") or {}
+    generation = meta.get("generation")
+    if generation is None:
+        return None
+    labels = meta.get("labels") or {}
+    return (meta.get("uid"), generation, body.get("apiVersion"), tuple(sorted(labels.items())))
 
 
 def _kopf_body(body: dict[str, Any]) -> kopf.Body:
