@@ -30,3 +30,16 @@ async def broken(client, sample, ctx):
     if ctx.episode % 2:
         raise RuntimeError("the agent fell over")
     return await run(client, sample, ctx)
+
+
+async def ppo_turns(client, sample, ctx):
+    """Token-in/token-out, one conversation of two calls (a 'helper' role first, then the
+    'answer' role), with ppo's call rewards: half a point for a first reply that names the
+    answer, the rest of the reward for the final one."""
+    extra = {"return_token_ids": True}
+    first = await client.completions.create(model="helper", prompt=sample.prompt, extra_body=extra)
+    ids = [*first.choices[0].prompt_token_ids, *first.choices[0].token_ids]
+    second = await client.completions.create(model="answer", prompt=ids, extra_body=extra)
+    early = 0.5 * float(sample.answer in first.choices[0].text)
+    right = re.match(rf"^.{{0,3}}{sample.answer}", second.choices[0].text) is not None
+    return {"reward": early + float(right), "call_rewards": [early, 0.0]}

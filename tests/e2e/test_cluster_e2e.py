@@ -192,3 +192,49 @@ def test_colocated_adapter_sync_scored_by_the_reward_service_pod(c: Cluster) -> 
     assert "POST /score 200" in reward_log, reward_log[-3000:]
     c.kubectl("delete", "lrj", "e2e-adapter")
     c.kubelet.wait(lambda: not job_pods(c, "e2e-adapter"), 60, "the job's pods collected")
+
+
+# An agent as a user ships it to a cluster: a file in a ConfigMap. It calls the policy through the
+# endpoint trainer rank 0 serves for the step's episodes, with its episode's own key.
+LETTER_AGENT = """
+import re
+
+
+async def run(client, sample, ctx):
+    reply = await client.completions.create(model="answer", prompt=sample.prompt)
+    right = re.match(sample.metadata["pattern"], reply.choices[0].text) is not None
+    local = ctx.base_url.startswith("http://127.0.0.1:")  # the endpoint is the trainer pod's own
+    return {"reward": float(right), "loopback": float(local)}
+"""
+
+
+def test_an_agent_job_runs_in_the_trainer_pod(c: Cluster) -> None:
+    """spec.agent in a cluster (issue 38 #5): the agent file comes from agent.configMap, mounted
+    in the trainer pod only; rank 0 serves the endpoint on the pod's loopback (no other pod can
+    reach it, and each episode needs its own key); the colocated engine generates every call."""
+    c.apply(json.dumps({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "letter-agent", "namespace": "default"},
+        "data": {"letter_agent.py": LETTER_AGENT},
+    }))  # fmt: skip
+    job = cluster_job("e2e-agent", training__totalSteps=3)
+    del job["spec"]["reward"]  # the agent returns the reward
+    job["spec"]["agent"] = {
+        "entrypoint": "/agents/letter_agent.py:run",
+        "configMap": {"name": "letter-agent", "mountPath": "/agents"},
+        "maxConcurrency": 64,
+    }
+    job["spec"]["rollout"].update(replicas=1, placement="colocated")
+    run = run_job(c, job, timeout=900)
+    assert run.job["status"]["step"] == 3
+    steps = history(c, "e2e-agent")
+    assert [h["step"] for h in steps] == [1, 2, 3]
+    assert all(h["turnsMean"] == 1.0 and h["failedEpisodes"] == 0 for h in steps), steps
+    assert all(h["rewardMetrics"]["loopback"] == 1.0 for h in steps), steps
+    assert max(h["logprobMismatch"] for h in steps) < 1e-3
+    trainer = c.kube.get("v1/pods", "default", "e2e-agent-trainer-0")["spec"]
+    (code,) = [v for v in trainer["volumes"] if v["name"] == "agent-code"]
+    assert code["configMap"]["name"] == "letter-agent"
+    assert set(run.pods_running_s) == {"e2e-agent-trainer-0"}
+    c.kubectl("delete", "lrj", "e2e-agent")
+    c.kubelet.wait(lambda: not job_pods(c, "e2e-agent"), 60, "the job's pods collected")

@@ -37,8 +37,8 @@ _ENGINE_PP = "lorarl's engines shard by tensor parallelism only"
 _KERNELS = "lorarl chooses its own kernels"
 _SAMPLE = "engines always sample (temperature 0 is greedy)"
 _MATPO = (
-    "MATPO's sub-agent summaries: a behaviour of its environment; write one as your own "
-    "environment class (spec.environment.entrypoint)"
+    "MATPO's sub-agent summaries: a behaviour of its agent loop; your agent function "
+    "(spec.agent) writes them (docs/environments.md#matpo-a-manifest-and-an-agent-function)"
 )
 # The notes of the settings that cannot apply to lorarl's design (ForeignName.cannot_apply).
 _CANNOT = (_FSDP2, _NO_SP, _TOOLS, _MATPO, _ENGINE_PP)

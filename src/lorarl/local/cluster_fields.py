@@ -29,6 +29,7 @@ CLUSTER_ONLY: tuple[str, ...] = (
     "rollout.preemptible",
     "reward.service.resources",
     "reward.configMap",
+    "agent.configMap",
     "model.volume",
     "model.hub.tokenSecret",  # locally: HF_TOKEN or `hf auth login`
     "data.volume",

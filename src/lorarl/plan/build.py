@@ -420,7 +420,7 @@ def _volumes(job: LoRARLJob, role: str) -> list[VolumePlan]:
         for n, c, ro in _claims(job.spec, role)
     ]
     if role == "trainer":
-        vols += _reward_code_volumes(job.spec)
+        vols += _reward_code_volumes(job.spec) + _agent_code_volumes(job.spec)
     # Every role: NCCL, DataLoader workers, vLLM and Ray's object store need more than the
     # container runtime's 64 MiB /dev/shm.
     vols.append(VolumePlan(name="shm", kind="memory"))
@@ -434,7 +434,7 @@ def _mounts(spec: LoRARLJobSpec, role: str, config_dir: str) -> list[MountPlan]:
         for n, c, ro in _claims(spec, role)
     ]
     if role == "trainer":
-        mounts += _reward_code_mounts(spec)
+        mounts += _reward_code_mounts(spec) + _agent_code_mounts(spec)
     mounts.append(MountPlan(volume="shm", path=SHM_DIR))
     return mounts
 
@@ -456,3 +456,21 @@ def _reward_code_mounts(spec: LoRARLJobSpec) -> list[MountPlan]:
     if cm is None:
         return []
     return [MountPlan(volume=REWARD_CODE_VOLUME, path=cm.mount_path, read_only=True)]
+
+
+# spec.agent.configMap: the agent's code, in the trainer pods (rank 0 runs the agent).
+AGENT_CODE_VOLUME = "agent-code"
+
+
+def _agent_code_volumes(spec: LoRARLJobSpec) -> list[VolumePlan]:
+    cm = spec.agent.config_map if spec.agent is not None else None
+    if cm is None:
+        return []
+    return [VolumePlan(name=AGENT_CODE_VOLUME, kind="configMap", source=cm.name, read_only=True)]
+
+
+def _agent_code_mounts(spec: LoRARLJobSpec) -> list[MountPlan]:
+    cm = spec.agent.config_map if spec.agent is not None else None
+    if cm is None:
+        return []
+    return [MountPlan(volume=AGENT_CODE_VOLUME, path=cm.mount_path, read_only=True)]

@@ -10,12 +10,53 @@ become one sample.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field
 
 from lorarl.api.base import MAX_SECONDS, ApiModel
-from lorarl.api.rules import Rule
+from lorarl.api.rules import Rule, enforce
+from lorarl.api.spec.k8s import DNS1123_SUBDOMAIN
+from lorarl.entrypoints import is_file_entrypoint
+
+
+class AgentConfigMap(ApiModel):
+    name: str = Field(
+        min_length=1,
+        max_length=253,
+        pattern=DNS1123_SUBDOMAIN,
+        description="ConfigMap in the job's namespace holding the agent's Python file(s), e.g. "
+        "`kubectl create configmap my-agent --from-file=my_agent.py`.",
+    )
+    mount_path: str = Field(
+        pattern=r"^/.",
+        description="Folder the ConfigMap is mounted at, read-only, in the trainer pods (rank 0 "
+        "runs the agent); entrypoint names a file in it.",
+    )
+
+
+def _under(path: str, folder: str) -> bool:
+    return path.startswith(folder if folder.endswith("/") else folder + "/")
+
+
+_CONFIG_MAP_FILE_RULE = Rule(
+    cel="!has(self.configMap) || self.entrypoint.startsWith("
+    "self.configMap.mountPath.endsWith('/') ? self.configMap.mountPath : "
+    "self.configMap.mountPath + '/')",
+    message="configMap holds the agent's code: entrypoint must name a file under its mountPath "
+    "(mountPath/file.py:function)",
+    check=lambda m: m.config_map is None or _under(m.entrypoint, m.config_map.mount_path),
+    field="entrypoint",
+)
+# A pod's working directory is the image's: a relative file path names nothing the job controls.
+_ABSOLUTE_FILE_RULE = Rule(
+    cel=r"!self.entrypoint.matches('^[^:]+\\.py:') || self.entrypoint.startsWith('/')",
+    message="an agent file in a cluster is an absolute path (in agent.configMap, on a claim or "
+    "in the image); a relative one is for `lorarl run --local`",
+    check=lambda m: not is_file_entrypoint(m.entrypoint) or m.entrypoint[0] == "/",
+    field="entrypoint",
+    cluster=True,
+)
 
 
 class AgentSpec(ApiModel):
@@ -23,7 +64,8 @@ class AgentSpec(ApiModel):
         pattern=r"^([A-Za-z_][\w.]*|[^:]+\.py):[A-Za-z_][\w.]*$",
         description="Your agent function, as module:function from your image or "
         "path/to/file.py:function: `async def run(client, sample, ctx)` returning the episode's "
-        "reward (a float, or a dict with reward and numeric metrics).",
+        "reward (a float, or a dict with reward, numeric metrics and, with ppo, call_rewards: "
+        "the part of the reward each recorded call earned, in request order).",
     )
     max_concurrency: int = Field(
         default=32,
@@ -48,6 +90,18 @@ class AgentSpec(ApiModel):
         "429), which usually fails the episode. Also sizes each episode's block of sampling "
         "seeds.",
     )
+    exclude_roles: list[Annotated[str, Field(min_length=1, max_length=128)]] = Field(
+        default_factory=list,
+        max_length=32,
+        description="Roles not trained on: a call's role is the `model` its request names (a "
+        "planner calling with model='planner', its sub-agents with model='browser'). Their "
+        "calls still run on the policy and count in turnsMean; perCall drops them from the "
+        "samples, merged masks their tokens out of the loss.",
+    )
+    config_map: AgentConfigMap | None = Field(
+        default=None,
+        description="Ship the agent's code (a file entrypoint) to the cluster in a ConfigMap.",
+    )
     trajectory: Literal["perCall", "merged"] = Field(
         default="perCall",
         description="How an episode's calls become training samples. perCall: each call is a "
@@ -57,6 +111,8 @@ class AgentSpec(ApiModel):
         "tokens between model replies are masked out of the loss; an episode whose calls do "
         "not extend each other falls back to perCall.",
     )
+
+    _rules = enforce(_CONFIG_MAP_FILE_RULE, _ABSOLUTE_FILE_RULE)
 
 
 _REWARD_UNUSED = (
@@ -87,10 +143,10 @@ AGENT_SPEC_RULES = (
     ),
     Rule(
         cel="!has(self.agent) || !has(self.algorithm) || !has(self.algorithm.name) || "
-        "!(self.algorithm.name in ['ppo', 'dapo'])",
-        message="agent episodes train with grpo, dr_grpo, rloo or reinforce_pp (per-call "
-        "samples share their episode's advantage; ppo and dapo's refill are not supported)",
-        check=lambda m: m.agent is None or m.algorithm.name not in ("ppo", "dapo"),
+        "self.algorithm.name != 'dapo'",
+        message="agent episodes train with grpo, dr_grpo, rloo, reinforce_pp or ppo (dapo "
+        "refills its batch by generating again, which an agent's episodes cannot)",
+        check=lambda m: m.agent is None or m.algorithm.name != "dapo",
         field="algorithm.name",
     ),
     Rule(

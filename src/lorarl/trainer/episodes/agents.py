@@ -57,9 +57,21 @@ class AgentContext:
 
 @dataclass
 class AgentEpisode:
+    """What an episode trains on: `calls` (its samples, after merging and role exclusion) and
+    the reward each is trained toward (`returns`, one per sample); `reward` is the episode's."""
+
     calls: list[Sample]
     reward: float
     metrics: dict[str, float] = field(default_factory=dict)
+    returns: list[float] = field(default_factory=list)
+    n_calls: int = 0  # model calls the agent made, of every role
+    generated: int = 0  # tokens the engines generated for them
+
+    def __post_init__(self) -> None:
+        if not self.returns:
+            self.returns = [self.reward] * len(self.calls)
+        self.n_calls = self.n_calls or len(self.calls)
+        self.generated = self.generated or sum(len(c.completion_ids) for c in self.calls)
 
 
 class AgentFailed(Exception):
@@ -78,6 +90,8 @@ class AgentRunner:
     max_response_tokens: int
     chat_template_kwargs: Mapping[str, Any] | None = None
     merge: bool = False  # agent.trajectory: merged
+    exclude_roles: frozenset[str] = frozenset()  # agent.excludeRoles: not trained on
+    call_rewards: bool = False  # ppo: an agent may return call_rewards
     failures: list[str] = field(default_factory=list)  # of the last run, one line each
 
     def run(
@@ -120,10 +134,7 @@ class AgentRunner:
                     result = await asyncio.wait_for(
                         self.agent(agent_client, self._sample(item), ctx), self.timeout_s
                     )
-                    episode = _episode(calls.calls, result)
-                    if self.merge and (merged := merge_calls(episode.calls)) is not None:
-                        episode.calls = [merged]
-                    return episode
+                    return self._episode(calls, result)
                 except Exception as exc:  # a failed episode is dropped and counted, not fatal
                     why = "timed out" if isinstance(exc, asyncio.TimeoutError) else repr(exc)
                     self.failures.append(f"episode {k}: {why}"[:300])
@@ -154,42 +165,101 @@ class AgentRunner:
             messages = [dict(m) for m in item.prompt]
         return AgentSample(item.prompt, messages, item.answer, dict(item.metadata))
 
+    def _episode(self, recorded: EpisodeCalls, result: Any) -> AgentEpisode:
+        """The episode's training samples from its recorded calls and the agent's return value:
+        excluded roles' calls dropped (perCall) or masked (merged); with ppo, `call_rewards`
+        (one per recorded call, in request order) shape what each sample is trained toward."""
+        calls, roles = list(recorded.calls), list(recorded.roles)
+        if not calls:
+            raise AgentFailed("the agent made no model call")
+        reward, metrics, per_call = _result(result, len(calls), self.call_rewards)
+        trained = [role not in self.exclude_roles for role in roles]
+        generated = sum(len(c.completion_ids) for c in calls)
+        if self.merge and (merged := merge_calls(calls, trained, per_call)) is not None:
+            if not any(merged.loss_mask or [1]):
+                raise AgentFailed("every call of the episode is by an excluded role")
+            return AgentEpisode([merged], reward, metrics, [reward], len(calls), generated)
+        # perCall: call k is trained toward what the episode earned from call k on
+        earlier = [sum(per_call[:k]) for k in range(len(calls))] if per_call else [0.0] * len(calls)
+        kept = [
+            (c, reward - before) for c, t, before in zip(calls, trained, earlier, strict=True) if t
+        ]
+        if not kept:
+            raise AgentFailed("every call of the episode is by an excluded role")
+        return AgentEpisode(
+            [c for c, _ in kept], reward, metrics, [r for _, r in kept], len(calls), generated
+        )
 
-def _episode(calls: list[Sample], result: Any) -> AgentEpisode:
-    if not calls:
-        raise AgentFailed("the agent made no model call")
+
+def _result(
+    result: Any, n_calls: int, call_rewards_ok: bool
+) -> tuple[float, dict[str, float], list[float] | None]:
+    """The agent's return value: its reward, metrics, and call rewards (if it gave them)."""
     metrics: dict[str, float] = {}
+    per_call: list[float] | None = None
     if isinstance(result, Mapping):
         if "reward" not in result:
             raise AgentFailed(f"the agent returned a dict without 'reward': {result!r:.120}")
         for name, value in result.items():
-            if name != "reward" and _number(value):
+            if name not in ("reward", "call_rewards") and _number(value):
                 metrics[str(name)] = float(value)
+        if "call_rewards" in result:
+            per_call = _call_rewards(result["call_rewards"], n_calls, call_rewards_ok)
         result = result["reward"]
     if not _number(result):
         raise AgentFailed(f"the agent returned {result!r:.80}, not a finite reward")
-    return AgentEpisode(list(calls), float(result), metrics)
+    return float(result), metrics, per_call
 
 
-def merge_calls(calls: Sequence[Sample]) -> Sample | None:
+def _call_rewards(value: Any, n_calls: int, ok: bool) -> list[float]:
+    if not ok:
+        raise AgentFailed(
+            "call_rewards need algorithm.name: ppo (group algorithms give one advantage per "
+            "episode): return the reward alone"
+        )
+    if not isinstance(value, Sequence) or isinstance(value, str) or not all(map(_number, value)):
+        raise AgentFailed(f"call_rewards must be a list of finite numbers, got {value!r:.80}")
+    if len(value) != n_calls:
+        raise AgentFailed(
+            f"call_rewards has {len(value)} rewards for the episode's {n_calls} recorded calls "
+            "(one per call that got an answer, in request order)"
+        )
+    return [float(v) for v in value]
+
+
+def merge_calls(
+    calls: Sequence[Sample],
+    trained: Sequence[bool] | None = None,
+    call_rewards: Sequence[float] | None = None,
+) -> Sample | None:
     """An episode's calls as one sample when they extend one conversation: each call's prompt ids
     start with the previous call's prompt + completion ids, token for token. What lies between
     two replies (tool results, the next user turn, the template's markup) joins the completion
-    with loss mask 0 and logprob 0; the model's own tokens keep their mask 1 and the engine's
-    logprobs. None when the calls do not extend each other (train them per call)."""
-    if len(calls) <= 1:
-        return calls[0] if calls else None
+    with loss mask 0 and logprob 0; the model's own tokens keep their mask 1 (0 for a call whose
+    `trained` is False: an excluded role's) and the engine's logprobs; a call's reward (ppo's
+    `call_rewards`) sits on its last token. None when the calls do not extend each other (train
+    them per call)."""
+    if not calls:
+        return None
+    trained = list(trained) if trained is not None else [True] * len(calls)
     first = calls[0]
-    ids, logprobs = list(first.completion_ids), list(first.logprobs)
-    mask = list(first.loss_mask or [1] * len(ids))
-    for call in calls[1:]:
+    ids: list[int] = []
+    logprobs: list[float] = []
+    mask: list[int] = []
+    turns: list[tuple[int, float]] = []
+    for k, call in enumerate(calls):
         so_far = [*first.prompt_ids, *ids]
         if call.prompt_ids[: len(so_far)] != so_far:
             return None
         inserted = call.prompt_ids[len(so_far) :]
+        own = list(call.loss_mask or [1] * len(call.completion_ids))
         ids += inserted + list(call.completion_ids)
         logprobs += [0.0] * len(inserted) + list(call.logprobs)
-        mask += [0] * len(inserted) + list(call.loss_mask or [1] * len(call.completion_ids))
+        mask += [0] * len(inserted) + (own if trained[k] else [0] * len(own))
+        if call_rewards is not None and call.completion_ids:
+            turns.append((len(ids) - 1, float(call_rewards[k])))
+    if len(calls) == 1 and trained[0] and call_rewards is None:
+        return first
     last = calls[-1]
     return Sample(
         prompt_ids=list(first.prompt_ids),
@@ -200,6 +270,7 @@ def merge_calls(calls: Sequence[Sample]) -> Sample | None:
         endpoint=last.endpoint,
         text=last.text,
         loss_mask=tuple(mask),
+        turn_rewards=tuple(turns) if call_rewards is not None else None,
     )
 
 
@@ -240,4 +311,6 @@ def build_agent_runner(job: LoRARLJob, tokenizer: Any, client: RolloutClient) ->
         max_response_tokens=spec.data.max_response_tokens,
         chat_template_kwargs=spec.data.chat_template_kwargs,
         merge=agent.trajectory == "merged",
+        exclude_roles=frozenset(agent.exclude_roles),
+        call_rewards=spec.algorithm.name == "ppo",
     )

@@ -25,7 +25,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from lorarl.environments.tool_calling import parse_tool_calls
+from lorarl.environments.tool_calling import DEFAULT_SYSTEM_PROMPT, parse_tool_calls
 from lorarl.trainer.generation.client import RolloutClient
 from lorarl.trainer.generation.types import Sample, SamplingParams
 
@@ -41,8 +41,19 @@ class EpisodeCalls:
     version: int
     max_calls: int
     seed_base: int | None  # the episode's block of seeds: call i gets seed_base + i
-    calls: list[Sample] = field(default_factory=list)
+    calls: list[Sample] = field(default_factory=list)  # in the order they were requested
+    roles: list[str] = field(default_factory=list)  # each call's request `model`: its role
     requested: int = 0
+    order: list[int] = field(default_factory=list)  # each recorded call's request index
+    # a tool call's id -> the raw text of the reply that made it (templates without tools)
+    replies: dict[str, str] = field(default_factory=dict)
+
+    def record(self, index: int, sample: Sample, role: str) -> None:
+        """Keep the calls in request order (concurrent calls can finish in any order)."""
+        at = sum(i < index for i in self.order)
+        self.order.insert(at, index)
+        self.calls.insert(at, sample)
+        self.roles.insert(at, role)
 
 
 class _ApiError(Exception):
@@ -72,6 +83,10 @@ class AgentEndpoint:
         self.max_prompt_tokens, self.max_response_tokens = max_prompt_tokens, max_response_tokens
         self.kwargs = dict(chat_template_kwargs or {})
         self.served_name = served_name
+        template = getattr(tokenizer, "chat_template", None)
+        # A template without tool support (SmolLM2's) drops `tools` and tool calls: the endpoint
+        # then writes them in the Hermes format the tool_calling environment uses.
+        self.template_tools = not isinstance(template, str) or "tools" in template
         self.episodes: dict[str, EpisodeCalls] = {}
         # The first generation failure (engines down after retries, a stale policy, a bad
         # answer): raised by the runner once the step's episodes end, as any rollout's would be.
@@ -153,7 +168,7 @@ class AgentEndpoint:
             raise _bad("tools must be a list")
         _check_common(body)
         index = self._claim(episode)
-        prompt_ids = self.render(body["messages"], tools)
+        prompt_ids = self.render(body["messages"], tools, episode.replies)
         sample = await self._generate(episode, index, prompt_ids, body)
         text = self.tokenizer.decode(sample.completion_ids, skip_special_tokens=True)
         message: dict[str, Any] = {"role": "assistant", "content": text}
@@ -170,6 +185,8 @@ class AgentEndpoint:
                     }
                     for i, c in enumerate(calls)
                 ]
+                for call in message["tool_calls"]:
+                    episode.replies[call["id"]] = text
                 finish = "tool_calls"
         choice = {"index": 0, "message": message, "finish_reason": finish, "logprobs": None}
         if body.get("logprobs"):
@@ -256,7 +273,8 @@ class AgentEndpoint:
         except Exception as exc:  # the engines' failure, not the agent's: the step fails
             self.engine_error = self.engine_error or exc
             raise _ApiError(503, f"the engines failed: {exc}", "server_error") from exc
-        episode.calls.append(sample)
+        model = body.get("model")
+        episode.record(index, sample, model if isinstance(model, str) else "")
         return sample
 
     def _token_logprobs(self, sample: Sample) -> list[dict[str, Any]]:
@@ -267,12 +285,19 @@ class AgentEndpoint:
                         "top_logprobs": []})  # fmt: skip
         return out
 
-    def render(self, messages: Sequence[Any], tools: list[Any] | None) -> list[int]:
+    def render(
+        self,
+        messages: Sequence[Any],
+        tools: list[Any] | None,
+        replies: Mapping[str, str] | None = None,
+    ) -> list[int]:
         """The prompt's token ids: the chat template's rendering (generation prompt on)."""
         try:
             normal = [_message(m) for m in messages]
             kwargs = dict(self.kwargs)
-            if tools is not None:
+            if not self.template_tools:
+                normal = _hermes(normal, tools, replies or {})
+            elif tools is not None:
                 kwargs["tools"] = tools
             text = self.tokenizer.apply_chat_template(
                 normal, tokenize=False, add_generation_prompt=True, **kwargs
@@ -308,6 +333,46 @@ def _message(m: Any) -> dict[str, Any]:
                     fn["arguments"] = json.loads(args)
             calls.append({**call, "function": fn})
         out["tool_calls"] = calls
+    return out
+
+
+def _hermes(
+    messages: list[dict[str, Any]], tools: list[Any] | None, replies: Mapping[str, str]
+) -> list[dict[str, Any]]:
+    """Tools in the Hermes format, for a chat template that has no `tools`: an assistant turn
+    with tool calls as the text its reply had (what the model wrote), else as `<tool_call>`
+    blocks; tool results inside `<tool_response>` tags; the tools' schemas in the system
+    message unless a message already holds a `<tools>` block (the agent wrote its own)."""
+    out = []
+    for m in messages:
+        m = dict(m)
+        calls = m.pop("tool_calls", None) if m["role"] == "assistant" else None
+        if calls:
+            raw = {replies.get(str(c.get("id"))) for c in calls}
+            if len(raw) == 1 and (text := raw.pop()) is not None:
+                m["content"] = text
+            else:
+                blocks = [
+                    "<tool_call>\n" + json.dumps(
+                        {"name": (c.get("function") or {}).get("name"),
+                         "arguments": (c.get("function") or {}).get("arguments")},
+                        ensure_ascii=False,
+                    ) + "\n</tool_call>"
+                    for c in calls
+                ]  # fmt: skip
+                m["content"] = "\n".join(x for x in [m.get("content") or "", *blocks] if x)
+        elif m["role"] == "tool" and not str(m.get("content")).lstrip().startswith(
+            "<tool_response>"
+        ):
+            m["content"] = f"<tool_response>\n{m.get('content')}\n</tool_response>"
+        out.append(m)
+    if tools and not any("<tools>" in str(m.get("content") or "") for m in out):
+        schemas = "\n".join(json.dumps(t, ensure_ascii=False) for t in tools)
+        text = DEFAULT_SYSTEM_PROMPT.replace("{tools}", schemas)
+        if out and out[0]["role"] == "system":
+            out[0]["content"] = f"{out[0].get('content') or ''}\n\n{text}".lstrip()
+        else:
+            out.insert(0, {"role": "system", "content": text})
     return out
 
 

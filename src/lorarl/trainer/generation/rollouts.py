@@ -211,7 +211,8 @@ class RolloutWorker:
         self, position: DataPosition, version: int, model_name: str, step: int
     ) -> Collected:
         """Agent episodes (spec.agent): each recorded call is a sample with its episode's reward
-        and advantage (the group: the groupSize episodes of one prompt). A group with a failed
+        and advantage (the group: the groupSize episodes of one prompt; ppo: the reward from that
+        call on, and a merged episode's call rewards on their tokens). A group with a failed
         episode is dropped and counted; a batch where every group failed is replaced by the
         next one, up to MAX_EMPTY_BATCHES in a row."""
         assert self.agents is not None
@@ -237,7 +238,7 @@ class RolloutWorker:
         gen_s = time.perf_counter() - t0
         flat: list[AgentEpisode] = [e for g in groups for e in g]
         rewards = torch.tensor([e.reward for e in flat], dtype=torch.float32)
-        counts = [sum(len(c.completion_ids) for c in e.calls) for e in flat]
+        counts = [sum(_token_counts(e.calls)) for e in flat]  # the trained tokens
         advantages = compute_advantages(
             self.estimator, rewards, self.group_size, token_counts=counts
         )
@@ -247,9 +248,11 @@ class RolloutWorker:
         sums: dict[str, float] = {}
         seen: dict[str, int] = {}
         for e, a in zip(flat, advantages.tolist(), strict=True):
-            for call in e.calls:
+            for call, reward in zip(e.calls, e.returns, strict=True):
                 in_loss = not (mask_cut and call.finish_reason == "length")
-                samples.append(_train_sample(call, float(a), e.reward, in_loss=in_loss))
+                samples.append(
+                    _train_sample(call, float(a), reward, in_loss=in_loss, turn_rewards=True)
+                )
                 by_endpoint.setdefault(call.endpoint, []).append(e.reward)
             for name, value in e.metrics.items():
                 sums[name], seen[name] = sums.get(name, 0.0) + value, seen.get(name, 0) + 1
@@ -260,10 +263,14 @@ class RolloutWorker:
             position=position,
             generate_seconds=gen_s,
             reward_seconds=0.0,
-            generated_tokens=sum(counts),
+            generated_tokens=sum(e.generated for e in flat),
             rounds=empty_batches + 1,
             truncated_fraction=sum(c.finish_reason == "length" for c in calls) / max(len(calls), 1),
-            episode_stats={"turns_mean": len(calls) / len(flat), "failed_episodes": failed},
+            # model calls per episode, whether trained per call, merged or excluded
+            episode_stats={
+                "turns_mean": sum(e.n_calls for e in flat) / len(flat),
+                "failed_episodes": failed,
+            },
             engine_rewards={url: sum(rs) / len(rs) for url, rs in by_endpoint.items()},
             reward_metrics={k: sums[k] / seen[k] for k in sums} or None,
         )

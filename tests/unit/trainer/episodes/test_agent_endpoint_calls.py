@@ -48,9 +48,9 @@ def post(endpoint: AgentEndpoint, path: str, body: dict, key: str) -> httpx.Resp
     return asyncio.run(go())
 
 
-def setup(*replies: str) -> tuple[AgentEndpoint, EpisodeCalls, str, Scripted]:
+def setup(*replies: str, max_prompt: int = 64) -> tuple[AgentEndpoint, EpisodeCalls, str, Scripted]:
     client = Scripted(*replies)
-    endpoint = AgentEndpoint(client, TOK, max_prompt_tokens=64, max_response_tokens=6)
+    endpoint = AgentEndpoint(client, TOK, max_prompt_tokens=max_prompt, max_response_tokens=6)
     calls = EpisodeCalls(PARAMS, "base", 3, max_calls=4, seed_base=10)
     return endpoint, calls, endpoint.open(calls), client
 
@@ -107,7 +107,7 @@ def test_a_wrong_key_is_refused_on_completions():
 
 def test_chat_streams_openai_chunks_with_tool_calls_and_usage():
     call = '{"name": "calc", "arguments": {"x": 1}}'
-    endpoint, calls, key, _ = setup(f"hm <tool_call>{call}</tool_call>")
+    endpoint, calls, key, _ = setup(f"hm <tool_call>{call}</tool_call>", max_prompt=1024)
     tools = [{"type": "function", "function": {"name": "calc", "parameters": {}}}]
     body = {"messages": [{"role": "user", "content": "q"}], "tools": tools, "stream": True,
             "stream_options": {"include_usage": True}, "logprobs": True}  # fmt: skip
