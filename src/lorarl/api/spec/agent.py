@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import ConfigDict, Field
 
 from lorarl.api.base import MAX_SECONDS, ApiModel
-from lorarl.api.rules import Rule, enforce
+from lorarl.api.rules import Rule, enforce, rules_schema_extra
 from lorarl.api.spec.k8s import DNS1123_SUBDOMAIN
 from lorarl.entrypoints import is_file_entrypoint
 
@@ -59,7 +59,12 @@ _ABSOLUTE_FILE_RULE = Rule(
 )
 
 
+_AGENT_RULES = (_CONFIG_MAP_FILE_RULE, _ABSOLUTE_FILE_RULE)
+
+
 class AgentSpec(ApiModel):
+    model_config = ConfigDict(json_schema_extra=rules_schema_extra(*_AGENT_RULES))
+
     entrypoint: str = Field(
         pattern=r"^([A-Za-z_][\w.]*|[^:]+\.py):[A-Za-z_][\w.]*$",
         description="Your agent function, as module:function from your image or "
@@ -112,7 +117,7 @@ class AgentSpec(ApiModel):
         "not extend each other falls back to perCall.",
     )
 
-    _rules = enforce(_CONFIG_MAP_FILE_RULE, _ABSOLUTE_FILE_RULE)
+    _rules = enforce(*_AGENT_RULES)
 
 
 _REWARD_UNUSED = (
