@@ -66,6 +66,7 @@ def _serve_progress(port: int, step_seconds: float, hits: Any) -> None:
                 return
             step = 1 + int((time.time() - t0) / step_seconds)
             record = make_record(step).wire()
+            record["stepSeconds"] = step_seconds  # each step's wall time, as a trainer reports
             body = {
                 "job": parts[1],
                 "phase": "Running",

@@ -45,6 +45,10 @@ OWN_DELETES = 600.0
 # one pass: the first event waits this long, later ones join it.
 DEBOUNCE = 0.2
 POLLS = 16  # progress requests in flight at once
+# Between two trainer steps the report does not change; a tick skips its poll until the next
+# step is due, but never more than this many ticks in a row (a step faster than the last one,
+# e.g. after a slow first step, is seen at most this much later).
+MAX_SKIPPED_POLLS = 2
 PERMANENT_STATUSES = (400, 422)  # BadRequest, Invalid: the same request can never succeed
 
 
@@ -64,6 +68,8 @@ class JobState:
     parsed: Parsed | None = None  # the spec's parse, plan and config, reused while it is unchanged
     parsed_version: tuple[Any, ...] | None = None  # `_spec_version` of the body `parsed` read
     progress_raw: bytes | None = None  # the body `progress` was parsed from
+    changed_at: float | None = None  # monotonic time the report last changed
+    skipped: int = 0  # polls skipped in a row (`_poll_due`)
     # Pod events not yet reconciled: the newest pod list, and whether a pass is already waiting.
     pending: list[PodView] | None = None
     poking: bool = False
@@ -216,7 +222,7 @@ class Reconciler:
                 if not await self._rejected(state, previous, exc):
                     raise
                 return None
-        if poll and previous.phase not in (*TERMINAL, "Suspended"):
+        if poll and previous.phase not in (*TERMINAL, "Suspended") and self._poll_due(state):
             state.progress = await self._poll(job, state) or state.progress
         decision = decide(
             Observed(
@@ -434,6 +440,23 @@ class Reconciler:
         await self._write_status(state, status)
         kopf.event(_kopf_body(state.body), type="Warning", reason=reason, message=problem)
 
+    def _poll_due(self, state: JobState) -> bool:
+        """Whether this tick polls the trainer. A running trainer's report changes once a step
+        (its `latest.stepSeconds` apart): until half a tick before the next step is due, a tick
+        skips the poll, at most MAX_SKIPPED_POLLS in a row. Without a step time yet it polls
+        every tick. The final report does not depend on it (the trainer's termination message
+        carries it)."""
+        progress, changed = state.progress, state.changed_at
+        seconds = progress.latest.step_seconds if progress and progress.latest else None
+        if progress is None or progress.phase != "Running" or not seconds or changed is None:
+            return True
+        due = changed + seconds - self.config.timer_seconds / 2
+        if time.monotonic() >= due or state.skipped >= MAX_SKIPPED_POLLS:
+            state.skipped = 0
+            return True
+        state.skipped += 1
+        return False
+
     async def _poll(self, job: LoRARLJob, state: JobState | None = None) -> Progress | None:
         """The trainer's report; the one `state` holds when the trainer sent the same bytes
         again (between two steps it does: the same report is not parsed and validated again,
@@ -453,7 +476,7 @@ class Reconciler:
             log.debug("no progress from %s: %s", url, exc)
             return None
         if state is not None:
-            state.progress_raw = raw
+            state.progress_raw, state.changed_at = raw, time.monotonic()
         return progress
 
 

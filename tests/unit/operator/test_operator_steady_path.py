@@ -73,6 +73,7 @@ class Trainer:
         self.step = 1
         self.polls = 0
         self.down = False
+        self.step_seconds: float | None = None
         monkeypatch.setattr(progress_fetch, "fetch_bytes", self.fetch)
         monkeypatch.setattr(progress_fetch, "session", lambda *a: object())  # no sockets here
 
@@ -85,8 +86,9 @@ class Trainer:
             "phase": "Running",
             "step": self.step,
             "totalSteps": 1000,
-            "latest": {"step": self.step, "time": 1.0e9 + self.step, "rewardMean": 0.5},
-        }
+            "latest": {"step": self.step, "time": 1.0e9 + self.step, "rewardMean": 0.5,
+                       "stepSeconds": self.step_seconds},
+        }  # fmt: skip
         return json.dumps(report).encode()
 
 
@@ -236,3 +238,38 @@ def test_the_spec_is_parsed_again_when_generation_or_labels_move(
     _tick(rec, no_generation)
     _tick(rec, no_generation)
     assert len(parses) == 4  # nothing to tell versions of the spec apart: parsed every pass
+
+
+def test_polls_wait_for_the_next_step_but_never_more_than_two_ticks(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Steps 30 s apart, a tick every 10 s: a tick polls only from half a tick before the next
+    step is due (so 1 poll in 3), and a step that comes sooner than the last one took is still
+    seen within MAX_SKIPPED_POLLS + 1 ticks."""
+    now = [0.0]
+    monkeypatch.setattr(reconciler.time, "monotonic", lambda: now[0])
+    trainer, kube = Trainer(monkeypatch), FakeKube()
+    trainer.step_seconds = 30.0
+    rec, body = _running(kube)  # polled at t=0: step 1 arrived then
+    seen = []
+    for t, step in ((10, 1), (20, 1), (30, 2), (40, 2), (50, 2), (60, 2), (70, 3)):
+        now[0], trainer.step, before = float(t), step, trainer.polls
+        decision = _tick(rec, body)
+        assert decision is not None
+        seen.append((trainer.polls - before, decision.status.step))
+        body = copy.deepcopy(rec.jobs[("default", NAME)].body)
+    # t=10, 20 skip (due at 25); t=30 sees step 2; 40, 50 skip; 60 polls (due 55), 70 again
+    assert seen == [(0, 1), (0, 1), (1, 2), (0, 2), (0, 2), (1, 2), (1, 3)]
+    trainer.step_seconds = 1000.0  # a slow step, then a fast one: 2 ticks skipped at most
+    trainer.step = 4
+    now[0] = 100.0  # due at 95
+    assert _tick(rec, body).status.step == 4
+    body = copy.deepcopy(rec.jobs[("default", NAME)].body)
+    trainer.step = 5
+    got = []
+    for t in (110, 120, 130):
+        now[0] = float(t)
+        got.append(_tick(rec, body).status.step)
+        body = copy.deepcopy(rec.jobs[("default", NAME)].body)
+    assert got == [4, 4, 5]
+    assert reconciler.MAX_SKIPPED_POLLS == 2
