@@ -15,6 +15,11 @@ The tools go in `tools=` as usual; the system message also lists them in a `<too
 way models whose chat template has no tool support (SmolLM2) learned to read them (with a template
 that has tools, the template's own description comes as well). Small models copy turns, not
 instructions: give them worked calls in the conversation (data_tasks.with_tool_demos).
+
+`run_with_server` is the same agent with its tool in a server of its own, the way an MCP or any
+HTTP tool server runs beside an agent: a separate process on the trainer pod's loopback, started
+once per trainer process by the first episode that needs it (`python calculator_agent.py
+--serve` runs it by hand), gone when the trainer process goes.
 """
 
 from __future__ import annotations
@@ -23,6 +28,11 @@ import ast
 import json
 import operator
 import re
+import subprocess
+import sys
+import threading
+from collections.abc import Awaitable, Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 TOOLS = [
     {
@@ -59,7 +69,9 @@ def calculator(expression: str) -> str:
         return f"error: {exc}"
 
 
-async def run(client, sample, ctx, max_rounds: int = 3):
+async def run(
+    client, sample, ctx, max_rounds: int = 3, tool: Callable[[str], Awaitable[str]] | None = None
+):
     messages = list(sample.messages)
     if messages[0]["role"] != "system":
         messages.insert(0, {"role": "system", "content": SYSTEM})
@@ -75,8 +87,75 @@ async def run(client, sample, ctx, max_rounds: int = 3):
         messages.append(message.model_dump(exclude_none=True))
         for call in message.tool_calls:
             args = json.loads(call.function.arguments or "{}")
-            result = calculator(str(args.get("expression", "")))
+            expression = str(args.get("expression", ""))
+            result = await tool(expression) if tool else calculator(expression)
             messages.append({"role": "tool", "tool_call_id": call.id, "content": result})
     numbers = re.findall(r"-?\d+(?:\.\d+)?", text)
     right = bool(numbers) and numbers[-1] == str(sample.answer).strip()
     return {"reward": float(right), "tool_rounds": float(len(messages) - start)}
+
+
+async def run_with_server(client, sample, ctx):
+    import httpx
+
+    async with httpx.AsyncClient(base_url=tool_server(), timeout=10) as http:
+
+        async def remote(expression: str) -> str:
+            response = await http.post("/calculator", json={"expression": expression})
+            response.raise_for_status()  # a dead server fails the episode (agent.retries)
+            return response.json()["result"]
+
+        return await run(client, sample, ctx, tool=remote)
+
+
+_server: subprocess.Popen[str] | None = None
+_server_url = ""
+_server_lock = threading.Lock()
+
+
+def tool_server() -> str:
+    """The tool server's URL, starting it (this file with --serve) on first use or after it
+    died. Its stdin is a pipe from this process: when this process ends, so does the server."""
+    global _server, _server_url
+    with _server_lock:
+        if _server is None or _server.poll() is not None:
+            _server = subprocess.Popen(
+                [sys.executable, __file__, "--serve"], stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE, text=True,
+            )  # fmt: skip
+            assert _server.stdout is not None
+            _server_url = _server.stdout.readline().strip()  # its first line: where it listens
+            if not _server_url:
+                raise RuntimeError("the calculator tool server did not start")
+        return _server_url
+
+
+class _Calculator(BaseHTTPRequestHandler):
+    def do_POST(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        try:
+            expression = str(json.loads(self.rfile.read(length))["expression"])
+        except (ValueError, KeyError, TypeError):
+            self.send_error(400, 'expected {"expression": "..."}')
+            return
+        body = json.dumps({"result": calculator(expression)}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args) -> None:  # one line per call would flood the trainer's log
+        pass
+
+
+def serve() -> None:
+    """The tool server: loopback only, on a free port it prints first; exits when stdin closes."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Calculator)
+    print(f"http://127.0.0.1:{server.server_address[1]}", flush=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    sys.stdin.read()  # until the parent's end of the pipe closes
+
+
+if __name__ == "__main__" and sys.argv[1:] == ["--serve"]:
+    serve()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 
 import openai
 import pytest
@@ -168,7 +169,10 @@ class ScriptedClient:
         return [[sample]]
 
 
-def test_tool_calls_come_back_in_the_openai_format_and_go_back_through_the_template(engine):
+@pytest.mark.parametrize("entry", ["run", "run_with_server"])
+def test_tool_calls_come_back_in_the_openai_format_and_go_back_through_the_template(engine, entry):
+    """`run` computes in process; `run_with_server` asks its tool server, a process of its own
+    started beside the agent (the result reaches the model the same way)."""
     from examples.agents import calculator_agent
 
     model_dir, _ = engine
@@ -189,11 +193,17 @@ def test_tool_calls_come_back_in_the_openai_format_and_go_back_through_the_templ
         async with serve(endpoint.app) as server:
             sdk = openai.AsyncOpenAI(base_url=server.base_url, api_key=key, max_retries=0)
             try:
-                return await calculator_agent.run(sdk, sample, ctx)
+                return await getattr(calculator_agent, entry)(sdk, sample, ctx)
             finally:
                 await sdk.close()
 
     result = asyncio.run(go())
+    server = calculator_agent._server
+    if entry == "run_with_server":
+        assert server is not None and server.poll() is None and server.pid != os.getpid()
+        assert server.stdin is not None
+        server.stdin.close()  # the trainer process ending: the server goes with it
+        assert server.wait(timeout=10) == 0
     assert result == {"reward": 1.0, "tool_rounds": 2.0}
     assert len(calls.calls) == 2
     # the second prompt holds the tool call (arguments as an object) and the tool's answer

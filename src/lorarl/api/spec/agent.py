@@ -87,6 +87,15 @@ class AgentSpec(ApiModel):
         "(timeout, exception, no model call, a bad return) is dropped with its whole group and "
         "counted in the step record's failedEpisodes; the step goes on.",
     )
+    retries: int = Field(
+        default=0,
+        ge=0,
+        le=10,
+        description="Tries of a failed episode after its first, each with a fresh key and "
+        "record and the same sampling seeds (for failures that are not the policy's doing: a "
+        "tool server's hiccup, a timeout on a busy machine). An episode is counted in "
+        "failedEpisodes only when its last try fails.",
+    )
     max_calls: int = Field(
         default=16,
         ge=1,

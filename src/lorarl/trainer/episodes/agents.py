@@ -92,7 +92,9 @@ class AgentRunner:
     merge: bool = False  # agent.trajectory: merged
     exclude_roles: frozenset[str] = frozenset()  # agent.excludeRoles: not trained on
     call_rewards: bool = False  # ppo: an agent may return call_rewards
+    retries: int = 0  # agent.retries: tries of a failed episode after its first
     failures: list[str] = field(default_factory=list)  # of the last run, one line each
+    retried: int = 0  # of the last run: episode tries that failed and were run again
 
     def run(
         self,
@@ -110,7 +112,7 @@ class AgentRunner:
     async def arun(self, items, n, params, *, model, version, seed) -> list[list[AgentEpisode]]:
         import openai
 
-        self.failures = []
+        self.failures, self.retried = [], 0
         endpoint = AgentEndpoint(
             self.client, self.tokenizer, max_prompt_tokens=self.max_prompt_tokens,
             max_response_tokens=self.max_response_tokens,
@@ -118,30 +120,45 @@ class AgentRunner:
         )  # fmt: skip
         gate = asyncio.Semaphore(self.max_concurrency)
 
-        async def one(item: PromptItem, group: int, k: int) -> AgentEpisode | None:
+        async def attempt(item: PromptItem, group: int, k: int) -> AgentEpisode:
+            """One try of episode k: its own key and record; raises when it fails. A retry
+            replays the same sampling seeds, so only a failure that was not the policy's doing
+            (a tool server's hiccup, a timeout on a busy machine) can go differently."""
             seed_base = None if params.seed is None else params.seed + k * self.max_turns
             calls = EpisodeCalls(params, model, version, self.max_turns, seed_base)
-            async with gate:
-                key = endpoint.open(calls)
-                agent_client = openai.AsyncOpenAI(
-                    base_url=server.base_url, api_key=key, max_retries=0, timeout=self.timeout_s
+            key = endpoint.open(calls)
+            agent_client = openai.AsyncOpenAI(
+                base_url=server.base_url, api_key=key, max_retries=0, timeout=self.timeout_s
+            )
+            ctx = AgentContext(
+                server.base_url, key, endpoint.served_name, k, group, seed + k,
+                self.max_response_tokens,
+            )  # fmt: skip
+            try:
+                result = await asyncio.wait_for(
+                    self.agent(agent_client, self._sample(item), ctx), self.timeout_s
                 )
-                ctx = AgentContext(
-                    server.base_url, key, endpoint.served_name, k, group, seed + k,
-                    self.max_response_tokens,
-                )  # fmt: skip
-                try:
-                    result = await asyncio.wait_for(
-                        self.agent(agent_client, self._sample(item), ctx), self.timeout_s
-                    )
-                    return self._episode(calls, result)
-                except Exception as exc:  # a failed episode is dropped and counted, not fatal
-                    why = "timed out" if isinstance(exc, asyncio.TimeoutError) else repr(exc)
-                    self.failures.append(f"episode {k}: {why}"[:300])
-                    return None
-                finally:
-                    endpoint.close(key)
-                    await agent_client.close()
+                return self._episode(calls, result)
+            finally:
+                endpoint.close(key)
+                await agent_client.close()
+
+        async def one(item: PromptItem, group: int, k: int) -> AgentEpisode | None:
+            async with gate:
+                for tries in range(1, self.retries + 2):
+                    try:
+                        return await attempt(item, group, k)
+                    except Exception as exc:  # a failed episode is dropped and counted
+                        if endpoint.engine_error is not None:
+                            return None  # the engines failed: the step fails, no retry
+                        why = "timed out" if isinstance(exc, asyncio.TimeoutError) else repr(exc)
+                        if tries <= self.retries:
+                            self.retried += 1
+                            log.info("agent episode %d failed (%s); retrying", k, why[:200])
+                            continue
+                        after = f" (after {tries} tries)" if tries > 1 else ""
+                        self.failures.append(f"episode {k}{after}: {why}"[:300])
+            return None
 
         async with self.client, serve(endpoint.app) as server:
             flat = await asyncio.gather(
@@ -154,6 +171,8 @@ class AgentRunner:
                 "%d of %d agent episodes failed (their groups are not trained this step); "
                 "first: %s", len(self.failures), len(flat), self.failures[0],
             )  # fmt: skip
+        if self.retried:
+            log.info("%d failed agent episode tries were run again", self.retried)
         groups = [flat[i * n : (i + 1) * n] for i in range(len(items))]
         kept = [[e for e in g if e is not None] for g in groups]
         return [k if len(k) == len(g) else [] for k, g in zip(kept, groups, strict=True)]
@@ -313,4 +332,5 @@ def build_agent_runner(job: LoRARLJob, tokenizer: Any, client: RolloutClient) ->
         merge=agent.trajectory == "merged",
         exclude_roles=frozenset(agent.exclude_roles),
         call_rewards=spec.algorithm.name == "ppo",
+        retries=agent.retries,
     )

@@ -165,3 +165,38 @@ def test_the_rollout_worker_trains_ppo_on_the_agents_call_rewards():
     # 0.25) on the last token: ppo_token_rewards
     assert batch.turn_rewards is not None and batch.turn_rewards.sum().item() == 0.25
     assert batch.response_mask.sum().item() == 2.0  # the excluded sub-agent's reply is masked
+
+
+def flaky(fails: int):
+    """An agent whose first `fails` tries raise after one model call (a tool server's hiccup)."""
+    tries = []
+
+    async def run(client, item, ctx):
+        tries.append(ctx.api_key)
+        await client.completions.create(model="m", prompt="q:")
+        if len(tries) <= fails:
+            raise ConnectionError("tool server unreachable")
+        return {"reward": 1.0, "tries": float(len(tries))}
+
+    return run, tries
+
+
+def test_a_failed_episode_is_tried_again_with_a_fresh_key_and_record():
+    agent, tries = flaky(1)
+    r = runner(agent, "ab", "cd", retries=1)
+    episode = one(r)
+    assert episode is not None and r.failures == [] and r.retried == 1
+    assert len(tries) == 2 and tries[0] != tries[1]  # each try its own key
+    # only the successful try's call is trained: the failed one's record is dropped
+    assert episode.n_calls == 1 and [TOK.decode(c.completion_ids) for c in episode.calls] == ["cd"]
+    assert episode.metrics == {"tries": 2.0}
+
+
+def test_an_episode_fails_when_its_last_try_does():
+    agent, tries = flaky(3)
+    r = runner(agent, "ab", "cd", "ef", retries=2)
+    assert one(r) is None and len(tries) == 3 and r.retried == 2
+    assert r.failures == ["episode 0 (after 3 tries): ConnectionError('tool server unreachable')"]
+    agent, tries = flaky(1)
+    r = runner(agent, "ab", "cd")  # retries: 0, the default
+    assert one(r) is None and len(tries) == 1 and r.retried == 0 and len(r.failures) == 1
