@@ -11,13 +11,14 @@ EXTRAS ?= trainer,rollout,operator,server,reward,tracking,tracking-server,dev
 TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: setup test test-fast demo lint crds crds-check chart-test images clean help
+.PHONY: setup test test-long test-fast demo lint crds crds-check chart-test images clean help
 
 help:
 	@echo "make setup   - create $(VENV) (torch first, then lorarl[$(EXTRAS)])"
 	@echo "make demo    - install, then train SmolLM2-135M with GRPO + LoRA locally (reward rises)"
 	@echo "make test    - install and run the whole test suite (slow end-to-end tests included);"
 	@echo "              as root it apt-installs chromium, nftables, iproute2 (see scripts/install_test_system_packages.sh)"
+	@echo "make test-long - the long variants: learning curves, long end-to-end runs (~30 min)"
 	@echo "make lint    - ruff, import-linter (layering), mypy (types)"
 	@echo "make crds    - regenerate crds/ from the API models"
 	@echo "make bench   - every benchmark under bench/, then bench/results/README.md (TRL installed)"
@@ -58,8 +59,14 @@ TEST_PREREQ_JOBS ?= 4
 test-prereqs: setup
 	$(MAKE) --no-print-directory --output-sync=target -j$(TEST_PREREQ_JOBS) $(TEST_PREREQS)
 
+# `long` tests (learning curves over tens of steps, end-to-end runs whose paths make test covers
+# elsewhere; each docstring says where) are left to `make test-long`, so that make test stays
+# within CI's time on 2 cores from a fresh clone, builds included.
 test: setup test-prereqs
-	$(TEST_ENV) $(PY) -m pytest $(PYTEST_ARGS)
+	$(TEST_ENV) $(PY) -m pytest -m "not long" $(PYTEST_ARGS)
+
+test-long: setup test-prereqs
+	$(TEST_ENV) $(PY) -m pytest -m long $(PYTEST_ARGS)
 
 # The real Kubernetes control plane the cluster tests run on (kube-apiserver, controller-manager,
 # scheduler, etcd), built from Kubernetes' own Go modules at the release pinned in

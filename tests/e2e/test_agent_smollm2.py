@@ -10,6 +10,12 @@ merged sync after every step), with the reward rising over the run:
 Every call is recorded with the engine's own token ids, so the trainer's logprobs of them match
 the engine's at the fp32 floor on every step (token-exact). Both runs are kept short (a few
 minutes each, vLLM start included): short prompts, few episodes, few tokens per call.
+
+Both are `long` (make test-long): ~3 min each even at 2 steps, most of it SmolLM2's vLLM start.
+make test keeps the same paths on the tiny model: an openai-SDK agent, token-exact
+(tests/e2e/test_agent_run.py), two roles with one excluded and merged trajectories under ppo (same
+file), the agent in the trainer pod (tests/e2e/test_cluster_e2e.py), and `tools=` / `tool_calls`
+through the endpoint (tests/integration/test_agent_endpoint.py).
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ from lorarl.api import LoRARLJob
 from lorarl.data_tasks import write_task_jsonl
 from lorarl.local import LocalRun
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.long]
 
 ROOT = Path(__file__).resolve().parents[2]
 

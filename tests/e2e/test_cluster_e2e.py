@@ -47,6 +47,10 @@ def c(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         running.kubelet.raise_errors()
 
 
+# `long` (make test-long): make test runs merged jobs on the cluster path in the README's
+# run-a-job/status-api blocks (tests/e2e/test_readme.py) and under faults in
+# tests/e2e/test_cluster_chaos.py; the Eval printer column in tests/unit/api/test_crd.py.
+@pytest.mark.long
 def test_merged_job_learns_on_the_cluster_path(c: Cluster) -> None:
     # 20 of the quickstart's 30 steps (its LR is constant after warmup, so these are its first
     # 20): the reward check below had ~0.3 of margin over its 0.1 by step 20 in every recorded

@@ -1,6 +1,13 @@
 """`lorarl run examples/quickstart.yaml --local` for real: vLLM engines (under the engine
 interpreter), sync sidecars, 2 trainer ranks under torchrun, the status API; and nothing left
-running afterwards."""
+running afterwards.
+
+Both runs are `long` (make test-long: ~2.5 min each here). What make test keeps of them: the
+README's quickstart block runs `lorarl run examples/quickstart.yaml --local` (merged) as a user
+does; adapter sync on real vLLM in tests/e2e/test_vllm_sync_exact.py and the cluster's colocated
+job; evals, trackers, samples and the dashboard in tests/e2e/test_trainer_rl_correctness.py; a
+rollout pod killed mid-run in tests/e2e/test_cluster_chaos.py; a restarted engine and a restarted
+sidecar caught up in tests/integration/test_multi_receiver.py."""
 
 from __future__ import annotations
 
@@ -101,6 +108,7 @@ def processes_of(run_dir: Path) -> set[int]:
     return found
 
 
+@pytest.mark.long
 def test_quickstart_merged_survives_an_engine_kill(tmp_path: Path, engine_python: str):
     # Long enough for a killed vLLM to restart (~30-50 s here) while training goes on.
     job = quickstart("merged", steps=60)
@@ -180,6 +188,7 @@ def check_dashboard_of_finished_run(job, run_dir: Path, steps: int) -> None:
 INTERVAL = 20  # evals and samples: after step 20 (and evals after the last step, 30)
 
 
+@pytest.mark.long
 def test_cli_runs_the_quickstart_in_adapter_mode(tmp_path: Path, engine_python: str):
     """`lorarl run --local` on the quickstart with adapter sync: it learns over its 30 steps,
     evals, TensorBoard, samples and the dashboard work, and nothing is left running. One run for

@@ -4,7 +4,10 @@
   engines behind sync sidecars), the KL in the reward under the adaptive controller: the reward
   rises, and after the critic's warm-up its values explain part of the returns (explained
   variance > 0). The run is killed with SIGKILL mid-way and resumes exactly: actor adapter, critic
-  adapter + value head and the KL controller's beta are the checkpoint's.
+  adapter + value head and the KL controller's beta are the checkpoint's. `long` (make
+  test-long); make test keeps PPO end to end in the SmolLM2 test below and the ppo agent of
+  tests/e2e/test_agent_run.py, and the critic's checkpoint in
+  tests/unit/trainer/model/test_critic.py.
 - SmolLM2-135M-Instruct: a few PPO steps with a critic warm-up (the actor holds still, then moves),
   the exported actor adapter reproduces the trainer's logits in plain PEFT, the critic is exported
   beside it.
@@ -62,6 +65,7 @@ def ppo_letter_job(tmp_path: Path) -> LoRARLJob:
     )  # fmt: skip
 
 
+@pytest.mark.long
 def test_ppo_learns_with_a_lora_critic_and_resumes_exactly_after_sigkill(tmp_path: Path):
     job = ppo_letter_job(tmp_path)
     engine = functools.partial(hf_engine, model=job.spec.model.path)

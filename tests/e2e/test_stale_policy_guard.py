@@ -58,7 +58,9 @@ def run_quickstart(tmp_path: Path, engine_python: str, sync_mode: str, lazy: str
     return run_dir
 
 
-@pytest.mark.parametrize("sync_mode", ["merged", "adapter"])
+# adapter mode is `long` (make test-long): the guard is the same code, the probe differs only in
+# the model name it asks for (tests/unit/trainer/fleet/test_sync_check.py).
+@pytest.mark.parametrize("sync_mode", ["merged", pytest.param("adapter", marks=pytest.mark.long)])
 def test_an_engine_that_never_receives_the_update_stops_the_job_by_name(
     tmp_path: Path, engine_python: str, sync_mode: str
 ) -> None:

@@ -1,5 +1,8 @@
 """It learns: the whole loop (2 gloo trainer ranks under torchrun, 2 engines behind real sync
 sidecars, merged LoRA sync after every step) raises the reward on a task the untrained model fails.
+
+GRPO and one-step-off-policy run in make test; RLOO and DAPO are `long` (make test-long): the same
+loop with another advantage estimator (tests/unit/trainer/rl/test_advantages.py).
 """
 
 from __future__ import annotations
@@ -48,11 +51,13 @@ def test_grpo_learns_and_the_engines_serve_the_trained_policy(tmp_path: Path):
     PeftModel.from_pretrained(base, tmp_path / "run" / "adapter")
 
 
+@pytest.mark.long
 def test_rloo_learns(tmp_path: Path):
     r = rewards(run_job(tmp_path, algorithm={"name": "rloo", "groupSize": 8}))
     assert statistics.mean(r[-5:]) > statistics.mean(r[:5]) + 0.1, r
 
 
+@pytest.mark.long
 def test_dapo_with_dynamic_sampling_learns(tmp_path: Path):
     algorithm = {
         "name": "dapo",

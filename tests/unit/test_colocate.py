@@ -194,8 +194,10 @@ tracked.start()
 subprocess.run([sys.executable, "-c",
                 "import subprocess, sys; subprocess.Popen([sys.executable, '-c', "
                 "'import time; time.sleep(0.2)'])"], check=True)
-time.sleep(1.0)
 zombies = lambda: [l for l in os.popen(f"ps -o stat= --ppid {os.getpid()}") if "Z" in l]
+deadline = time.monotonic() + 30  # the orphan exits 0.2 s after its start; slower under load
+while not zombies() and time.monotonic() < deadline:
+    time.sleep(0.1)
 before = len(zombies())
 colocate.reap_orphans([tracked])
 print(before, len(zombies()), tracked.poll())
