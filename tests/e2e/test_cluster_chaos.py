@@ -29,11 +29,31 @@ from harness.chaos.run import (
     step_in_progress,
     wait_recovered,
 )
-from harness.cluster.cluster import cluster, wait_phase
+from harness.cluster.cluster import Cluster, cluster, wait_phase
 from harness.cluster.jobs import prepare_assets, provision
 
 pytestmark = pytest.mark.slow
 NAME, INTERVAL = "chaos-short", 3
+
+
+def timeline(w: chaos.Watcher, since: float) -> dict[int, float]:
+    """Seconds from `since` to each step's first record, for the steps recorded after it."""
+    return {s: round(t - since, 1) for s, t in sorted(w.first_times().items()) if t >= since}
+
+
+def stall_report(c: Cluster, w: chaos.Watcher, since: float) -> str:
+    """The steps since `since` and the last lines of the trainer's and each sidecar's log."""
+    w.poll_history()
+    parts = [f"steps after the faults (s): {timeline(w, since)}"]
+    for pod, container in [(f"{NAME}-trainer-0", "trainer")] + [
+        (f"{NAME}-rollout-{i}", "sidecar") for i in range(3)
+    ]:
+        try:
+            tail = c.kubelet.logs("default", pod, container).splitlines()[-25:]
+        except (AssertionError, OSError, ValueError) as exc:
+            tail = [f"(no log: {exc})"]
+        parts.append(f"--- {pod}/{container}:\n" + "\n".join(tail))
+    return "\n".join(parts)
 
 
 def test_preemption_scale_up_and_a_trainer_kill_on_one_running_job(tmp_path) -> None:
@@ -48,7 +68,13 @@ def test_preemption_scale_up_and_a_trainer_kill_on_one_running_job(tmp_path) -> 
             inj = Injection(0, w.step(), time.time(), "")
             inj.detail = chaos.delete_pod(c, f"{NAME}-rollout-1", preempt=True)
             inj.detail += "; " + chaos.scale(c, NAME, 3)
-            c.kubelet.wait(lambda: w.step() >= 4, 120, "step 4")
+            # Two engines start beside the training on 2 cores; the bound is for a stall (the
+            # seconds to the next step are bench.chaos's figures), and a stall says where.
+            try:
+                c.kubelet.wait(lambda: w.step() >= 4, 300, "step 4")
+            except AssertionError as exc:
+                raise AssertionError(f"{exc}; {stall_report(c, w, inj.at)}") from exc
+            print("steps after the preemption and scale-up (s):", timeline(w, inj.at))
             w.poll_history()
             kill_at = time.time()
             inj.detail += "; " + chaos.kill_trainer_rank(c, NAME, random.Random(17).randrange(2))

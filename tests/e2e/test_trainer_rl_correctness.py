@@ -8,9 +8,10 @@ two mini-batches per step, through the real local stack (vLLM on CPU started by 
   distribution, same weights), so truncated importance sampling truncates nothing.
 - It still learns: the reward rises.
 
-Two variants: the learning run (`long`, make test-long: 8 steps, the reward rises, the merged
-export served by a fresh vLLM) and a 3-step run in make test with every other check (evals at 0,
-2, 3; the merged export's bits are checked in tests/integration/test_export_merged.py).
+Two variants: the learning run (`long`, make test-long: 8 steps of 4 prompts, the reward rises,
+the merged export served by a fresh vLLM) and a 3-step run of 2 prompts per step in make test with
+every other check (evals at 0, 2, 3; the merged export's bits are checked in
+tests/integration/test_export_merged.py).
 
 Issue 14, "done when", on the same run (no second SmolLM2 run): held-out prompts of the task
 (data.valFiles) evaluated before training and every few steps (0, 5, 8), in the history, the
@@ -54,7 +55,9 @@ def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowSe
         yield server
 
 
-def job(tmp_path: Path, mlflow_url: str, steps: int, eval_interval: int) -> LoRARLJob:
+def job(tmp_path: Path, mlflow_url: str, steps: int, eval_interval: int, prompts: int) -> LoRARLJob:
+    """`prompts` per step (x8 samples): the mini-batch is half a step's samples, the
+    micro-batch half a mini-batch, so every step has two mini-batches of two micro-batches."""
     data = write_task_jsonl(tmp_path / "larger.jsonl", "larger", n=64, seed=0)
     val = write_task_jsonl(tmp_path / "val.jsonl", "larger", n=VAL_PROMPTS, seed=1)
     train_prompts = {json.loads(line)["prompt"] for line in data.read_text().splitlines()}
@@ -70,8 +73,9 @@ def job(tmp_path: Path, mlflow_url: str, steps: int, eval_interval: int) -> LoRA
             "data": {"trainFiles": [str(data)], "valFiles": [str(val)], "maxPromptTokens": 128,
                      "maxResponseTokens": 24},
             "reward": {"function": "math_answer"},
-            "training": {"totalSteps": steps, "promptsPerStep": 4, "miniBatchSize": 16,
-                         "microBatchSize": 8, "checkpointInterval": steps,
+            "training": {"totalSteps": steps, "promptsPerStep": prompts,
+                         "miniBatchSize": prompts * 4, "microBatchSize": prompts * 2,
+                         "checkpointInterval": steps,
                          "evalBeforeTrain": True, "evalInterval": eval_interval,
                          "export": ["adapter", "merged"]},
             "trainer": {"gpusPerReplica": 0, "processesPerReplica": 1},
@@ -86,11 +90,11 @@ def job(tmp_path: Path, mlflow_url: str, steps: int, eval_interval: int) -> LoRA
 
 
 @pytest.mark.parametrize(
-    ("steps", "eval_steps"),
+    ("steps", "eval_steps", "prompts"),
     [
         # evalBeforeTrain, every evalInterval steps, and after the last step
-        pytest.param(LEARNS, [0, 5, 8], marks=pytest.mark.long, id="learns"),
-        pytest.param(3, [0, 2, 3], id="short"),
+        pytest.param(LEARNS, [0, 5, 8], 4, marks=pytest.mark.long, id="learns"),
+        pytest.param(3, [0, 2, 3], 2, id="short"),
     ],
 )
 def test_grpo_at_temperature_with_dropout_and_mini_batches(
@@ -100,10 +104,11 @@ def test_grpo_at_temperature_with_dropout_and_mini_batches(
     monkeypatch: pytest.MonkeyPatch,
     steps: int,
     eval_steps: list[int],
+    prompts: int,
 ) -> None:
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     monkeypatch.setenv("WANDB_DISABLE_GIT", "true")
-    the_job = job(tmp_path, mlflow_server.wait_healthy(), steps, eval_interval=eval_steps[1])
+    the_job = job(tmp_path, mlflow_server.wait_healthy(), steps, eval_steps[1], prompts)
     with LocalRun(the_job, tmp_path / "run", engine_python=engine_python) as run:
         run.start()
         result = run.wait(timeout_s=900)

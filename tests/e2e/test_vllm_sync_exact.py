@@ -44,6 +44,7 @@ from safetensors.torch import load_file
 from harness.engines.vllm_serve import VLLM_CPU_DEFAULT_BUDGET, seeded_prompts, seeded_step
 from harness.workloads.tiny_models import make_tiny_model, make_tokenizer
 from lorarl.api.resource import LoRARLJob
+from lorarl.engines.vllm import vllm_cache_root
 from lorarl.local.env_refs import with_engine_key
 from lorarl.local.ports import free_port_block
 from lorarl.local.processes import Child
@@ -164,7 +165,7 @@ def running_stack(root: Path, job: LoRARLJob, engine_python: str) -> Iterator[St
     common = {**os.environ, "TMPDIR": str(tmp), "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1"}
     engine_env = {
         **common,
-        "VLLM_CACHE_ROOT": str(root / "vllm-cache"),
+        "VLLM_CACHE_ROOT": vllm_cache_root(os.environ, str(Path.home())),
         "VLLM_CONFIG_ROOT": str(root / "vllm-config"),
         "RAY_TMPDIR": str(tmp),
         **with_engine_key(engine_c.env, ENGINE_KEY),

@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from harness.engines.vllm_serve import stop_server_group
+from lorarl.engines.vllm import vllm_cache_root
 from lorarl.local.ports import free_port
 from lorarl.rollout.engine import EngineError, missing_fused_siblings, validate_merged_update
 from lorarl.rollout.vllm_engine import (
@@ -66,8 +67,9 @@ def test_launch_command_renders_flags_and_env(tmp_path: Path) -> None:
     assert env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
     assert env["VLLM_SERVER_DEV_MODE"] == "1"
     assert env["VLLM_CPU_KVCACHE_SPACE"] == "2"
-    for key in ("TMPDIR", "VLLM_CACHE_ROOT", "RAY_TMPDIR"):
+    for key in ("TMPDIR", "RAY_TMPDIR"):
         assert Path(env[key]).is_relative_to(tmp_path), key
+    assert env["VLLM_CACHE_ROOT"] == vllm_cache_root(os.environ, str(Path.home()))
 
     plain, _ = vllm_launch_command("/m", 1, served_model_name="m", run_dir=tmp_path)
     assert "--enable-lora" not in plain and "--api-key" not in plain

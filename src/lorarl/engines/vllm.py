@@ -7,7 +7,7 @@ trainer and sidecar call the routes below. Contract tests pin each to the pinned
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 # Long option names (without `--`) lorarl sets, with every alias vLLM's parser has for them
 # (lorarl.engines.flags refuses them in `rollout.engineArgs`).
@@ -52,6 +52,22 @@ _VLLM_IPC_SUFFIX_BYTES = 37  # "/" + a uuid4
 # A colocated GPU engine gives its memory to each update (lorarl.trainer.fleet.engine_memory);
 # vLLM's level-1 sleep keeps the weights on CPU.
 VLLM_SLEEP_FLAGS = ("--enable-sleep-mode",)
+
+
+def vllm_cache_root(environ: Mapping[str, str], home: str) -> str:
+    """Where every vLLM server one user starts outside a pod keeps vLLM's own caches: the user's
+    $VLLM_CACHE_ROOT, else <$XDG_CACHE_HOME or ~/.cache>/lorarl/vllm.
+
+    vLLM keys each entry by what it was made from (a model class's facts by the hash of its
+    source file, compiled graphs by their config), so one root for all runs is vLLM's own default
+    and safe. A fresh root per run made every start inspect the model class again in a
+    subprocess that imports vLLM anew: 42.6 s to a healthy tiny-model server on 2 cores with an
+    empty root, 24.7 s with a warm one (docs/measurements.md#engine-start).
+    """
+    if environ.get("VLLM_CACHE_ROOT"):
+        return environ["VLLM_CACHE_ROOT"]
+    base = environ.get("XDG_CACHE_HOME") or f"{home}/.cache"
+    return f"{base}/lorarl/vllm"
 
 
 def vllm_rpc_base(tmp_dir: str) -> str:

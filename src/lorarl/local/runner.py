@@ -28,7 +28,7 @@ from lorarl.api import safe_yaml
 from lorarl.api.reports.progress import Progress
 from lorarl.api.resource import LoRARLJob
 from lorarl.api.spec.workloads import JOB_UID_ENV, SYNC_KEY_ENV
-from lorarl.engines.vllm import VLLM_RPC_BASE_ENV, vllm_rpc_base
+from lorarl.engines.vllm import VLLM_RPC_BASE_ENV, vllm_cache_root, vllm_rpc_base
 from lorarl.local.env_refs import api_key_from_env, expand, with_job_keys
 from lorarl.local.hub_model import fetch_job_model, record_model
 from lorarl.local.ports import free_port_block
@@ -188,7 +188,7 @@ class LocalRun:
             **os.environ,
             "TMPDIR": str(tmp),
             VLLM_RPC_BASE_ENV: vllm_rpc_base(str(tmp)),
-            "VLLM_CACHE_ROOT": str(self.run_dir / "cache" / "vllm"),
+            "VLLM_CACHE_ROOT": vllm_cache_root(os.environ, str(Path.home())),
             "TORCHINDUCTOR_CACHE_DIR": inductor_cache_dir(),
             "RAY_TMPDIR": str(self.ray_temp_dir),
             "LORARL_ADAPTER_DIR": str(self.run_dir / "adapters" / replica.name),

@@ -16,6 +16,7 @@ vs ~5 ms merged on the tiny model), so merged mode is the practical CPU mode.
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 import time
@@ -31,6 +32,7 @@ from lorarl.engines import vllm
 from lorarl.engines.vllm import (
     VLLM_RPC_BASE_ENV,
     VLLM_WORKER_EXTENSION,
+    vllm_cache_root,
     vllm_rpc_base,
     vllm_server_args,
     vllm_server_env,
@@ -64,8 +66,8 @@ def vllm_launch_command(
     The flags and engine env come from `lorarl.engines.vllm`, as the plan's do, so a server
     started here is the one a job runs; this only adds the interpreter and per-run dirs.
     The server always runs its engine core in a child process (V1 multiprocessing off only keeps
-    the executor in that process), so stop it by process group. Temp/cache dirs go under
-    `run_dir` so runs never share or leak state.
+    the executor in that process), so stop it by process group. Temp dirs (sockets, Ray) go
+    under `run_dir` so runs never share them; vLLM's keyed caches are shared (`vllm_cache_root`).
     """
     if not 0 < port < 65536:
         raise ValueError(f"port: {port} is not a TCP port (1-65535)")
@@ -95,7 +97,7 @@ def vllm_launch_command(
         "HF_HUB_OFFLINE": "1",
         "TMPDIR": str(run_dir / "tmp"),
         VLLM_RPC_BASE_ENV: vllm_rpc_base(str(run_dir / "tmp")),
-        "VLLM_CACHE_ROOT": str(run_dir / "vllm-cache"),
+        "VLLM_CACHE_ROOT": vllm_cache_root(os.environ, str(Path.home())),
         "VLLM_CONFIG_ROOT": str(run_dir / "vllm-config"),
         "RAY_TMPDIR": str(run_dir / "ray"),
     }

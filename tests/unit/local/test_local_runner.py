@@ -148,3 +148,28 @@ def test_a_colocated_engine_counts_like_a_rollout_pods(
     assert run.plan.role("rollout") is None
     got = run._threads(next(c for c in replica.containers if c.name == container))
     assert got == {"OMP_NUM_THREADS": threads}
+
+
+def test_every_local_engine_shares_one_vllm_cache_the_user_can_move(tmp_path, monkeypatch):
+    """vLLM keys its cache entries itself, so runs share one root (a fresh root cost each
+    engine start ~18 s of model-class inspection); $VLLM_CACHE_ROOT, then $XDG_CACHE_HOME,
+    decide where it is."""
+    from lorarl.engines.vllm import vllm_cache_root
+    from lorarl.rollout.vllm_engine import vllm_launch_command
+
+    monkeypatch.delenv("VLLM_CACHE_ROOT", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    roots = set()
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        _, children = _children("quickstart.yaml", tmp_path / name)
+        _, launched = vllm_launch_command(
+            "/m", 8000, served_model_name="m", run_dir=tmp_path / name / "own", python="python"
+        )
+        roots |= {children["rollout-engine"].env["VLLM_CACHE_ROOT"], launched["VLLM_CACHE_ROOT"]}
+    assert roots == {str(tmp_path / "xdg" / "lorarl" / "vllm")}
+    monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path / "mine"))
+    (tmp_path / "c").mkdir()
+    _, children = _children("quickstart.yaml", tmp_path / "c")
+    assert children["rollout-engine"].env["VLLM_CACHE_ROOT"] == str(tmp_path / "mine")
+    assert vllm_cache_root({}, "/home/u") == "/home/u/.cache/lorarl/vllm"

@@ -210,13 +210,15 @@ class Fleet:
 
     def catch_up(self) -> list[tuple[Registration, Probe]]:
         """Re-form the group around the live members if it changed and re-send the latest
-        version (adapter bytes only); the probes after it."""
+        version (adapter bytes only); the probes after it. When the re-forming fails (a
+        newcomer died or is too slow to join), the probes from before it: the members already on
+        the latest version go on generating, and the newcomers try again next round."""
         members = self.live()
         try:
             resent = self.publisher.catch_up([m for m, _ in members])
-        except SyncTransportError as exc:  # someone died while joining: next round
-            log.warning("bringing new sidecars up to date failed; retrying: %s", exc)
-            return []
+        except SyncTransportError as exc:
+            log.warning("bringing new sidecars up to date failed; next round: %s", exc)
+            return members
         return self.live() if resent else members  # versions moved: ask again
 
     # ------------------------------------------------------------------ generation

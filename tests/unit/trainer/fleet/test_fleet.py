@@ -59,6 +59,7 @@ class ScriptedPublisher:
     def __init__(self, sidecars: dict[int, Sidecar], failures: int = 0) -> None:
         self.sender = ScriptedSender()
         self.sidecars, self.failures = sidecars, failures
+        self.never_joins: set[int] = set()  # indexes whose group formation always fails
         self.sent: list[tuple[int, list[int]]] = []
 
     def _deliver(self, version: int, members: list[Registration]) -> None:
@@ -79,6 +80,9 @@ class ScriptedPublisher:
     def catch_up(self, members) -> bool:
         if tuple(members) == self.sender.members:
             return False
+        if self.never_joins & {m.index for m in members}:
+            self.sender.members = ()  # the group broke for everyone
+            raise SyncTransportError("rendezvous timed out waiting for rank 3")
         self.sent.append((self.sender.latest_version, [m.index for m in members]))
         self._deliver(self.sender.latest_version, members)
         return True
@@ -158,6 +162,23 @@ def test_only_replicas_on_the_latest_version_serve_and_newcomers_catch_up_first(
         # one that claims 200 on an older version is left out too
         sidecars[0].code, sidecars[0].version = 200, 0
         assert set(fleet.serving().values()) == {"rollout-1", "rollout-2"}
+
+
+def test_a_newcomer_that_cannot_join_does_not_stop_the_others_generating(sidecars) -> None:
+    """A failed re-forming breaks the group, but the engines already on the latest version still
+    serve it: they generate while the newcomer tries again (it used to stall every step until
+    the engine-ready timeout)."""
+    publisher = ScriptedPublisher(sidecars)
+    publisher.sender.registrations = [sidecars[0].member(0), sidecars[1].member(1)]
+    with httpx.Client(timeout=1.0) as http:
+        fleet = make_fleet(publisher, http, ready_timeout_s=0.5)
+        fleet.publish(None, {}, 1)
+        publisher.sender.registrations.append(sidecars[2].member(2))
+        publisher.never_joins = {2}
+        assert set(fleet.serving().values()) == {"rollout-0", "rollout-1"}
+        publisher.never_joins = set()  # it joins on a later round and serves from then on
+        assert set(fleet.serving().values()) == {"rollout-0", "rollout-1", "rollout-2"}
+        assert publisher.sent[-1] == (1, [0, 1, 2])
 
 
 def test_no_replica_on_the_latest_weights_is_a_clear_error_after_the_timeout(sidecars) -> None:
