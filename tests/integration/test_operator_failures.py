@@ -188,9 +188,18 @@ def test_success_cleans_pods_by_policy_and_ttl_deletes_the_job(shared: Cluster) 
     assert any(c["type"] == "Succeeded" and c["status"] == "True" for c in status["conditions"])
     # cleanPodPolicy Running deletes the engines but keeps the finished trainer pod (for logs).
     wait_for(lambda: set(shared.pods("done")) == {"done-trainer-0"}, 4, "engines cleaned")
-    # 4 s after it finished; the bound leaves room for a loaded 2-core machine (the delete
-    # waits for kopf's finalizer pass)
-    wait_for(lambda: shared.job("done") is None, 30, "TTL deletion")
+    # 4 s after it finished (3-4 s here on a quiet machine). Like Kubernetes' own TTL controller
+    # it is best-effort: the bound leaves room for a loaded 2-core machine, where the delete
+    # waits for kopf's finalizer pass, and for one retry of the timer after an unexpected error
+    # (kopf's default: 60 s). A miss says what the job and the operator were doing.
+    try:
+        wait_for(lambda: shared.job("done") is None, 75, "TTL deletion")
+    except AssertionError as exc:
+        job = shared.job("done") or {}
+        raise AssertionError(
+            f"{exc}; metadata {job.get('metadata')}; status {job.get('status')}; events "
+            f"{shared.events('done')}; operator log:\n{shared.operator.logs()}"
+        ) from exc
     # ... until the job goes: the garbage collector takes its pods with it.
     wait_for(lambda: shared.pods("done") == {}, 60, "pods collected with the job")
 
