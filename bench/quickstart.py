@@ -38,9 +38,9 @@ def lorarl(*args: str) -> list[str]:
 
 
 def inductor_cache_warm() -> bool:
-    from lorarl.local.runner import inductor_cache_dir
+    from lorarl.engines.vllm import inductor_cache_dir
 
-    cache = Path(inductor_cache_dir())
+    cache = Path(inductor_cache_dir(os.environ, str(Path.home())))
     return cache.is_dir() and any(cache.iterdir())
 
 

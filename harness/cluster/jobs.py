@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import functools
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -22,7 +23,13 @@ from harness.cluster.cluster import Cluster
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = yaml.safe_load((ROOT / "examples" / "quickstart.yaml").read_text())
-CLAIMS = {"models": "/models", "data": "/data", "outputs": "/outputs", "hub-cache": "/hub"}
+CLAIMS = {
+    "models": "/models",
+    "data": "/data",
+    "outputs": "/outputs",
+    "hub-cache": "/hub",
+    "engine-cache": "/engine-cache",
+}
 JOB_LABEL = "lorarl.dev/job"
 Obj = dict[str, Any]
 
@@ -35,8 +42,23 @@ def prepare_assets() -> None:
                    check=True, capture_output=True, timeout=300)  # fmt: skip
 
 
+def engine_cache_store() -> Path:
+    """What backs the `engine-cache` claim (the jobs' `rollout.cacheVolume`): unlike the other
+    claims it outlives each test cluster, as an admin's PersistentVolume outlives the jobs, so
+    only the machine's first engine pod inspects the model class and compiles kernels."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "lorarl" / "test-cluster-engine-cache"
+
+
 def provision(c: Cluster) -> None:
     """What an admin does first: the claims, with the quickstart's model and data on them."""
+    store = engine_cache_store()
+    store.mkdir(parents=True, exist_ok=True)
+    store.chmod(0o1777)  # every pod's user writes there (the claim is a link, not chowned)
+    claim_dir = c.kubelet.claim_dir("default", "engine-cache")
+    if not claim_dir.is_symlink():
+        claim_dir.rmdir()
+        claim_dir.symlink_to(store)
     for claim in CLAIMS:
         spec = {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}}}
         meta = {"name": claim, "namespace": "default"}
@@ -76,6 +98,7 @@ def cluster_job(name: str, **spec: Any) -> Obj:
     s["data"]["volume"] = {"claimName": "data", "mountPath": "/data", "readOnly": True}
     s["training"]["outputDir"] = f"/outputs/{name}"
     s["training"]["volume"] = {"claimName": "outputs", "mountPath": "/outputs"}
+    s["rollout"]["cacheVolume"] = {"claimName": "engine-cache", "mountPath": "/engine-cache"}
     # A 2-core node: one thread per rank, as a user sizes torch to the pod's CPUs.
     s["trainer"]["env"] = [{"name": "OMP_NUM_THREADS", "value": "1"}]
     for key, value in spec.items():

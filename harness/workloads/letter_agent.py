@@ -35,11 +35,15 @@ async def broken(client, sample, ctx):
 async def ppo_turns(client, sample, ctx):
     """Token-in/token-out, one conversation of two calls (a 'helper' role first, then the
     'answer' role), with ppo's call rewards: half a point for a first reply that names the
-    answer, the rest of the reward for the final one."""
+    answer, the rest of the reward for the final one. The first call is a chat (the prompt as
+    the model was taught it: the raw text is a prompt it never saw, whose replies depend on the
+    CPU's rounding); the second continues its exact tokens."""
     extra = {"return_token_ids": True}
-    first = await client.completions.create(model="helper", prompt=sample.prompt, extra_body=extra)
-    ids = [*first.choices[0].prompt_token_ids, *first.choices[0].token_ids]
+    first = await client.chat.completions.create(
+        model="helper", messages=sample.messages, extra_body=extra
+    )
+    ids = [*first.prompt_token_ids, *first.choices[0].token_ids]
     second = await client.completions.create(model="answer", prompt=ids, extra_body=extra)
-    early = 0.5 * float(sample.answer in first.choices[0].text)
+    early = 0.5 * float(sample.answer in (first.choices[0].message.content or ""))
     right = re.match(rf"^.{{0,3}}{sample.answer}", second.choices[0].text) is not None
     return {"reward": early + float(right), "call_rewards": [early, 0.0]}

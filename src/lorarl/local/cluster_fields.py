@@ -27,6 +27,7 @@ CLUSTER_ONLY: tuple[str, ...] = (
     "rollout.nodeSelector",
     "rollout.tolerations",
     "rollout.preemptible",
+    "rollout.cacheVolume",  # locally: the user's cache (engines/vllm.py)
     "reward.service.resources",
     "reward.configMap",
     "agent.configMap",

@@ -28,7 +28,12 @@ from lorarl.api import safe_yaml
 from lorarl.api.reports.progress import Progress
 from lorarl.api.resource import LoRARLJob
 from lorarl.api.spec.workloads import JOB_UID_ENV, SYNC_KEY_ENV
-from lorarl.engines.vllm import VLLM_RPC_BASE_ENV, vllm_cache_root, vllm_rpc_base
+from lorarl.engines.vllm import (
+    VLLM_RPC_BASE_ENV,
+    inductor_cache_dir,
+    vllm_cache_root,
+    vllm_rpc_base,
+)
 from lorarl.local.env_refs import api_key_from_env, expand, with_job_keys
 from lorarl.local.hub_model import fetch_job_model, record_model
 from lorarl.local.ports import free_port_block
@@ -87,24 +92,12 @@ class RunResult:
     seconds: float
 
 
-def inductor_cache_dir() -> str:
-    """Where torch Inductor keeps compiled kernels, shared by every local run.
-
-    vLLM compiles kernels on its first request even with --enforce-eager (measured: 21 s on a busy
-    2-core machine, 4.6 s with a warm cache); under the default, TMPDIR inside the run directory,
-    every run would compile again. The cache is keyed by source and torch version, so sharing it
-    is safe. $TORCHINDUCTOR_CACHE_DIR wins if set.
-    """
-    if os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
-        return os.environ["TORCHINDUCTOR_CACHE_DIR"]
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return str(Path(base) / "lorarl" / "torchinductor")
-
-
 def local_job(job: LoRARLJob, run_dir: Path) -> LoRARLJob:
-    """A local run keeps everything it writes under its run directory."""
+    """A local run keeps everything it writes under its run directory; its engines' compile
+    caches are the user's (`inductor_cache_dir`, `vllm_cache_root`), not a claim."""
     local = job.model_copy(deep=True)
     local.spec.training.output_dir = str(run_dir)
+    local.spec.rollout.cache_volume = None
     return local
 
 
@@ -189,7 +182,7 @@ class LocalRun:
             "TMPDIR": str(tmp),
             VLLM_RPC_BASE_ENV: vllm_rpc_base(str(tmp)),
             "VLLM_CACHE_ROOT": vllm_cache_root(os.environ, str(Path.home())),
-            "TORCHINDUCTOR_CACHE_DIR": inductor_cache_dir(),
+            "TORCHINDUCTOR_CACHE_DIR": inductor_cache_dir(os.environ, str(Path.home())),
             "RAY_TMPDIR": str(self.ray_temp_dir),
             "LORARL_ADAPTER_DIR": str(self.run_dir / "adapters" / replica.name),
             "PYTHONUNBUFFERED": "1",

@@ -95,7 +95,7 @@ def teach_letter_neighbourhood(
     path: str | Path,
     letters: str,
     offsets: tuple[int, ...] = (0, 1, 2, 3),
-    steps: int = 150,
+    steps: int = 300,
     lr: float = 3e-3,
     batch: int = 64,
     seed: int = 0,

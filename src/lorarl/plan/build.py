@@ -300,7 +300,7 @@ def _engine_containers(job, addressing, common, sync_env, role: Role, i: int) ->
         ports={"engine": engine_port},
         # a colocated engine uses the trainer container's resources (one container, see builders)
         resources=_with_gpus(r.resources, r.gpus_per_replica) if own_pod else EMPTY,
-        mounts=_mounts(spec, "rollout", _config_dir(common)),
+        mounts=_mounts(spec, "rollout", _config_dir(common)) + _engine_cache_mounts(spec),
     )
     sidecar = ContainerPlan(
         name="sidecar",
@@ -421,6 +421,8 @@ def _volumes(job: LoRARLJob, role: str) -> list[VolumePlan]:
     ]
     if role == "trainer":
         vols += _reward_code_volumes(job.spec) + _agent_code_volumes(job.spec)
+    if role == "rollout" or (role == "trainer" and colocated(job.spec)):
+        vols += _engine_cache_volumes(job.spec)
     # Every role: NCCL, DataLoader workers, vLLM and Ray's object store need more than the
     # container runtime's 64 MiB /dev/shm.
     vols.append(VolumePlan(name="shm", kind="memory"))
@@ -437,6 +439,25 @@ def _mounts(spec: LoRARLJobSpec, role: str, config_dir: str) -> list[MountPlan]:
         mounts += _reward_code_mounts(spec) + _agent_code_mounts(spec)
     mounts.append(MountPlan(volume="shm", path=SHM_DIR))
     return mounts
+
+
+# spec.rollout.cacheVolume: the engines' compile caches, on the engine container only (the
+# sidecar compiles nothing); on the trainer pod too when the engine is colocated there.
+ENGINE_CACHE_VOLUME = "engine-cache"
+
+
+def _engine_cache_volumes(spec: LoRARLJobSpec) -> list[VolumePlan]:
+    cache = spec.rollout.cache_volume
+    if cache is None:
+        return []
+    return [VolumePlan(name=ENGINE_CACHE_VOLUME, kind="pvc", source=cache.claim_name)]
+
+
+def _engine_cache_mounts(spec: LoRARLJobSpec) -> list[MountPlan]:
+    cache = spec.rollout.cache_volume
+    if cache is None:
+        return []
+    return [MountPlan(volume=ENGINE_CACHE_VOLUME, path=cache.mount_path)]
 
 
 # spec.reward.configMap: the reward's code, where rewards are scored (the trainer container,

@@ -96,7 +96,20 @@ def engine_env(spec: LoRARLJobSpec) -> dict[str, str]:
     variable and gets `--api-key`, which a local run moves into the environment:
     `lorarl.local.env_refs.api_key_from_env`). SGLang: post-temperature logprobs, pinned."""
     if spec.rollout.engine != "vllm":
-        return {SGLANG_ORIGINAL_LOGPROB_ENV: "false"}
+        return {SGLANG_ORIGINAL_LOGPROB_ENV: "false", **engine_cache_env(spec)}
     r = spec.rollout
     env = vllm_server_env(cpu=r.gpus_per_replica == 0, kv_cache_gib=r.kv_cache_gib or 1)
-    return {**env, vllm.API_KEY_ENV: ENGINE_API_KEY_REF}
+    return {**env, vllm.API_KEY_ENV: ENGINE_API_KEY_REF, **engine_cache_env(spec)}
+
+
+def engine_cache_env(spec: LoRARLJobSpec) -> dict[str, str]:
+    """With `rollout.cacheVolume`, the engine's compile caches live on that claim (a folder each)
+    instead of the pod's /tmp, which dies with the pod."""
+    cache = spec.rollout.cache_volume
+    if cache is None:
+        return {}
+    root = cache.mount_path.rstrip("/")
+    env = {"TORCHINDUCTOR_CACHE_DIR": f"{root}/torchinductor", "TRITON_CACHE_DIR": f"{root}/triton"}
+    if spec.rollout.engine == "vllm":
+        env["VLLM_CACHE_ROOT"] = f"{root}/vllm"
+    return env

@@ -32,6 +32,7 @@ from lorarl.engines import vllm
 from lorarl.engines.vllm import (
     VLLM_RPC_BASE_ENV,
     VLLM_WORKER_EXTENSION,
+    inductor_cache_dir,
     vllm_cache_root,
     vllm_rpc_base,
     vllm_server_args,
@@ -67,7 +68,8 @@ def vllm_launch_command(
     started here is the one a job runs; this only adds the interpreter and per-run dirs.
     The server always runs its engine core in a child process (V1 multiprocessing off only keeps
     the executor in that process), so stop it by process group. Temp dirs (sockets, Ray) go
-    under `run_dir` so runs never share them; vLLM's keyed caches are shared (`vllm_cache_root`).
+    under `run_dir` so runs never share them; vLLM's and Inductor's keyed caches are shared
+    (`vllm_cache_root`, `inductor_cache_dir`).
     """
     if not 0 < port < 65536:
         raise ValueError(f"port: {port} is not a TCP port (1-65535)")
@@ -98,6 +100,7 @@ def vllm_launch_command(
         "TMPDIR": str(run_dir / "tmp"),
         VLLM_RPC_BASE_ENV: vllm_rpc_base(str(run_dir / "tmp")),
         "VLLM_CACHE_ROOT": vllm_cache_root(os.environ, str(Path.home())),
+        "TORCHINDUCTOR_CACHE_DIR": inductor_cache_dir(os.environ, str(Path.home())),
         "VLLM_CONFIG_ROOT": str(run_dir / "vllm-config"),
         "RAY_TMPDIR": str(run_dir / "ray"),
     }

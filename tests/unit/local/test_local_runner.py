@@ -150,14 +150,21 @@ def test_a_colocated_engine_counts_like_a_rollout_pods(
     assert got == {"OMP_NUM_THREADS": threads}
 
 
-def test_every_local_engine_shares_one_vllm_cache_the_user_can_move(tmp_path, monkeypatch):
-    """vLLM keys its cache entries itself, so runs share one root (a fresh root cost each
-    engine start ~18 s of model-class inspection); $VLLM_CACHE_ROOT, then $XDG_CACHE_HOME,
-    decide where it is."""
-    from lorarl.engines.vllm import vllm_cache_root
+@pytest.mark.parametrize(
+    ("variable", "leaf"),
+    [("VLLM_CACHE_ROOT", "vllm"), ("TORCHINDUCTOR_CACHE_DIR", "torchinductor")],
+)
+def test_every_local_engine_shares_one_compile_cache_the_user_can_move(
+    tmp_path, monkeypatch, variable, leaf
+):
+    """vLLM and Inductor key their cache entries themselves, so runs share one root (a fresh
+    vLLM root cost each engine start ~18 s of model-class inspection, a fresh Inductor one a
+    kernel compile on the first request); the user's variable, then $XDG_CACHE_HOME, decide
+    where it is, for a local run's engine and a launched server alike."""
+    from lorarl.engines.vllm import inductor_cache_dir, vllm_cache_root
     from lorarl.rollout.vllm_engine import vllm_launch_command
 
-    monkeypatch.delenv("VLLM_CACHE_ROOT", raising=False)
+    monkeypatch.delenv(variable, raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     roots = set()
     for name in ("a", "b"):
@@ -166,10 +173,11 @@ def test_every_local_engine_shares_one_vllm_cache_the_user_can_move(tmp_path, mo
         _, launched = vllm_launch_command(
             "/m", 8000, served_model_name="m", run_dir=tmp_path / name / "own", python="python"
         )
-        roots |= {children["rollout-engine"].env["VLLM_CACHE_ROOT"], launched["VLLM_CACHE_ROOT"]}
-    assert roots == {str(tmp_path / "xdg" / "lorarl" / "vllm")}
-    monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path / "mine"))
+        roots |= {children["rollout-engine"].env[variable], launched[variable]}
+    assert roots == {str(tmp_path / "xdg" / "lorarl" / leaf)}
+    monkeypatch.setenv(variable, str(tmp_path / "mine"))
     (tmp_path / "c").mkdir()
     _, children = _children("quickstart.yaml", tmp_path / "c")
-    assert children["rollout-engine"].env["VLLM_CACHE_ROOT"] == str(tmp_path / "mine")
-    assert vllm_cache_root({}, "/home/u") == "/home/u/.cache/lorarl/vllm"
+    assert children["rollout-engine"].env[variable] == str(tmp_path / "mine")
+    default = {"vllm": vllm_cache_root, "torchinductor": inductor_cache_dir}[leaf]
+    assert default({}, "/home/u") == f"/home/u/.cache/lorarl/{leaf}"

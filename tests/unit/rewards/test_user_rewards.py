@@ -359,9 +359,9 @@ CM = {"name": "gsm8k-reward", "mountPath": "/rewards"}
         ({"entrypoint": "/rewards/r.py:f", "configMap": CM, "service": {"url": "http://r:1"}}, {},
          "spec.reward.configMap: an external reward service"),
         ({"entrypoint": "/data/r.py:f", "configMap": {"name": "r", "mountPath": "/data"}}, {},
-         "agent.configMap need distinct mountPaths"),
+         "rollout.cacheVolume need distinct mountPaths"),
         ({"entrypoint": "/tmp/r.py:f", "configMap": {"name": "r", "mountPath": "/tmp"}}, {},
-         "agent.configMap need distinct mountPaths"),
+         "rollout.cacheVolume need distinct mountPaths"),
         ({"entrypoint": "not a path.txt:f"}, {}, "spec.reward.entrypoint: must match the pattern"),
     ],
 )  # fmt: skip

@@ -243,6 +243,7 @@ _CLAIMS = (
     ("has(self.training) && has(self.training.volume)", "self.training.volume.mountPath"),
     ("has(self.reward) && has(self.reward.configMap)", "self.reward.configMap.mountPath"),
     ("has(self.agent) && has(self.agent.configMap)", "self.agent.configMap.mountPath"),
+    ("has(self.rollout) && has(self.rollout.cacheVolume)", "self.rollout.cacheVolume.mountPath"),
 )
 
 
@@ -258,15 +259,22 @@ def _mount_paths_cel() -> str:
 
 def _claim_paths(m: LoRARLJobSpec) -> list[str]:
     agent = m.agent.config_map if m.agent is not None else None
-    mounts = (m.model.volume, m.data.volume, m.training.volume, m.reward.config_map, agent)
+    mounts = (
+        m.model.volume,
+        m.data.volume,
+        m.training.volume,
+        m.reward.config_map,
+        agent,
+        m.rollout.cache_volume,
+    )
     return [c.mount_path for c in mounts if c is not None]
 
 
 # The API server refuses a Pod whose container mounts two volumes at one path.
 _MOUNT_PATHS_RULE = Rule(
     cel=_mount_paths_cel(),
-    message="model.volume, data.volume, training.volume, reward.configMap and agent.configMap "
-    "need distinct "
+    message="model.volume, data.volume, training.volume, reward.configMap, agent.configMap and "
+    "rollout.cacheVolume need distinct "
     "mountPaths, none of " + ", ".join(RESERVED_MOUNT_PATHS) + " (lorarl mounts those)",
     check=lambda m: (
         len(set(_claim_paths(m))) == len(_claim_paths(m))

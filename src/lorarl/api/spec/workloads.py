@@ -18,6 +18,7 @@ from lorarl.api.spec.k8s import (
     ObjectName,
     ResourceRequirements,
     Toleration,
+    VolumeClaim,
 )
 from lorarl.api.spec.placement import COLOCATED_MEMORY_FRACTION, COLOCATED_PROCESSES_ENV, Placement
 from lorarl.engines.flags import overriding_arg
@@ -339,8 +340,17 @@ _SGLANG_GPU_RULE = Rule(
     check=lambda m: m.engine != "sglang" or m.gpus_per_replica > 0,
     field="gpusPerReplica",
 )
+# The engines write their compile caches there; a read-only claim would fail the first write.
+_CACHE_WRITABLE_RULE = Rule(
+    cel="!has(self.cacheVolume) || !has(self.cacheVolume.readOnly) || !self.cacheVolume.readOnly",
+    message="must be false: the engines write their compile caches to this claim",
+    check=lambda m: m.cache_volume is None or not m.cache_volume.read_only,
+    field="cacheVolume.readOnly",
+)
+
 _ROLLOUT_RULES = (
     _ROLLOUT_ENV_RULE,
+    _CACHE_WRITABLE_RULE,
     _ENV_VALUE_RULE,
     _TP_RULE,
     _TP_CPU_RULE,
@@ -429,6 +439,15 @@ class RolloutSpec(PodTemplateFields):
         description="Extra engine command-line flags. Flags lorarl sets (API key, host, port, "
         "model, served name, logprob mode, LoRA serving, and those mirroring spec fields such as "
         "--dtype or --seed) cannot be overridden, nor abbreviated, and --config is refused.",
+    )
+    cache_volume: VolumeClaim | None = Field(
+        default=None,
+        description="PersistentVolumeClaim for the engines' compile caches (vLLM's cache root, "
+        "torch Inductor's and Triton's kernels), mounted writable on every engine of the job: "
+        "an engine that restarts, is rescheduled or is added reuses what an earlier one "
+        "inspected and compiled instead of doing it again. The entries are keyed by what they "
+        "were made from, so jobs may share a claim; engines on several nodes need a "
+        "ReadWriteMany claim. Cluster only: a local run shares the user's cache (~/.cache/lorarl).",
     )
     preemptible: bool = Field(
         default=False,

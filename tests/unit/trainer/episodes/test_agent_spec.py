@@ -86,7 +86,9 @@ def test_the_agent_config_map_needs_its_own_mount_path():
     cm = {"name": "my-agent", "mountPath": "/out"}
     agent = {"entrypoint": "/out/a.py:run", "configMap": cm}
     doc = {**BASE, "spec": {**BASE["spec"], "agent": agent, "training": OUTPUTS}}
-    with pytest.raises(ValidationError, match=r"agent\.configMap need distinct"):
+    with pytest.raises(
+        ValidationError, match=r"agent\.configMap and rollout\.cacheVolume need distinct"
+    ):
         LoRARLJob.model_validate(doc, context=CLUSTER)
 
 

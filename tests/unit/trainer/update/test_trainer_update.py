@@ -215,7 +215,9 @@ def test_truncated_importance_sampling_against_the_engine_is_reported_per_step(p
     metrics = update_policy(model, opt, b, tis)
     share = float(mask[:3].sum() / mask.sum())
     assert metrics["tis_clip_frac"] == pytest.approx(share)
-    assert metrics["logprob_mismatch_p50"] <= 1e-6  # half the tokens or more match exactly
+    # half the tokens or more match up to float32 noise (recomputed at another batch shape: up
+    # to ~2e-6 on an AVX2-only CPU)
+    assert metrics["logprob_mismatch_p50"] <= 1e-5
     assert 2.0 <= metrics["logprob_mismatch_p99"] <= 10**0.5  # the shifted ones, binned
     off = update_policy(model, opt, b, UpdateConfig(LossConfig(), micro_batch_size=3))
     assert "tis_clip_frac" not in off
