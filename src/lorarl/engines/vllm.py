@@ -79,10 +79,10 @@ def inductor_cache_dir(environ: Mapping[str, str], home: str) -> str:
     """Where torch Inductor keeps the kernels those servers compile: $TORCHINDUCTOR_CACHE_DIR, else
     <$XDG_CACHE_HOME or ~/.cache>/lorarl/torchinductor.
 
-    vLLM compiles kernels on its first request even with --enforce-eager (measured: 21 s on a busy
-    2-core machine, 4.6 s with a warm cache); under Inductor's default (TMPDIR, which lorarl puts
-    inside each run directory) every run would compile again. Entries are keyed by source and
-    torch version, so sharing them is safe.
+    A GPU engine compiles its graphs with torch.compile (a CPU engine runs with
+    TORCHDYNAMO_DISABLE=1, docs/measurements.md#vllm-first-step); under Inductor's default
+    (TMPDIR, which lorarl puts inside each run directory) every run would compile again. Entries
+    are keyed by source and torch version, so sharing them is safe.
     """
     return _user_cache(environ, home, "TORCHINDUCTOR_CACHE_DIR", "torchinductor")
 

@@ -159,7 +159,7 @@ def test_every_local_engine_shares_one_compile_cache_the_user_can_move(
 ):
     """vLLM and Inductor key their cache entries themselves, so runs share one root (a fresh
     vLLM root cost each engine start ~18 s of model-class inspection, a fresh Inductor one a
-    kernel compile on the first request); the user's variable, then $XDG_CACHE_HOME, decide
+    graph compile on a GPU engine); the user's variable, then $XDG_CACHE_HOME, decide
     where it is, for a local run's engine and a launched server alike."""
     from lorarl.engines.vllm import inductor_cache_dir, vllm_cache_root
     from lorarl.rollout.vllm_engine import vllm_launch_command
