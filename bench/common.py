@@ -22,6 +22,13 @@ from typing import Any
 from lorarl.local.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
+# glibc set up so that a process's RSS follows its live tensors: with a fixed 64 KiB mmap
+# threshold every tensor over it is its own mapping, returned to the OS when freed. With glibc's
+# default the threshold grows after the first large free, later tensors come from the heap and
+# stay resident once freed, so one update's peak RSS above its start is bimodal run to run (the
+# plain update of tests/integration/test_fsdp_memory.py: 190 or 328 MiB; 162 every time with it).
+# glibc reads it at start-up: set it in a child's environment.
+LIVE_TENSORS_MALLOC = {"MALLOC_MMAP_THRESHOLD_": "65536"}
 
 
 def cpu_model() -> str:

@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import reset_peak_rss, rss_kib, trim_heap
+from bench.common import LIVE_TENSORS_MALLOC, reset_peak_rss, rss_kib, trim_heap
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results" / "memory_plan.json"
@@ -41,10 +41,10 @@ MODEL_RUNS = {
 }
 RANK = 16
 # How glibc is set up in the child: its default (large freed tensors stay in the heap once its
-# dynamic mmap threshold has grown, so RSS also counts that slack), or a fixed 64 KiB mmap
-# threshold (every tensor over it is its own mapping, returned when freed: RSS then follows the
-# live tensors, which is what the estimate models and what a caching GPU allocator holds).
-MALLOC = {"glibc_default": {}, "mmap_64k": {"MALLOC_MMAP_THRESHOLD_": "65536"}}
+# dynamic mmap threshold has grown, so RSS also counts that slack), or RSS following the live
+# tensors (bench/common.py), which is what the estimate models and what a caching GPU allocator
+# holds.
+MALLOC = {"glibc_default": {}, "mmap_64k": LIVE_TENSORS_MALLOC}
 
 
 def measure(model_dir: Path, rows: int, seq: int, checkpointing: bool) -> dict[str, float]:

@@ -3,7 +3,8 @@
     python -m bench.trainer_memory                       # SmolLM2-135M, 8 samples of 128-512
     python -m bench.trainer_memory --model DIR --batch 4 --seq 256
 
-Configurations (each in its own child process, fp32 on CPU, one thread):
+Configurations (each in its own child process, fp32 on CPU, one thread, glibc's mmap threshold
+fixed so that RSS follows the live tensors: `bench.common.LIVE_TENSORS_MALLOC`):
 - `plain`: one micro-batch of the whole batch (`--micro` = batch), no checkpointing;
 - `checkpointing`: the same with trainer.activationCheckpointing (every decoder layer recomputed
   in the backward, `trainer/model/memory.py`);
@@ -31,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import reset_peak_rss, rss_kib, trim_heap
+from bench.common import LIVE_TENSORS_MALLOC, reset_peak_rss, rss_kib, trim_heap
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = ROOT / ".cache" / "lorarl" / "models" / "SmolLM2-135M-Instruct"
@@ -100,15 +101,19 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def run_config(name: str, args: argparse.Namespace) -> dict[str, Any]:
-    cmd = [sys.executable, "-m", "bench.trainer_memory", "--child", name, "--model",
-           str(args.model), "--batch", str(args.batch), "--seq", str(args.seq),
-           "--max-tokens", str(args.max_tokens), "--threads", str(args.threads)]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "PYTHONPATH": str(ROOT)}
+def run_config(
+    name: str, model: Path, batch: int, seq: int, max_tokens: int, threads: int = 1
+) -> dict[str, Any]:
+    """One configuration in a fresh child whose RSS follows its live tensors (bench/common.py)."""
+    cmd = [sys.executable, "-m", "bench.trainer_memory", "--child", name, "--model", str(model),
+           "--batch", str(batch), "--seq", str(seq), "--max-tokens", str(max_tokens),
+           "--threads", str(threads)]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONPATH": str(ROOT)}
+    env |= LIVE_TENSORS_MALLOC
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=3600)
     if proc.returncode != 0:
-        raise SystemExit(f"{name} child failed:\n{proc.stderr[-4000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+        raise RuntimeError(f"{name} child failed:\n{proc.stderr[-4000:]}")
+    return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -132,7 +137,10 @@ def main(argv: list[str] | None = None) -> int:
         args.model = prepare_smollm2(args.model.parent)
     from bench.common import machine, write_results
 
-    runs = [run_config(name, args) for name in args.configs.split(",")]
+    runs = [
+        run_config(name, args.model, args.batch, args.seq, args.max_tokens, args.threads)
+        for name in args.configs.split(",")
+    ]
     report = {"benchmark": "trainer_memory", "method": __doc__, "machine": machine(),
               "settings": {"model": args.model.name, "batch": args.batch, "seq": args.seq,
                            "max_tokens": args.max_tokens, "threads": args.threads},

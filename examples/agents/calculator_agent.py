@@ -75,7 +75,7 @@ async def run(
     messages = list(sample.messages)
     if messages[0]["role"] != "system":
         messages.insert(0, {"role": "system", "content": SYSTEM})
-    start, text = len(messages), ""
+    rounds, text = 0, ""  # rounds: replies that called the calculator
     for _ in range(max_rounds):
         reply = await client.chat.completions.create(
             model=ctx.model, messages=messages, tools=TOOLS
@@ -84,6 +84,7 @@ async def run(
         text = message.content or ""
         if not message.tool_calls:
             break  # the final answer
+        rounds += 1
         messages.append(message.model_dump(exclude_none=True))
         for call in message.tool_calls:
             args = json.loads(call.function.arguments or "{}")
@@ -92,7 +93,7 @@ async def run(
             messages.append({"role": "tool", "tool_call_id": call.id, "content": result})
     numbers = re.findall(r"-?\d+(?:\.\d+)?", text)
     right = bool(numbers) and numbers[-1] == str(sample.answer).strip()
-    return {"reward": float(right), "tool_rounds": float(len(messages) - start)}
+    return {"reward": float(right), "tool_rounds": float(rounds)}
 
 
 async def run_with_server(client, sample, ctx):

@@ -12,14 +12,15 @@ from pathlib import Path
 
 import pytest
 import yaml
+from bench.common import LIVE_TENSORS_MALLOC
 from click.testing import CliRunner
 
 from lorarl.cli.main import main
+from lorarl.local.tiny import make_tiny_model
 from lorarl.plan import memory as mem
 from lorarl.plan.memory import GIB, MIB, ModelShape, Settings
 
 ROOT = Path(__file__).resolve().parents[3]
-TINY = ROOT / ".cache" / "lorarl" / "models" / "tiny-llama-letters"
 
 # A small hand-checkable model: 2 layers, hidden 8, 2 heads of 4 (1 kv head), MLP 16.
 SHAPE = ModelShape(
@@ -205,22 +206,23 @@ def test_chunk_rows_match_the_trainer():
 UPDATE_RATIO = (0.85, 1.15)
 
 
-@pytest.mark.skipif(not (TINY / "config.json").is_file(), reason="lorarl prepare quickstart")
-def test_estimate_tracks_a_measured_update_on_the_tiny_model():
+def test_estimate_tracks_a_measured_update_on_the_tiny_model(tmp_path):
+    # the quickstart model's shape, untaught: memory does not depend on the weights' values
+    tiny = make_tiny_model(tmp_path / "tiny", "llama", seed=0, init_std=0.1)
     code = (
         "import json, torch; torch.set_num_threads(1); from pathlib import Path; "
         "from bench.memory_plan import measure; "
-        f"print(json.dumps(measure(Path({str(TINY)!r}), 8, 512, False)))"
+        f"print(json.dumps(measure(Path({str(tiny)!r}), 8, 512, False)))"
     )
     out = subprocess.run(
         [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
         env={"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin",
-             "MALLOC_MMAP_THRESHOLD_": "65536"},
+             **LIVE_TENSORS_MALLOC},
     )  # fmt: skip
     assert out.returncode == 0, out.stderr[-2000:]
     measured = json.loads(out.stdout.strip().splitlines()[-1])
     from bench.memory_plan import estimate
 
-    est = estimate(TINY, 8, 512, False)
+    est = estimate(tiny, 8, 512, False)
     ratio = est["update_mib"] / measured["update_mib"]
     assert UPDATE_RATIO[0] <= ratio <= UPDATE_RATIO[1], (est, measured)
