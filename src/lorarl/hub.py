@@ -34,11 +34,12 @@ from huggingface_hub.errors import (
 )
 from huggingface_hub.utils import get_session
 
-from lorarl.api.spec.job import HUB_ID_PATTERN
 from lorarl.errors import UserError
 
-# `name` or `org/name`, not a path: the api's rule (the CRD's CEL and validate), so the init
-# container reads ids as admission did.
+# `name` or `org/name`; not a path (no leading `.`, `/`, `~`). Kept equal to the api's rule
+# (`spec/job.py`; the api may not import this module, and the init container that runs this one
+# needs only huggingface_hub and lorarl.errors) by a test.
+HUB_ID_PATTERN = r"^[^./~][^/]*(/[^/]*)?$"
 _HUB_ID_RE = re.compile(HUB_ID_PATTERN)
 _COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
 _PIN_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")

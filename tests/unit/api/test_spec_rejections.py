@@ -68,6 +68,14 @@ def test_model_path_is_a_folder_or_a_hub_id_and_hub_settings_need_a_hub_id(model
     assert verdicts(with_spec("model", model), cel) == (ok, ok)
 
 
+def test_the_hub_id_pattern_is_the_fetchers():
+    """api (the CRD's CEL, validate) and lorarl.hub (the init container) read ids alike."""
+    from lorarl import hub
+    from lorarl.api.spec import job
+
+    assert hub.HUB_ID_PATTERN == job.HUB_ID_PATTERN
+
+
 @pytest.mark.parametrize(
     ("section", "value", "ok"),
     [

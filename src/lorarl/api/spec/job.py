@@ -37,7 +37,7 @@ Dtype = Literal["float32", "bfloat16", "float16"]
 
 
 # A hub id ("gpt2", "org/name") is at most two plain parts; a folder is absolute, starts with
-# "." or "~", or has more parts. lorarl.hub (the fetcher) reads ids by it.
+# "." or "~", or has more parts. lorarl.hub.HUB_ID_PATTERN is the same (a test keeps them equal).
 HUB_ID_PATTERN = r"^[^./~][^/]*(/[^/]*)?$"
 
 
