@@ -292,9 +292,10 @@ def fetch_pinned(
     token: str | None = None,
 ) -> Snapshot:
     """`fetch` for the pods of one job sharing a cache volume: the first call records the commit
-    it got in `<cache_dir>/lorarl/<pin>.revision` and later calls fetch that commit, whatever the
-    branch says now. `<cache_dir>/lorarl/<pin>` is a relative link to the snapshot, so a
-    container that mounts the volume anywhere reads the model there."""
+    it got (and the repo) in `<cache_dir>/lorarl/<pin>.revision` and later calls fetch that
+    commit, whatever the branch says now; a later call for another repo is refused.
+    `<cache_dir>/lorarl/<pin>` is a relative link to the snapshot, so a container that mounts
+    the volume anywhere reads the model there."""
     if not _PIN_RE.match(pin):
         raise ValueError(f"pin {pin!r} must be a file name (letters, digits, '.', '_', '-')")
     cache = _cache(cache_dir)
@@ -303,11 +304,17 @@ def fetch_pinned(
     pin_file = meta / f"{pin}.revision"
     with FileLock(str(meta / f"{pin}.lock")):
         if pin_file.exists():
-            pinned = pin_file.read_text().strip()
+            pinned, *rest = pin_file.read_text().split()
+            if rest and rest[0] != repo:  # (a pin written before the repo was recorded: trusted)
+                raise HubError(
+                    f"spec.model.path: this job's pods pinned {rest[0]} at commit {pinned[:12]} "
+                    f"and now ask for {repo}: a job's model cannot change once a pod has "
+                    "loaded it; create a new job for another model"
+                )
             snap = fetch(repo, revision=pinned, cache_dir=cache, endpoint=endpoint, token=token)
         else:
             snap = fetch(repo, revision=revision, cache_dir=cache, endpoint=endpoint, token=token)
-            _atomic_write(pin_file, snap.revision + "\n")
+            _atomic_write(pin_file, f"{snap.revision}\n{repo}\n")
         _atomic_symlink(meta / pin, os.path.relpath(snap.path, meta))
     return snap
 

@@ -146,7 +146,7 @@ def test_fetch_pinned_keeps_the_jobs_commit_when_the_hub_moves(
 ) -> None:
     cache = tmp_path / "volume"
     first = fetch_pinned(REPO, cache_dir=cache, pin="job-a", endpoint=hub.url)
-    assert (cache / "lorarl" / "job-a.revision").read_text().strip() == first.revision
+    assert (cache / "lorarl" / "job-a.revision").read_text().split() == [first.revision, REPO]
     new = hub.publish(REPO, _repo_folder(tmp_path / "repo-v2", version="2"))
     assert new != first.revision
     again = fetch_pinned(REPO, cache_dir=cache, pin="job-a", endpoint=hub.url)
@@ -159,6 +159,22 @@ def test_fetch_pinned_keeps_the_jobs_commit_when_the_hub_moves(
     other = fetch_pinned(REPO, cache_dir=cache, pin="job-b", endpoint=hub.url)
     assert other.revision == new
     assert (cache / "lorarl" / "job-b" / "config.json").read_text() == "config.json v2\n"
+
+
+def test_fetch_pinned_refuses_another_repo_under_the_jobs_pin(
+    hub: HubServer, tmp_path: Path
+) -> None:
+    """A job's model changed after its pods pinned one (the webhook refuses that edit; this is
+    the fetcher's own guard): one line naming both, not a "no revision" from the other repo."""
+    cache = tmp_path / "volume"
+    first = fetch_pinned(REPO, cache_dir=cache, pin="job-a", endpoint=hub.url)
+    with pytest.raises(HubError) as e:
+        fetch_pinned(GATED, cache_dir=cache, pin="job-a", endpoint=hub.url, token=TOKEN)
+    message = _one_line(e)
+    assert f"pinned {REPO} at commit {first.revision[:12]} and now ask for {GATED}" in message
+    # A pin written before the repo was recorded (a commit alone) is still read.
+    (cache / "lorarl" / "job-a.revision").write_text(first.revision + "\n")
+    assert fetch_pinned(REPO, cache_dir=cache, pin="job-a", endpoint=hub.url) == first
 
 
 def test_main_writes_the_sha_to_the_termination_log(

@@ -22,6 +22,11 @@ MUTABLE = (
 
 PRIORITY_CLASS_PATH = "spec.scheduling.priorityClassName"
 
+# What the job trains on: fixed, suspended or not, once a pod has loaded it (status.model, a hub
+# id's pinned commit) or a step has been taken (status.checkpoint, status.step). Its checkpoints
+# are adapters of that base; resuming them on another would load the wrong weights or shapes.
+MODEL_FIXED = ("spec.model.path", "spec.model.revision")
+
 
 def manifest_problems(
     obj: Mapping[str, Any],
@@ -102,12 +107,18 @@ def _suspended(obj: Mapping[str, Any]) -> bool:
     return bool(((obj.get("spec") or {}).get("runPolicy") or {}).get("suspend"))
 
 
+def _begun(old: Mapping[str, Any]) -> bool:
+    status = old.get("status") or {}
+    return bool(status.get("model") or status.get("checkpoint") or status.get("step"))
+
+
 def immutable_changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
     """Spec paths changed that may not change now. A suspended job has no pods, so any field
-    may change (Kueue edits suspended jobs); the pods are rendered anew on resume."""
-    if _suspended(old) and _suspended(new):
-        return []
+    may change (Kueue edits suspended jobs; the pods are rendered anew on resume), except the
+    model once the job has begun (`MODEL_FIXED`)."""
     changed = changed_paths(old.get("spec") or {}, new.get("spec") or {}, "spec")
+    if _suspended(old) and _suspended(new):
+        return [p for p in changed if p in MODEL_FIXED] if _begun(old) else []
     return [p for p in changed if not any(p == m or p.startswith(m + ".") for m in MUTABLE)]
 
 
@@ -115,6 +126,13 @@ def update_refusal(old: Mapping[str, Any], new: Mapping[str, Any]) -> str | None
     bad = immutable_changes(old, new)
     if not bad:
         return None
+    model = [p for p in bad if p in MODEL_FIXED]
+    if model and _begun(old):
+        return (
+            f"{', '.join(model)}: cannot be changed once the job has begun, suspended or not: its "
+            "pods loaded this model and its checkpoints are adapters of it; create a new job "
+            "for another model"
+        )
     fields = ", ".join(bad)
     allowed = ", ".join(MUTABLE)
     return (

@@ -92,3 +92,31 @@ def test_suspended_job_may_change_anything() -> None:
     assert immutable_changes(suspended, edited(runPolicy__suspend=True, lora__rank=16)) == []
     # ...but not in the same write that resumes it.
     assert immutable_changes(suspended, edited(lora__rank=16)) == ["spec.lora.rank"]
+
+
+def test_a_begun_jobs_model_cannot_change_even_suspended() -> None:
+    """Its pods loaded the model (status.model: the pinned commit) and its checkpoints are
+    adapters of it: resuming them on another base would load the wrong weights."""
+    suspended = edited(runPolicy__suspend=True)
+    other = edited(runPolicy__suspend=True, model__path="org/other")
+    # not begun: anything may change while suspended
+    assert immutable_changes(suspended, other) == []
+    for status in (
+        {"model": {"source": JOB["spec"]["model"]["path"], "revision": "a" * 40}},
+        {"step": 3},
+        {"checkpoint": {"step": 3, "path": "/out/step-3"}},
+    ):
+        begun = {**suspended, "status": status}
+        assert immutable_changes(begun, other) == ["spec.model.path"], status
+        message = update_refusal(begun, other)
+        assert message is not None and message.startswith(
+            "spec.model.path: cannot be changed once the job has begun, suspended or not"
+        )
+        # the rest of a suspended job's spec still may change (Kueue's edits)
+        assert immutable_changes(begun, edited(runPolicy__suspend=True, lora__rank=16)) == []
+        revision = edited(runPolicy__suspend=True, model__revision="v2")
+        assert immutable_changes(begun, revision) == ["spec.model.revision"]
+    # running and begun: the model message, not "suspend the job to edit it"
+    running = {**JOB, "status": {"step": 3}}
+    message = update_refusal(running, edited(model__path="org/other"))
+    assert message is not None and "once the job has begun" in message
