@@ -191,13 +191,19 @@ class Fleet:
         self, model: PeftModel, tensors: dict[str, torch.Tensor], version: int
     ) -> SyncStatus:
         """Send `version` to every live member. A member that dies mid-sync breaks the group for
-        everyone: the sync is retried with the members still alive, so the step goes on."""
+        everyone: the sync is retried with the members still alive, so the step goes on. A
+        newcomer (registered since the last group formed) may be what broke it (its gloo join
+        failed): retries go to the last group's live members, and newcomers join in `catch_up`,
+        as they would have from `serving`."""
         if not self._published:
             self._first_members()
             self._published = True
+        synced = set(self.publisher.sender.members)  # the last group (empty once it broke)
         error: Exception | None = None
         for attempt in range(PUBLISH_ATTEMPTS):
             members = [m for m, _ in self.live()]
+            if attempt and synced:
+                members = [m for m in members if m in synced] or members
             try:
                 return self.publisher.publish(model, tensors, version, members)
             except SyncTransportError as exc:

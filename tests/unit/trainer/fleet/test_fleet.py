@@ -73,6 +73,9 @@ class ScriptedPublisher:
         if self.failures:
             self.failures -= 1
             raise SyncTransportError("peer closed the connection")
+        if self.never_joins & {m.index for m in members}:
+            self.sender.members = ()  # the group broke for everyone
+            raise SyncTransportError("rendezvous timed out waiting for rank 3")
         self.sent.append((version, [m.index for m in members]))
         self._deliver(version, members)
         return type("Status", (), {"version": version, "members": len(members)})()
@@ -179,6 +182,23 @@ def test_a_newcomer_that_cannot_join_does_not_stop_the_others_generating(sidecar
         publisher.never_joins = set()  # it joins on a later round and serves from then on
         assert set(fleet.serving().values()) == {"rollout-0", "rollout-1", "rollout-2"}
         assert publisher.sent[-1] == (1, [0, 1, 2])
+
+
+def test_a_newcomer_that_cannot_join_costs_the_sync_one_retry_not_the_job(sidecars) -> None:
+    """It registered after the last group formed and its join fails: the retry goes to the
+    members synced before (before, all four attempts included it and the job failed)."""
+    publisher = ScriptedPublisher(sidecars)
+    publisher.sender.registrations = [sidecars[0].member(0), sidecars[1].member(1)]
+    with httpx.Client(timeout=1.0) as http:
+        fleet = make_fleet(publisher, http)
+        fleet.publish(None, {}, 1)
+        publisher.sender.registrations.append(sidecars[2].member(2))
+        publisher.never_joins = {2}
+        status = fleet.publish(None, {}, 2)
+        assert status.members == 2 and publisher.sent[-1] == (2, [0, 1])
+        publisher.never_joins = set()  # it joins from the next round on
+        assert set(fleet.serving().values()) == {"rollout-0", "rollout-1", "rollout-2"}
+        assert publisher.sent[-1] == (2, [0, 1, 2])
 
 
 def test_no_replica_on_the_latest_weights_is_a_clear_error_after_the_timeout(sidecars) -> None:
