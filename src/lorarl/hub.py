@@ -253,6 +253,12 @@ def fetch(
             "reachable, with HF_HUB_CACHE pointing at it) or point spec.model.hub.endpoint (or "
             "HF_ENDPOINT) at a reachable mirror"
         ) from None
+    if not any(path.glob("*.safetensors")):
+        raise HubError(
+            f"spec.model.path: {where} on {url} has no *.safetensors weights (the trainer and "
+            "the engines read only safetensors): convert its weights (e.g. with transformers' "
+            "save_pretrained) into a repo or folder of your own and point spec.model.path there"
+        )
     return Snapshot(repo=repo, revision=path.name, path=path)
 
 

@@ -161,6 +161,23 @@ def test_fetch_pinned_keeps_the_jobs_commit_when_the_hub_moves(
     assert (cache / "lorarl" / "job-b" / "config.json").read_text() == "config.json v2\n"
 
 
+def test_a_repo_without_safetensors_weights_is_one_line_and_pins_nothing(
+    hub: HubServer, tmp_path: Path
+) -> None:
+    """Only `*.safetensors` come down (ALLOW_PATTERNS): a `.bin`-only repo used to "download"
+    without weights and fail later, in every pod, when the model loaded."""
+    folder = tmp_path / "bin-only"
+    folder.mkdir()
+    for name in ("config.json", "tokenizer.json", "pytorch_model.bin"):
+        (folder / name).write_text(f"{name}\n")
+    hub.publish("org/bin-only", folder)
+    cache = tmp_path / "volume"
+    with pytest.raises(HubError) as e:
+        fetch_pinned("org/bin-only", cache_dir=cache, pin="job", endpoint=hub.url)
+    assert "org/bin-only@main" in _one_line(e) and "has no *.safetensors weights" in str(e.value)
+    assert not (cache / "lorarl" / "job.revision").exists()
+
+
 def test_fetch_pinned_refuses_another_repo_under_the_jobs_pin(
     hub: HubServer, tmp_path: Path
 ) -> None:
