@@ -34,6 +34,10 @@ from harness.cluster.jobs import prepare_assets, provision
 
 pytestmark = pytest.mark.slow
 NAME, INTERVAL = "chaos-short", 3
+# Measured: the rank kill lands at step ~4, the control plane restarts begin at step ~4-6 and
+# steps then take ~2 s; a 45-step job spent its last ~70 s running steps no check needs. 24 leaves
+# ample room for a slower machine to finish the faults before the job ends.
+STEPS = 24
 
 
 def timeline(w: chaos.Watcher, since: float) -> dict[int, float]:
@@ -60,8 +64,9 @@ def test_preemption_scale_up_and_a_trainer_kill_on_one_running_job(tmp_path) -> 
     prepare_assets()
     with cluster(tmp_path) as c:
         provision(c)
-        job = job_for(FAULTS["rollout_delete"], NAME, steps=45, checkpoint_interval=INTERVAL)
+        job = job_for(FAULTS["rollout_delete"], NAME, steps=STEPS, checkpoint_interval=INTERVAL)
         c.apply(yaml.safe_dump(job))
+        applied = time.time()
         with chaos.Watcher(c, NAME) as w:
             c.kubelet.wait(lambda: w.step() >= 2, 600, "step 2")
             w.poll_history()
@@ -102,6 +107,10 @@ def test_preemption_scale_up_and_a_trainer_kill_on_one_running_job(tmp_path) -> 
             chaos.restart_control_plane(c, "kube-apiserver")
             chaos.restart_control_plane(c, "etcd")
             c.kubelet.wait(lambda: w.step() >= before_restarts + 2, 300, "steps after restarts")
+            print(
+                f"restarts began at step {before_restarts}; steps (s from the apply):",
+                timeline(w, applied),
+            )
             final = wait_phase(c, NAME, ("Succeeded", "Failed"), 600)
         assert final["status"]["phase"] == "Succeeded", final["status"]
         assert final["status"]["restarts"] == 1  # the rank kill; the rollout faults cost none
@@ -114,4 +123,4 @@ def test_preemption_scale_up_and_a_trainer_kill_on_one_running_job(tmp_path) -> 
         assert not [d for d in w.duplicates if "watcher error" not in d], w.duplicates
         served, in_sync_step = engine_served_steps(w, "rollout-2"), step_in_progress(w, in_sync_at)
         assert served and in_sync_step and served[0] <= in_sync_step + 1, (served, in_sync_step)
-        assert list(w.records) and max(w.records) == 45
+        assert list(w.records) and max(w.records) == STEPS
