@@ -12,9 +12,8 @@ from pathlib import Path
 import pytest
 
 from harness.workloads.local_jobs import LETTERS, hf_engine, letter_job, read_history
-from harness.workloads.tiny_models import make_tiny_model
+from harness.workloads.tiny_models import taught_letter_model
 from lorarl.local import LocalRun
-from lorarl.local.tiny import teach_letter_neighbourhood
 
 pytestmark = pytest.mark.slow
 
@@ -22,8 +21,7 @@ STEPS = 4
 
 
 def test_an_openai_sdk_agent_trains_token_exact(tmp_path: Path):
-    model = make_tiny_model(tmp_path / "model", "llama", seed=0, init_std=0.1)
-    teach_letter_neighbourhood(model, LETTERS)
+    taught_letter_model(tmp_path / "model", LETTERS)
     training = {"totalSteps": STEPS, "promptsPerStep": 4, "microBatchSize": 16,
                 "checkpointInterval": 10, "samplesInterval": 2}  # fmt: skip
     agent = {"entrypoint": "harness.workloads.letter_agent:run", "maxConcurrency": 8,
@@ -48,8 +46,7 @@ def test_an_openai_sdk_agent_trains_token_exact(tmp_path: Path):
 def test_ppo_trains_an_agent_with_call_rewards_and_an_excluded_role(tmp_path: Path):
     """ppo with a LoRA critic on a merged two-call conversation: the agent's call rewards sit on
     their calls' last tokens (GAE carries them back), the excluded 'helper' role is masked out."""
-    model = make_tiny_model(tmp_path / "model", "llama", seed=0, init_std=0.1)
-    teach_letter_neighbourhood(model, LETTERS)
+    taught_letter_model(tmp_path / "model", LETTERS)
     agent = {"entrypoint": "harness.workloads.letter_agent:ppo_turns", "trajectory": "merged",
              "excludeRoles": ["helper"], "timeoutSeconds": 60}  # fmt: skip
     job = letter_job(

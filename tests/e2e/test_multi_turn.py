@@ -14,9 +14,8 @@ from pathlib import Path
 import pytest
 
 from harness.workloads.local_jobs import LETTERS, hf_engine, letter_job, read_history
-from harness.workloads.tiny_models import make_tiny_model
+from harness.workloads.tiny_models import taught_letter_model
 from lorarl.local import LocalRun
-from lorarl.local.tiny import teach_letter_neighbourhood
 
 pytestmark = pytest.mark.slow
 
@@ -33,8 +32,7 @@ LEARNS = 40
 def test_tiny_model_learns_to_answer_what_the_environment_asks(tmp_path: Path, steps: int) -> None:
     # Taught the letter task's format (a letter, then stop), so episodes reach the second turn;
     # which letter is right it does not know (p = 1/4).
-    model = make_tiny_model(tmp_path / "model", "llama", seed=0, init_std=0.1)
-    teach_letter_neighbourhood(model, LETTERS)
+    taught_letter_model(tmp_path / "model", LETTERS)
     training = {"totalSteps": steps, "promptsPerStep": 8, "microBatchSize": 16,
                 "checkpointInterval": 10, "samplesInterval": 5}  # fmt: skip
     environment = {

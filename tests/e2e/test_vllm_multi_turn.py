@@ -36,9 +36,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from harness.engines.vllm_serve import stop_server_group
 from harness.workloads.letter_relay import LetterRelay
+from harness.workloads.tiny_models import taught_letter_model
 from lorarl.environments.base import item_messages
 from lorarl.local.ports import free_port
-from lorarl.local.tiny import make_tiny_model, teach_letter_neighbourhood
 from lorarl.plan.engines import SERVED_MODEL_NAME
 from lorarl.rollout.vllm_engine import VLLMEngine, vllm_launch_command
 from lorarl.sync.protocol import adapter_name
@@ -75,8 +75,8 @@ def items(letters: str, seed: int) -> list[PromptItem]:
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory, engine_python: str) -> Iterator[dict]:
     root = tmp_path_factory.mktemp("vllm-multi-turn")
-    model_dir = make_tiny_model(root / "model", "llama", init_std=0.1)
-    teach_letter_neighbourhood(model_dir, "abcdefgh", steps=60)  # replies: a letter, then stop
+    # replies: a letter, then stop
+    model_dir = taught_letter_model(root / "model", "abcdefgh", steps=60)
     port = free_port()
     argv, env = vllm_launch_command(
         model_dir, port, served_model_name=SERVED_MODEL_NAME, run_dir=root / "run",

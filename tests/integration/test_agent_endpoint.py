@@ -15,8 +15,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from harness.engines.hf_engine_server import create_app, serve_in_thread
 from harness.workloads import letter_agent
-from harness.workloads.tiny_models import make_tiny_model
-from lorarl.local.tiny import teach_letter_neighbourhood
+from harness.workloads.tiny_models import taught_letter_model
 from lorarl.trainer.data.prompts import PromptItem
 from lorarl.trainer.episodes.agents import AgentRunner
 from lorarl.trainer.episodes.endpoint import AgentEndpoint, EpisodeCalls, serve
@@ -32,8 +31,7 @@ PARAMS = SamplingParams(max_tokens=4, temperature=1.0, seed=3)
 
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory):
-    model_dir = make_tiny_model(tmp_path_factory.mktemp("m") / "tiny", "llama", init_std=0.1)
-    teach_letter_neighbourhood(model_dir, "abcdefgh", steps=60)
+    model_dir = taught_letter_model(tmp_path_factory.mktemp("m") / "tiny", "abcdefgh", steps=60)
     url, stop = serve_in_thread(create_app(model_dir, served_model_name="base"))
     yield model_dir, url
     stop()

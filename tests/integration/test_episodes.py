@@ -15,9 +15,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from harness.engines.hf_engine_server import create_app, serve_in_thread
 from harness.workloads.letter_relay import LetterRelay
-from harness.workloads.tiny_models import make_tiny_model
+from harness.workloads.tiny_models import taught_letter_model
 from lorarl.environments.base import EnvStep, item_messages
-from lorarl.local.tiny import teach_letter_neighbourhood
 from lorarl.trainer.data.prompts import PromptItem
 from lorarl.trainer.episodes.environment import (
     EpisodeRunner,
@@ -38,8 +37,7 @@ ITEMS = [PromptItem(f"after {c}", answer=chr(ord(c) + 1)) for c in "abcd"]
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory):
     # Taught to answer "after c" with a letter and stop, so most replies end within 4 tokens.
-    model_dir = make_tiny_model(tmp_path_factory.mktemp("m") / "tiny", "llama", init_std=0.1)
-    teach_letter_neighbourhood(model_dir, "abcdefgh", steps=60)
+    model_dir = taught_letter_model(tmp_path_factory.mktemp("m") / "tiny", "abcdefgh", steps=60)
     url, stop = serve_in_thread(create_app(model_dir, served_model_name="base"))
     yield model_dir, url
     stop()

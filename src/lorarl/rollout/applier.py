@@ -17,10 +17,9 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import torch
-from peft import LoraConfig
 from safetensors import safe_open
 
 from lorarl.rollout.engine import RolloutEngine
@@ -29,6 +28,9 @@ from lorarl.sync.buckets import SyncHeader, validate_update
 from lorarl.sync.merge import BaseWeights, merge_adapter, weight_files
 from lorarl.sync.names import LoraPair, group_lora_pairs, modules_to_send, peft_lora_name
 from lorarl.sync.protocol import adapter_name
+
+if TYPE_CHECKING:
+    from peft import LoraConfig
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +80,10 @@ def served_adapter_config(header: SyncHeader, model_dir: str | Path) -> LoraConf
     (alpha * sqrt(r) / r = alpha / sqrt(r)) gives every engine (SGLang, vLLM, PEFT) the
     trainer's scaling without relying on `use_rslora` support.
     """
+    # Imported here: peft (and transformers under it) is ~4.7 s of every sidecar's start, and a
+    # merged-mode sidecar never needs it.
+    from peft import LoraConfig
+
     alpha = header.alpha * math.sqrt(header.rank) if header.use_rslora else header.alpha
     return LoraConfig(
         r=header.rank,
