@@ -26,6 +26,16 @@ PRIORITY_CLASS_PATH = "spec.scheduling.priorityClassName"
 # id's pinned commit) or a step has been taken (status.checkpoint, status.step). Its checkpoints
 # are adapters of that base; resuming them on another would load the wrong weights or shapes.
 MODEL_FIXED = ("spec.model.path", "spec.model.revision")
+# The shape and scale of those checkpoints: another rank or target set cannot load them, another
+# alpha (or rsLoRA) would resume them as a different policy. Dropout, like the rest, may change.
+ADAPTER_FIXED = (
+    "spec.lora.rank",
+    "spec.lora.alpha",
+    "spec.lora.useRslora",
+    "spec.lora.targetModules",
+    "spec.lora.excludeModules",
+)
+FIXED_ONCE_BEGUN = MODEL_FIXED + ADAPTER_FIXED
 
 
 def manifest_problems(
@@ -115,10 +125,10 @@ def _begun(old: Mapping[str, Any]) -> bool:
 def immutable_changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
     """Spec paths changed that may not change now. A suspended job has no pods, so any field
     may change (Kueue edits suspended jobs; the pods are rendered anew on resume), except the
-    model once the job has begun (`MODEL_FIXED`)."""
+    model and the adapter's shape once the job has begun (`FIXED_ONCE_BEGUN`)."""
     changed = changed_paths(old.get("spec") or {}, new.get("spec") or {}, "spec")
     if _suspended(old) and _suspended(new):
-        return [p for p in changed if p in MODEL_FIXED] if _begun(old) else []
+        return [p for p in changed if p in FIXED_ONCE_BEGUN] if _begun(old) else []
     return [p for p in changed if not any(p == m or p.startswith(m + ".") for m in MUTABLE)]
 
 
@@ -132,6 +142,13 @@ def update_refusal(old: Mapping[str, Any], new: Mapping[str, Any]) -> str | None
             f"{', '.join(model)}: cannot be changed once the job has begun, suspended or not: its "
             "pods loaded this model and its checkpoints are adapters of it; create a new job "
             "for another model"
+        )
+    adapter = [p for p in bad if p in ADAPTER_FIXED]
+    if adapter and _begun(old):
+        return (
+            f"{', '.join(adapter)}: cannot be changed once the job has begun, suspended or not: "
+            "its checkpoints are adapters of this rank, targets and scale; create a new job "
+            "(spec.lora.adapterPath can start it from this job's adapter)"
         )
     fields = ", ".join(bad)
     allowed = ", ".join(MUTABLE)

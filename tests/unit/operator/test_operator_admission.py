@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 from pathlib import Path
 
+import pytest
 import yaml
 
 from lorarl.api.validation import check_manifest
@@ -113,10 +114,32 @@ def test_a_begun_jobs_model_cannot_change_even_suspended() -> None:
             "spec.model.path: cannot be changed once the job has begun, suspended or not"
         )
         # the rest of a suspended job's spec still may change (Kueue's edits)
-        assert immutable_changes(begun, edited(runPolicy__suspend=True, lora__rank=16)) == []
+        rest = edited(runPolicy__suspend=True, lora__dropout=0.1, training__totalSteps=99)
+        assert immutable_changes(begun, rest) == []
         revision = edited(runPolicy__suspend=True, model__revision="v2")
         assert immutable_changes(begun, revision) == ["spec.model.revision"]
     # running and begun: the model message, not "suspend the job to edit it"
     running = {**JOB, "status": {"step": 3}}
     message = update_refusal(running, edited(model__path="org/other"))
     assert message is not None and "once the job has begun" in message
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("lora__rank", 16), ("lora__alpha", 7.0), ("lora__useRslora", True),
+     ("lora__targetModules", ["q_proj"]), ("lora__excludeModules", ["lm_head"])],
+)  # fmt: skip
+def test_a_begun_jobs_adapter_shape_and_scale_cannot_change_even_suspended(field, value) -> None:
+    """Its checkpoints are adapters of that rank, targets and scale: another rank or target set
+    fails to load them on resume, another alpha resumes them as another policy."""
+    suspended = edited(runPolicy__suspend=True)
+    other = edited(runPolicy__suspend=True, **{field: value})
+    path = "spec." + field.replace("__", ".")
+    assert immutable_changes(suspended, other) == []  # not begun: anything goes
+    begun = {**suspended, "status": {"checkpoint": {"step": 3, "path": "/out/step-3"}}}
+    assert immutable_changes(begun, other) == [path]
+    message = update_refusal(begun, other)
+    assert message is not None and message.startswith(
+        f"{path}: cannot be changed once the job has begun, suspended or not"
+    ), message
+    assert "adapterPath" in message
