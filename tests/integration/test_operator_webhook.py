@@ -55,17 +55,18 @@ def test_running_job_rejects_spec_edits_but_allows_scale_and_suspend(shared: Clu
     assert scaled.returncode == 0, scaled.stderr
     shared.wait_pods("frozen", {"frozen-trainer-0", "frozen-rollout-0"})
 
-    # Suspended, any field may change (Kueue does this); pods are rendered anew on resume.
+    # Suspended, the spec may change (Kueue does this; the model and the adapter's shape only
+    # until the job has begun: admission.FIXED_ONCE_BEGUN); pods are rendered anew on resume.
     for patch in (
         '{"spec":{"runPolicy":{"suspend":true}}}',
-        '{"spec":{"lora":{"rank":16}}}',
+        '{"spec":{"lora":{"dropout":0.125}}}',
         '{"spec":{"runPolicy":{"suspend":false}}}',
     ):
         done = shared.kube.kubectl("patch", "lrj", "frozen", "--type=merge", "-p", patch)
         assert done.returncode == 0, (patch, done.stderr)
     shared.wait_pods("frozen", {"frozen-trainer-0", "frozen-rollout-0"})
     config = shared.kube.get("v1/configmaps", shared.namespace, "frozen-config")
-    assert "rank: 16" in config["data"]["job.yaml"]
+    assert "dropout: 0.125" in config["data"]["job.yaml"]
 
 
 def test_a_second_live_job_in_one_output_folder_is_refused(shared: Cluster) -> None:
