@@ -40,7 +40,7 @@ work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 
 "${PIP[@]}" install -q --upgrade pip "uv==${UV_VERSION}"
-# CPU torch first (`2.13.0+cpu` from PIP_FIND_LINKS or the pytorch CPU index wins over CUDA).
+# CPU torch first (`2.13.0+cpu` from PIP_FIND_LINKS/UV_FIND_LINKS or UV_EXTRA_INDEX_URL wins).
 "${UV[@]}" "torch==${TORCH_VERSION}"
 # Where no index has the +cpu wheel, PyPI's CUDA build is used (same CPU kernels, more disk).
 "$PY" -W ignore -c 'import torch; torch.version.cuda and print(f"note: torch {torch.__version__} is a CUDA build (no +cpu wheel on the index)")'

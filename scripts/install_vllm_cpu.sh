@@ -30,8 +30,8 @@ trap 'rm -rf "$work"' EXIT
 
 "${PIP[@]}" install -q --upgrade pip "uv==${UV_VERSION}"
 # CPU torch first. `2.13.0+cpu` sorts above the CUDA `2.13.0`, so a find-links/index that has the
-# +cpu wheel (PIP_FIND_LINKS here, or PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu)
-# wins; the check below refuses to go on with a CUDA build.
+# +cpu wheel (PIP_FIND_LINKS or UV_FIND_LINKS here, or
+# UV_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu) wins.
 "${UV[@]}" "torch==${TORCH_VERSION}"
 # Where no index has the +cpu wheel (PyPI alone carries only the CUDA build of 2.13.0 for Linux),
 # the CUDA build is used: its CPU kernels are the same, vLLM's CPU backend runs on it, and it only
