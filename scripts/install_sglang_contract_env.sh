@@ -34,6 +34,8 @@ start=$(date +%s)
 PY="$VENV/bin/python"
 PIP=("$PY" -m pip)
 UV=("$VENV/bin/uv" pip install --quiet --python "$PY")
+# .pyc files at install, as pip writes them: non-root pods cannot write __pycache__ (Makefile).
+export UV_COMPILE_BYTECODE="${UV_COMPILE_BYTECODE:-1}"
 [ -z "${PIP_FIND_LINKS:-}" ] || export UV_FIND_LINKS="${UV_FIND_LINKS:-$PIP_FIND_LINKS}"
 
 work="$(mktemp -d)"
