@@ -36,6 +36,12 @@ ADAPTER_FIXED = (
     "spec.lora.excludeModules",
 )
 FIXED_ONCE_BEGUN = MODEL_FIXED + ADAPTER_FIXED
+_WHY_FIXED = (
+    (MODEL_FIXED, "its pods loaded this model and its checkpoints are adapters of it; create a "
+     "new job for another model"),
+    (ADAPTER_FIXED, "its checkpoints are adapters of this rank, targets and scale; create a new "
+     "job (spec.lora.adapterPath can start it from this job's adapter)"),
+)  # fmt: skip
 
 
 def manifest_problems(
@@ -136,20 +142,11 @@ def update_refusal(old: Mapping[str, Any], new: Mapping[str, Any]) -> str | None
     bad = immutable_changes(old, new)
     if not bad:
         return None
-    model = [p for p in bad if p in MODEL_FIXED]
-    if model and _begun(old):
-        return (
-            f"{', '.join(model)}: cannot be changed once the job has begun, suspended or not: its "
-            "pods loaded this model and its checkpoints are adapters of it; create a new job "
-            "for another model"
-        )
-    adapter = [p for p in bad if p in ADAPTER_FIXED]
-    if adapter and _begun(old):
-        return (
-            f"{', '.join(adapter)}: cannot be changed once the job has begun, suspended or not: "
-            "its checkpoints are adapters of this rank, targets and scale; create a new job "
-            "(spec.lora.adapterPath can start it from this job's adapter)"
-        )
+    for fixed, why in _WHY_FIXED if _begun(old) else ():
+        hit = [p for p in bad if p in fixed]
+        if hit:
+            begun = "cannot be changed once the job has begun, suspended or not"
+            return f"{', '.join(hit)}: {begun}: {why}"
     fields = ", ".join(bad)
     allowed = ", ".join(MUTABLE)
     return (
